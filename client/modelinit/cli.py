@@ -1,0 +1,107 @@
+"""The `modelinit` command line: serve, init, plan.
+
+Without --server, init and plan run embedded: an in-process server on the same code path.
+Errors print one line (`modelinit: error: ...`) and exit non-zero (2 for bad input).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _add_request_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="SPEC", help="preset name (e.g. bert-base-uncased) or path to an HF config.json")
+    p.add_argument("--seed", type=int, default=0, help="seed, 0 <= seed < 2^64 (default 0)")
+    p.add_argument("--policy", default=None, help="init policy preset: hf-default (default) or bert-tf")
+    p.add_argument("--dtype", default="float32", help=f"output dtype: {', '.join(DTYPES)} (default float32)")
+    p.add_argument("--max-shard-size", default="5GB", help="largest shard, e.g. 5GB (10^9 bytes), 500MB, 2GiB (default 5GB)")
+    p.add_argument("--server", default=None, metavar="TARGET", help="server address (host:port, dns:///name:port); default: embedded")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="modelinit", description="Freshly initialized model weights from (spec, policy, seed).")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gRPC server")
+    serve.add_argument("--host", default="[::]", help="interface to bind (default [::], all)")
+    serve.add_argument("--port", type=int, default=50051, help="port (default 50051; 0 picks a free one)")
+    serve.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="generation device (default auto)")
+    serve.add_argument("--workers", type=int, default=0, help="generation threads (default: CPU count)")
+    serve.add_argument("--grace", type=float, default=30.0, help="seconds to drain streams on SIGTERM (default 30)")
+
+    init = sub.add_parser("init", help="write a model's initialized weights into a folder")
+    _add_request_args(init)
+    init.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    init.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    plan = sub.add_parser("plan", help="show every tensor's rule, std and shard without generating anything")
+    _add_request_args(plan)
+    plan.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    return parser
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"modelinit: error: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    import grpc
+
+    from .client import Client
+    from .errors import ModelInitError
+
+    try:
+        with Client(args.server) as client:
+            kwargs = dict(seed=args.seed, policy=args.policy, dtype=args.dtype, max_shard_size=args.max_shard_size)
+            if args.command == "init":
+                result = client.init_model(args.spec, out_dir=args.out, progress=not args.quiet and sys.stderr.isatty(), **kwargs)
+                print(f"wrote {len(result.files)} files, {result.total_params:,} parameters to {result.path} (fingerprint {result.fingerprint[:16]})")
+            else:
+                _print_plan(client.plan(args.spec, **kwargs), args.json)
+    except ModelInitError as e:
+        return _fail(e.details, 2 if e.code == grpc.StatusCode.INVALID_ARGUMENT else 1)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from modelinit_server.server import ServerConfig, serve
+    except ImportError as e:
+        return _fail(f"serving needs the server extra ({e}); pip install 'modelinit[server]'", 1)
+    try:
+        config = ServerConfig(host=args.host, port=args.port, device=args.device, workers=args.workers, grace=args.grace)
+    except ValueError as e:
+        return _fail(str(e), 2)
+    try:
+        serve(config, ready=lambda line: print(line, flush=True))
+    except OSError as e:
+        return _fail(str(e), 1)
+    return 0
+
+
+def _print_plan(plan, as_json: bool) -> None:
+    if as_json:
+        from google.protobuf import json_format
+
+        print(json.dumps(json_format.MessageToDict(plan, preserving_proto_field_name=True), indent=2))
+        return
+    print(f"{plan.architecture} ({plan.family}): {plan.total_params:,} parameters, {plan.total_bytes:,} bytes, "
+          f"{sum(f.shard for f in plan.files)} shard(s); algorithm v{plan.algorithm_version}; fingerprint {plan.fingerprint}")
+    rows = [(t.name, "x".join(map(str, t.shape)), t.init, f"{t.effective_std:.4g}", t.rule, plan.files[t.shard].name) for t in plan.tensors]
+    header = ("tensor", "shape", "init", "eff. std", "rule", "file")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

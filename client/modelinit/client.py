@@ -1,0 +1,256 @@
+"""The client: plan a model, stream its files into a folder, verify every byte."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Union
+
+import grpc
+from google.protobuf import json_format
+
+from .errors import ModelInitError
+from .v1 import modelinit_pb2 as pb
+from .v1 import modelinit_pb2_grpc as pb_grpc
+
+MANIFEST_FILE = "modelinit.json"
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 << 20)]
+
+Spec = Union[str, os.PathLike, Mapping[str, Any], pb.ModelSpec]
+PolicyArg = Union[str, None, pb.Policy]
+
+
+@dataclass(frozen=True)
+class FileResult:
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class InitResult:
+    """What ``init_model`` wrote."""
+
+    path: pathlib.Path
+    """The output folder."""
+    fingerprint: str
+    """Identifies the weights (same fingerprint, same tensor bytes)."""
+    files: tuple[FileResult, ...]
+    """Every file written, with its verified SHA-256 (shards first)."""
+    total_params: int
+    total_bytes: int
+    """Tensor bytes (index.json's total_size)."""
+    algorithm_version: int
+
+
+def model_spec(spec: Spec) -> pb.ModelSpec:
+    """A preset name, a path to a config.json (or a folder holding one), or a config dict."""
+    if isinstance(spec, pb.ModelSpec):
+        return spec
+    if isinstance(spec, Mapping):
+        return pb.ModelSpec(config_json=json.dumps(dict(spec)))
+    path = pathlib.Path(spec)
+    if isinstance(spec, os.PathLike) or path.suffix == ".json" or path.exists():
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            return pb.ModelSpec(config_json=path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as e:
+            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"spec: cannot read config file {str(path)!r}: {e}") from None
+    return pb.ModelSpec(preset=str(spec))
+
+
+def model_request(
+    spec: Spec, *, seed: int, policy: PolicyArg = None, dtype: str | None = None, max_shard_size: str | int | None = None
+) -> pb.ModelRequest:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"seed: must be an integer in [0, 2^64), got {seed!r}")
+    if policy is None or isinstance(policy, str):
+        policy = pb.Policy(preset=policy or "")
+    return pb.ModelRequest(
+        spec=model_spec(spec),
+        policy=policy,
+        seed=seed,
+        dtype=dtype or "",
+        max_shard_size="" if max_shard_size is None else str(max_shard_size),
+    )
+
+
+def check_file_name(name: str) -> str:
+    """Refuse any server-supplied name that could write outside the output folder."""
+    if not name or name in (".", "..") or name.startswith(".") or any(c in name for c in "/\\\0:") or os.path.isabs(name):
+        raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"server sent an unsafe file name {name!r}; refusing to write it")
+    return name
+
+
+class Client:
+    """A modelinit client. ``Client()`` starts an embedded in-process server (needs the
+    ``server`` extra); ``Client("host:50051")`` or ``Client("dns:///svc:50051")`` talks to one."""
+
+    def __init__(self, target: str | None = None, *, timeout: float | None = None) -> None:
+        self._embedded = None
+        if target is None:
+            try:
+                from modelinit_server.server import EmbeddedServer
+            except ImportError as e:
+                raise ModelInitError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"embedded mode needs the server extra ({e}); pip install 'modelinit[server]' or pass a server target",
+                ) from None
+            self._embedded = EmbeddedServer()
+            target = self._embedded.target
+        self.target = target
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        self._stub = pb_grpc.ModelInitStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+        if self._embedded is not None:
+            self._embedded.stop()
+            self._embedded = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def plan(
+        self, spec: Spec, *, seed: int = 0, policy: PolicyArg = None, dtype: str | None = None, max_shard_size: str | int | None = None
+    ) -> pb.PlanResponse:
+        """The manifest: every tensor with its rule, std and shard; every file; the fingerprint."""
+        request = model_request(spec, seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size)
+        return self._plan(request)
+
+    def _plan(self, request: pb.ModelRequest) -> pb.PlanResponse:
+        try:
+            return self._stub.Plan(pb.PlanRequest(request=request), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise ModelInitError.from_rpc(e) from None
+
+    def init_model(
+        self,
+        spec: Spec,
+        *,
+        seed: int,
+        out_dir: str | os.PathLike,
+        policy: PolicyArg = None,
+        dtype: str | None = None,
+        max_shard_size: str | int | None = None,
+        progress: bool | Callable[[int], None] = False,
+    ) -> InitResult:
+        """Write the model's files (HF layout) into ``out_dir``; returns what was written.
+
+        Each file goes to a hidden temp file, is checked against the server's SHA-256 and only
+        then renamed into place; ``modelinit.json`` is written last, so a folder that has it is
+        complete. On failure nothing that looks complete is left behind.
+        """
+        request = model_request(spec, seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size)
+        plan = self._plan(request)
+        names = [check_file_name(f.name) for f in plan.files]
+        out = pathlib.Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MANIFEST_FILE).unlink(missing_ok=True)  # the folder is incomplete from here on
+        written = self._stream(request, plan, out, names, progress)
+        manifest = _manifest(plan, written)
+        _atomic_write(out / MANIFEST_FILE, manifest)
+        return InitResult(out, plan.fingerprint, tuple(written), plan.total_params, plan.total_bytes, plan.algorithm_version)
+
+    def _stream(self, request, plan, out, names, progress) -> list[FileResult]:
+        bar = _progress_bar(progress, sum(f.size for f in plan.files))
+        written: list[FileResult] = []
+        current = None  # (index, temp path, file object, hasher)
+        call = self._stub.Init(pb.InitRequest(request=request), timeout=self.timeout)
+        try:
+            for msg in call:
+                event = msg.WhichOneof("event")
+                if event == "data":
+                    if current is None:
+                        raise ModelInitError(grpc.StatusCode.DATA_LOSS, "stream: data before any file began")
+                    current[2].write(msg.data)
+                    current[3].update(msg.data)
+                    bar(len(msg.data))
+                elif event == "begin":
+                    b = msg.begin
+                    if b.index >= len(names) or b.name != names[b.index] or b.offset != 0 or current is not None:
+                        raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: unexpected file {b.name!r} (index {b.index})")
+                    tmp = out / f".{b.name}.partial"
+                    current = (b.index, tmp, open(tmp, "wb"), hashlib.sha256())
+                elif event == "end":
+                    if current is None or msg.end.index != current[0]:
+                        raise ModelInitError(grpc.StatusCode.DATA_LOSS, "stream: a file ended that never began")
+                    index, tmp, fh, digest = current
+                    size = fh.tell()
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                    fh.close()
+                    current = None
+                    expected = plan.files[index]
+                    if digest.hexdigest() != msg.end.sha256 or size != expected.size:
+                        tmp.unlink(missing_ok=True)
+                        raise ModelInitError(
+                            grpc.StatusCode.DATA_LOSS,
+                            f"{expected.name}: received {size} bytes with SHA-256 {digest.hexdigest()}, "
+                            f"server says {expected.size} bytes with {msg.end.sha256}",
+                        )
+                    os.replace(tmp, out / expected.name)
+                    written.append(FileResult(expected.name, size, digest.hexdigest()))
+        except grpc.RpcError as e:
+            raise ModelInitError.from_rpc(e) from None
+        finally:
+            if current is not None:  # interrupted mid-file: leave nothing half-written behind
+                current[2].close()
+                current[1].unlink(missing_ok=True)
+                call.cancel()
+            bar(None)
+        if [w.name for w in written] != names:
+            raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: ended after {len(written)} of {len(names)} files")
+        return written
+
+
+def _manifest(plan: pb.PlanResponse, written: list[FileResult]) -> bytes:
+    """modelinit.json: what was asked, what algorithm made it, and every file's hash."""
+    r = plan.request
+    spec: dict[str, Any] = {"preset": r.spec.preset} if r.spec.HasField("preset") else {"config": json.loads(r.spec.config_json)}
+    doc = {
+        "algorithm_version": plan.algorithm_version,
+        "fingerprint": plan.fingerprint,
+        "family": plan.family,
+        "architecture": plan.architecture,
+        "total_params": plan.total_params,
+        "total_bytes": plan.total_bytes,
+        "request": {
+            "spec": spec,
+            "policy": json_format.MessageToDict(r.policy, preserving_proto_field_name=True),
+            "seed": r.seed,
+            "dtype": r.dtype,
+            "max_shard_size": int(r.max_shard_size),
+        },
+        "files": [{"name": w.name, "size": w.size, "sha256": w.sha256} for w in written],
+    }
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+def _atomic_write(path: pathlib.Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.partial")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _progress_bar(progress: bool | Callable[[int], None], total: int) -> Callable[[int | None], None]:
+    """``progress``: True -> a tqdm bar on stderr; a callable gets byte counts; False -> nothing.
+    The returned function takes a byte count, or None to close."""
+    if callable(progress):
+        return lambda n: None if n is None else progress(n)
+    if not progress:
+        return lambda n: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="modelinit", leave=False)
+    return lambda n: bar.close() if n is None else bar.update(n)

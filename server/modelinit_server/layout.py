@@ -1,0 +1,93 @@
+"""The output layout: shard packing, canonical safetensors headers and the HF JSON files.
+
+Everything here is bytes-exact and deterministic: the same plan yields the same files.
+"""
+from __future__ import annotations
+
+import json
+import re
+import struct
+from typing import Any, Mapping, Sequence
+
+from .engine import SAFETENSORS_DTYPE
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
+DEFAULT_MAX_SHARD_SIZE = 5 * 10**9
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+_MAX_SIZE = 2**62
+
+
+def parse_size(text: str) -> int:
+    """Parse ``max_shard_size``: ``"5GB"`` (10^9), ``"500MB"``, ``"1GiB"`` (2^30), ``"4096"``; empty -> 5GB."""
+    if text == "":
+        return DEFAULT_MAX_SHARD_SIZE
+    m = _SIZE_RE.match(text)
+    unit = m.group(2).upper() if m else None
+    if m is None or unit not in _UNITS:
+        raise ValueError(
+            f"max_shard_size: cannot parse {text!r}; give bytes or a number with a unit "
+            "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. '5GB'"
+        )
+    size = int(float(m.group(1)) * _UNITS[unit]) if "." in m.group(1) else int(m.group(1)) * _UNITS[unit]
+    if size <= 0:
+        raise ValueError(f"max_shard_size: must be > 0 bytes, got {text!r}")
+    if size > _MAX_SIZE:
+        raise ValueError(f"max_shard_size: {text!r} is absurdly large; use at most 4 EiB")
+    return size
+
+
+def pack_shards(nbytes: Sequence[int], max_shard_size: int) -> list[list[int]]:
+    """Greedy packing in canonical order: a tensor opens a new shard when it would overflow the
+    current one (HF's rule); a tensor larger than the limit gets a shard of its own."""
+    shards: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for i, n in enumerate(nbytes):
+        if current and size + n > max_shard_size:
+            shards.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += n
+    if current:
+        shards.append(current)
+    return shards
+
+
+def shard_name(index: int, count: int) -> str:
+    """HF naming: ``model.safetensors`` alone, else ``model-00001-of-00003.safetensors``."""
+    return SINGLE_FILE if count == 1 else f"model-{index + 1:05d}-of-{count:05d}.safetensors"
+
+
+def safetensors_header(
+    entries: Sequence[tuple[str, str, Sequence[int], int]], metadata: Mapping[str, str]
+) -> bytes:
+    """Canonical header bytes (length prefix included) for ``(name, dtype, shape, nbytes)`` entries
+    stored back to back in the given order. Compact JSON, ``__metadata__`` first, tensors in
+    order, padded with spaces to a multiple of 8 bytes (as safetensors does)."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    offset = 0
+    for name, dtype, shape, n in entries:
+        header[name] = {"dtype": SAFETENSORS_DTYPE[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    body = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    body += b" " * (-len(body) % 8)
+    return struct.pack("<Q", len(body)) + body
+
+
+def json_file(obj: Any) -> bytes:
+    """How HF writes its JSON files: 2-space indent, sorted keys, trailing newline."""
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def index_json(total_size: int, weight_map: Mapping[str, str]) -> bytes:
+    return json_file({"metadata": {"total_size": total_size}, "weight_map": dict(weight_map)})
+
+
+def config_json(config: Mapping[str, Any], dtype: str) -> bytes:
+    # transformers >= 4.56 reads `dtype`; older releases read `torch_dtype`: write both.
+    return json_file({**config, "dtype": dtype, "torch_dtype": dtype})

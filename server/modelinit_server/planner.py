@@ -1,0 +1,148 @@
+"""From a request to a plan: every tensor resolved, keyed, placed in a shard; every file's size known.
+
+Planning is cheap (no weights are generated) and deterministic; the bytes of the files are then
+a pure function of the plan (see :mod:`modelinit_server.files`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+from . import layout
+from .engine import ALGORITHM_VERSION, DTYPE_ITEMSIZE, DTYPES, Sampler, tensor_key
+from .policies import Policy, Resolved, resolve
+from .tensors import ModelSpec, TensorSpec
+
+#: Refuse requests beyond this many parameters (10 trillion): far past any model served today,
+#: and it keeps every size computation comfortably inside 64 bits.
+MAX_PARAMS = 10**13
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated init request (the core's view; the servicer builds it from the proto)."""
+
+    model: ModelSpec
+    """The architecture."""
+    policy: Policy
+    """The init policy."""
+    seed: int
+    """0 <= seed < 2^64."""
+    dtype: str = "float32"
+    """Output dtype, one of ``engine.DTYPES``."""
+    max_shard_size: int = layout.DEFAULT_MAX_SHARD_SIZE
+    """Largest total of tensor bytes in one shard (bytes, > 0)."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.seed, int) and 0 <= self.seed < 2**64):
+            raise ValueError(f"seed: must be an integer in [0, 2^64), got {self.seed!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: unknown dtype {self.dtype!r}; use one of: {', '.join(DTYPES)}")
+        if not (isinstance(self.max_shard_size, int) and self.max_shard_size > 0):
+            raise ValueError(f"max_shard_size: must be a positive number of bytes, got {self.max_shard_size!r}")
+        if self.model.numel > MAX_PARAMS:
+            raise ValueError(f"spec: {self.model.numel} parameters exceed the limit of {MAX_PARAMS}; check the config's sizes")
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """One tensor in the plan."""
+
+    spec: TensorSpec
+    resolved: Resolved
+    key: tuple[int, int]
+    """Philox key from (seed, name)."""
+    file: int
+    """Index of the shard file holding it."""
+    offset: int
+    """Byte offset of its data inside the shard's data section."""
+    nbytes: int
+
+    @property
+    def sampler(self) -> Sampler:
+        return self.resolved.sampler
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    """One output file: a shard (header + tensor data) or a small JSON file (``content``)."""
+
+    name: str
+    size: int
+    shard: bool
+    header: bytes = b""
+    """Shards: the safetensors header, length prefix included."""
+    tensors: tuple[int, ...] = ()
+    """Shards: indices into ``Plan.tensors``, in storage order."""
+    content: bytes = b""
+    """JSON files: the whole file."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    request: Request
+    tensors: tuple[TensorPlan, ...]
+    files: tuple[FilePlan, ...]
+    fingerprint: str
+    """SHA-256 hex of the weights' definition (independent of max_shard_size)."""
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def total_params(self) -> int:
+        return sum(t.spec.numel for t in self.tensors)
+
+
+def fingerprint(request: Request, resolved: list[Resolved]) -> str:
+    """SHA-256 over a canonical JSON of everything the bytes depend on (floats as exact reprs)."""
+    doc = {
+        "algorithm_version": ALGORITHM_VERSION,
+        "seed": request.seed,
+        "dtype": request.dtype,
+        "tensors": [
+            [t.name, list(t.shape), {k: repr(v) for k, v in asdict(r.sampler).items()}]
+            for t, r in zip(request.model.tensors, resolved)
+        ],
+    }
+    return hashlib.sha256(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()).hexdigest()
+
+
+def build_plan(request: Request) -> Plan:
+    model = request.model
+    resolved = resolve(request.policy, model)
+    fp = fingerprint(request, resolved)
+    itemsize = DTYPE_ITEMSIZE[request.dtype]
+    nbytes = [t.numel * itemsize for t in model.tensors]
+    groups = layout.pack_shards(nbytes, request.max_shard_size)
+    metadata = {
+        "format": "pt",
+        "modelinit.algorithm_version": str(ALGORITHM_VERSION),
+        "modelinit.seed": str(request.seed),
+        "modelinit.fingerprint": fp,
+    }
+
+    tensors: list[TensorPlan | None] = [None] * len(model.tensors)
+    files: list[FilePlan] = []
+    weight_map: dict[str, str] = {}
+    for f, group in enumerate(groups):
+        name = layout.shard_name(f, len(groups))
+        offset = 0
+        for i in group:
+            t = model.tensors[i]
+            tensors[i] = TensorPlan(t, resolved[i], tensor_key(request.seed, t.name), f, offset, nbytes[i])
+            offset += nbytes[i]
+            weight_map[t.name] = name
+        header = layout.safetensors_header(
+            [(model.tensors[i].name, request.dtype, model.tensors[i].shape, nbytes[i]) for i in group], metadata
+        )
+        files.append(FilePlan(name, len(header) + offset, True, header=header, tensors=tuple(group)))
+
+    json_files = []
+    if len(groups) > 1:
+        json_files.append((layout.INDEX_FILE, layout.index_json(sum(nbytes), weight_map)))
+    json_files.append((layout.CONFIG_FILE, layout.config_json(model.config, request.dtype)))
+    files += [FilePlan(name, len(content), False, content=content) for name, content in json_files]
+    return Plan(request, tuple(tensors), tuple(files), fp)  # type: ignore[arg-type]

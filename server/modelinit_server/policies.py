@@ -1,0 +1,351 @@
+"""Init policies as data: ordered rules that match tensors and give them a distribution.
+
+A policy resolves every tensor of a model to exactly one engine :class:`Sampler`; a tensor that
+no rule matches is an error that names it (never a silent default). Presets are ordinary rule
+lists built from the model (they need its ``initializer_range`` and depth).
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass, field
+
+from .engine import Sampler
+from .tensors import KINDS, PARAMS, ROLES, ModelSpec, TensorSpec
+
+DISTRIBUTIONS = (
+    "normal",
+    "trunc_normal",
+    "uniform",
+    "constant",
+    "xavier_uniform",
+    "xavier_normal",
+    "kaiming_uniform",
+    "kaiming_normal",
+)
+DEPTH_SCALINGS = ("none", "n_layers", "layer")
+_NONLINEARITY_GAIN = {"linear": 1.0, "sigmoid": 1.0, "relu": math.sqrt(2.0), "tanh": 5.0 / 3.0, "selu": 0.75}
+
+
+@dataclass(frozen=True)
+class Match:
+    """Selects tensors: every non-empty field must match; within a field any value may."""
+
+    kinds: tuple[str, ...] = ()
+    """Module kinds (``linear``, ``embedding``, ``norm``); empty: any."""
+    roles: tuple[str, ...] = ()
+    """Roles (see :data:`modelinit_server.tensors.ROLES`); empty: any."""
+    params: tuple[str, ...] = ()
+    """``weight`` / ``bias``; empty: any."""
+    names: tuple[str, ...] = ()
+    """fnmatch globs on the tensor name (``*`` crosses dots); empty: any."""
+    min_layer: int | None = None
+    """Lowest block index matched (inclusive); tensors outside blocks never match a layer range."""
+    max_layer: int | None = None
+    """Highest block index matched (inclusive)."""
+
+    def __post_init__(self) -> None:
+        for label, values, allowed in (("kinds", self.kinds, KINDS), ("roles", self.roles, ROLES), ("params", self.params, PARAMS)):
+            bad = [v for v in values if v not in allowed]
+            if bad:
+                raise ValueError(f"match.{label}: unknown {bad[0]!r}; use one of: {', '.join(allowed)}")
+        if self.min_layer is not None and self.max_layer is not None and self.min_layer > self.max_layer:
+            raise ValueError(f"match.min_layer: {self.min_layer} is above max_layer {self.max_layer}")
+
+    def selects(self, t: TensorSpec) -> bool:
+        if self.kinds and t.kind not in self.kinds:
+            return False
+        if self.roles and t.role not in self.roles:
+            return False
+        if self.params and t.param not in self.params:
+            return False
+        if self.names and not any(fnmatch.fnmatchcase(t.name, g) for g in self.names):
+            return False
+        if self.min_layer is not None or self.max_layer is not None:
+            if t.layer is None:
+                return False
+            if self.min_layer is not None and t.layer < self.min_layer:
+                return False
+            if self.max_layer is not None and t.layer > self.max_layer:
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """A distribution before it meets a tensor (fan-based kinds need the tensor's fans).
+
+    Formulas (fan = fan_in, fan_out, or their mean for Xavier):
+    ``xavier_normal``: std = gain * sqrt(2 / (fan_in + fan_out));
+    ``xavier_uniform``: bound = gain * sqrt(6 / (fan_in + fan_out));
+    ``kaiming_normal``: std = g / sqrt(fan); ``kaiming_uniform``: bound = g * sqrt(3 / fan), with
+    g = torch's ``calculate_gain(nonlinearity, negative_slope)``.
+    """
+
+    kind: str
+    """One of :data:`DISTRIBUTIONS`."""
+    mean: float = 0.0
+    """normal / trunc_normal mean."""
+    std: float = 0.0
+    """normal / trunc_normal std (of the untruncated normal unless ``preserve_std``)."""
+    a: float = -2.0
+    """trunc_normal lower bound (sigma units or absolute, see ``bounds``)."""
+    b: float = 2.0
+    """trunc_normal upper bound."""
+    bounds: str = "sigma"
+    """``sigma``: a, b in std units around the mean (TF); ``absolute``: values (torch)."""
+    preserve_std: bool = False
+    """trunc_normal: divide std by the truncation's std factor so the result has std ``std``."""
+    low: float = 0.0
+    """uniform lower bound."""
+    high: float = 0.0
+    """uniform upper bound."""
+    value: float = 0.0
+    """constant value."""
+    gain: float = 1.0
+    """Xavier gain."""
+    negative_slope: float = 0.0
+    """Kaiming leaky-ReLU slope."""
+    mode: str = "fan_in"
+    """Kaiming fan: ``fan_in`` or ``fan_out``."""
+    nonlinearity: str = "leaky_relu"
+    """Kaiming nonlinearity (torch's default for kaiming_* is ``leaky_relu`` with slope 0)."""
+
+    def __post_init__(self) -> None:
+        k = self.kind
+        if k not in DISTRIBUTIONS:
+            raise ValueError(f"init: unknown distribution {k!r}; use one of: {', '.join(DISTRIBUTIONS)}")
+        for fname in ("mean", "std", "a", "b", "low", "high", "value", "gain", "negative_slope"):
+            v = getattr(self, fname)
+            if math.isnan(v) or (math.isinf(v) and fname not in ("a", "b")):
+                raise ValueError(f"init.{k}.{fname}: must be a finite number, got {v}")
+        if k in ("normal", "trunc_normal") and not self.std > 0:
+            raise ValueError(f"init.{k}.std: must be > 0, got {self.std}")
+        if k == "trunc_normal":
+            if self.bounds not in ("sigma", "absolute"):
+                raise ValueError(f"init.trunc_normal.bounds: {self.bounds!r} is not 'sigma' or 'absolute'")
+            if not self.a < self.b:
+                raise ValueError(f"init.trunc_normal: lower bound a={self.a} must be below b={self.b}")
+            if self.preserve_std and self.bounds != "sigma":
+                raise ValueError("init.trunc_normal.preserve_std: needs bounds='sigma' (absolute bounds move with the std)")
+        if k == "uniform" and not self.low < self.high:
+            raise ValueError(f"init.uniform: low={self.low} must be below high={self.high}")
+        if k.startswith("xavier") and not self.gain > 0:
+            raise ValueError(f"init.{k}.gain: must be > 0, got {self.gain}")
+        if k.startswith("kaiming"):
+            if self.mode not in ("fan_in", "fan_out"):
+                raise ValueError(f"init.{k}.mode: {self.mode!r} is not 'fan_in' or 'fan_out'")
+            if self.nonlinearity not in (*_NONLINEARITY_GAIN, "leaky_relu"):
+                raise ValueError(
+                    f"init.{k}.nonlinearity: unknown {self.nonlinearity!r}; use one of: "
+                    f"{', '.join([*_NONLINEARITY_GAIN, 'leaky_relu'])}"
+                )
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One policy rule: which tensors, which distribution, which modifiers."""
+
+    match: Match
+    """Tensors this rule selects."""
+    init: Distribution
+    """Their distribution."""
+    depth_scaling: str = "none"
+    """``none``; ``n_layers``: std / sqrt(2 * n_layers) (GPT-2, Megatron); ``layer``: std / sqrt(2 * (layer + 1)) (torchtitan)."""
+    zero_padding_row: bool = False
+    """Zero the embedding's padding row (HF ``padding_idx``)."""
+    name: str = ""
+    """Shown in plans and errors; empty: ``rule[<index>]``."""
+
+    def __post_init__(self) -> None:
+        if self.depth_scaling not in DEPTH_SCALINGS:
+            raise ValueError(f"rule {self.name!r}: depth_scaling {self.depth_scaling!r} is not one of {', '.join(DEPTH_SCALINGS)}")
+        if self.depth_scaling != "none" and self.init.kind == "constant":
+            raise ValueError(f"rule {self.name!r}: depth_scaling does not apply to a constant")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A preset (optional) and rules of one's own, tried before the preset's."""
+
+    preset: str = ""
+    """Preset name (see :data:`PRESETS`); empty with no rules means ``hf-default``."""
+    rules: tuple[Rule, ...] = ()
+    """Rules tried first, in order."""
+
+    def __post_init__(self) -> None:
+        if self.preset and self.preset not in PRESETS:
+            raise ValueError(f"policy.preset: unknown preset {self.preset!r}; use one of: {', '.join(PRESETS)}")
+
+    @property
+    def effective_preset(self) -> str:
+        return self.preset or ("" if self.rules else "hf-default")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A tensor's resolved init: the sampler the engine runs and what the plan reports."""
+
+    sampler: Sampler
+    rule: str
+    """Name of the rule that matched."""
+    init: str
+    """Human-readable distribution, e.g. ``normal(mean=0, std=0.02)``."""
+    std: float
+    """Std of the (untruncated) distribution sampled; 0 for constants."""
+    effective_std: float
+    """Analytic std of the values (truncation included)."""
+
+
+# --- presets -----------------------------------------------------------------------------
+
+_ONES = Distribution("constant", value=1.0)
+_ZEROS = Distribution("constant", value=0.0)
+
+
+def _norms_and_biases() -> list[Rule]:
+    return [
+        Rule(Match(kinds=("norm",), params=("weight",)), _ONES, name="norm weight = 1"),
+        Rule(Match(params=("bias",)), _ZEROS, name="bias = 0"),
+    ]
+
+
+def _hf_default(model: ModelSpec) -> list[Rule]:
+    """What transformers' ``_init_weights`` does for the family (see docs/policies.md)."""
+    normal = Distribution("normal", std=model.initializer_range)
+    rules = _norms_and_biases()
+    if model.family == "gpt2":
+        # GPT2PreTrainedModel._init_weights redraws every "c_proj.weight" (attention and MLP
+        # output) with std initializer_range / sqrt(2 * n_layer).
+        rules.append(Rule(Match(names=("*.c_proj.weight",)), normal, depth_scaling="n_layers", name="c_proj scaled"))
+    rules += [
+        Rule(Match(kinds=("embedding",)), normal, zero_padding_row=True, name="embedding"),
+        Rule(Match(kinds=("linear",), params=("weight",)), normal, name="linear weight"),
+    ]
+    return rules
+
+
+def _bert_tf(model: ModelSpec) -> list[Rule]:
+    """Original BERT (TensorFlow): truncated_normal(stddev=0.02) redraws beyond 2 sigma."""
+    trunc = Distribution("trunc_normal", std=model.initializer_range, a=-2.0, b=2.0, bounds="sigma")
+    return [
+        *_norms_and_biases(),
+        Rule(Match(kinds=("embedding", "linear"), params=("weight",)), trunc, name="weight"),
+    ]
+
+
+PRESETS = {"hf-default": _hf_default, "bert-tf": _bert_tf}
+
+
+# --- resolution -------------------------------------------------------------------------------
+
+
+def rules_for(policy: Policy, model: ModelSpec) -> list[Rule]:
+    """The full ordered rule list: the policy's own, then its preset's."""
+    rules = list(policy.rules)
+    if policy.effective_preset:
+        rules += PRESETS[policy.effective_preset](model)
+    return [r if r.name else Rule(r.match, r.init, r.depth_scaling, r.zero_padding_row, f"rule[{i}]") for i, r in enumerate(rules)]
+
+
+def resolve(policy: Policy, model: ModelSpec) -> list[Resolved]:
+    """Resolve every tensor of ``model`` (in order) to its sampler; ValueError names an unmatched tensor."""
+    rules = rules_for(policy, model)
+    out = []
+    for t in model.tensors:
+        rule = next((r for r in rules if r.match.selects(t)), None)
+        if rule is None:
+            raise ValueError(
+                f"policy: no rule matches tensor {t.name!r} (kind={t.kind}, role={t.role}, param={t.param}); "
+                "add a rule that selects it or use a preset such as 'hf-default'"
+            )
+        out.append(_resolve_one(rule, t, model))
+    return out
+
+
+def _depth_divisor(rule: Rule, t: TensorSpec, model: ModelSpec) -> float:
+    if rule.depth_scaling == "n_layers":
+        return math.sqrt(2.0 * model.n_layers)
+    if rule.depth_scaling == "layer":
+        if t.layer is None:
+            raise ValueError(f"rule {rule.name!r}: depth_scaling 'layer' matched {t.name!r}, which is outside the blocks")
+        return math.sqrt(2.0 * (t.layer + 1))
+    return 1.0
+
+
+def _kaiming_gain(d: Distribution) -> float:
+    if d.nonlinearity == "leaky_relu":
+        return math.sqrt(2.0 / (1.0 + d.negative_slope**2))
+    return _NONLINEARITY_GAIN[d.nonlinearity]
+
+
+def _fans(rule: Rule, t: TensorSpec) -> tuple[int, int]:
+    if t.fan_in <= 0 or t.fan_out <= 0:
+        raise ValueError(f"rule {rule.name!r}: {rule.init.kind} needs fan_in/fan_out, which {t.name!r} lacks")
+    return t.fan_in, t.fan_out
+
+
+def _resolve_one(rule: Rule, t: TensorSpec, model: ModelSpec) -> Resolved:
+    d = rule.init
+    div = _depth_divisor(rule, t, model)
+    zero_row = t.padding_idx if rule.zero_padding_row else None
+    row = {"zero_row": zero_row, "row_size": t.numel // t.shape[0]}
+    kind = d.kind
+    if kind == "constant":
+        return Resolved(Sampler("constant", value=d.value, **row), rule.name, f"constant({d.value:g})", 0.0, 0.0)
+
+    # Fan-based kinds reduce to normal / uniform with a computed std or bound.
+    if kind.startswith(("xavier", "kaiming")):
+        fan_in, fan_out = _fans(rule, t)
+        if kind.startswith("xavier"):
+            std = d.gain * math.sqrt(2.0 / (fan_in + fan_out))
+        else:
+            std = _kaiming_gain(d) / math.sqrt(fan_in if d.mode == "fan_in" else fan_out)
+        std /= div
+        if kind.endswith("normal"):
+            return Resolved(Sampler("normal", std=std, **row), rule.name, f"{kind} -> normal(mean=0, std={std:.6g})", std, std)
+        bound = math.sqrt(3.0) * std
+        return Resolved(
+            Sampler("uniform", low=-bound, high=bound, **row), rule.name, f"{kind} -> uniform({-bound:.6g}, {bound:.6g})", std, std
+        )
+
+    if kind == "uniform":
+        low, high = d.low / div, d.high / div
+        std = (high - low) / math.sqrt(12.0)
+        return Resolved(Sampler("uniform", low=low, high=high, **row), rule.name, f"uniform({low:.6g}, {high:.6g})", std, std)
+
+    std = d.std / div
+    if kind == "normal":
+        return Resolved(
+            Sampler("normal", mean=d.mean, std=std, **row), rule.name, f"normal(mean={d.mean:g}, std={std:.6g})", std, std
+        )
+
+    # trunc_normal
+    if d.bounds == "sigma":
+        a, b = d.a, d.b
+    else:
+        a, b = (d.a - d.mean) / std, (d.b - d.mean) / std
+    factor = truncated_std_factor(a, b)
+    if d.preserve_std:
+        std /= factor
+    desc = f"trunc_normal(mean={d.mean:g}, std={std:.6g}, a={a:g}σ, b={b:g}σ)"
+    return Resolved(Sampler("trunc_normal", mean=d.mean, std=std, a=a, b=b, **row), rule.name, desc, std, std * factor)
+
+
+def truncated_std_factor(a: float, b: float) -> float:
+    """Std of N(0, 1) truncated to [a, b] (a, b may be infinite):
+    sqrt(1 + (a phi(a) - b phi(b)) / Z - ((phi(a) - phi(b)) / Z)^2), Z = Phi(b) - Phi(a).
+    Reporting only: the bytes never depend on it (except through ``preserve_std``'s std, which
+    is part of the resolved rule and so of the fingerprint).
+    """
+
+    def pdf(x: float) -> float:
+        return 0.0 if math.isinf(x) else math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+    def xpdf(x: float) -> float:
+        return 0.0 if math.isinf(x) else x * pdf(x)
+
+    z = 0.5 * (math.erfc(-b / math.sqrt(2.0)) - math.erfc(-a / math.sqrt(2.0)))
+    m = (pdf(a) - pdf(b)) / z
+    var = 1.0 + (xpdf(a) - xpdf(b)) / z - m * m
+    return math.sqrt(max(var, 0.0))

@@ -1,0 +1,113 @@
+"""What a model is made of: the tensors a spec resolves to, with the metadata policies match on.
+
+No weights are ever materialized to build these: an architecture is enumerated from its config.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+#: Module kinds a tensor can belong to.
+KINDS = ("linear", "embedding", "norm")
+
+#: Roles a tensor can play in a transformer. Policies target these (e.g. depth-scale
+#: ``attn_out`` and ``mlp_out``); ``other`` is for anything without a better name.
+ROLES = (
+    "qkv",  # attention input projections (q, k, v, or a fused qkv)
+    "attn_out",  # attention output projection (writes into the residual stream)
+    "mlp_in",  # MLP input / gate / up projections
+    "mlp_out",  # MLP output projection (writes into the residual stream)
+    "token_embedding",
+    "position_embedding",
+    "token_type_embedding",
+    "lm_head",  # output projection to the vocabulary (and its bias)
+    "head_transform",  # the dense layer of an MLM head before the decoder
+    "attn_norm",
+    "mlp_norm",
+    "embedding_norm",
+    "final_norm",
+    "head_norm",
+    "other",
+)
+
+PARAMS = ("weight", "bias")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One stored tensor of a model, as it appears in the HF ``state_dict()``."""
+
+    name: str
+    """Canonical name: the key in the HF model's ``state_dict()`` (e.g. ``model.layers.0.mlp.up_proj.weight``)."""
+    shape: tuple[int, ...]
+    """Shape as stored (HF GPT-2 ``Conv1D`` weights are ``[in, out]``)."""
+    kind: str
+    """Module kind, one of :data:`KINDS`."""
+    role: str
+    """Role in the architecture, one of :data:`ROLES`."""
+    param: str
+    """``weight`` or ``bias``."""
+    layer: int | None = None
+    """Transformer block index (0-based), ``None`` outside the blocks."""
+    fan_in: int = 0
+    """Input features of the module (``in_features`` of a Linear, ``embedding_dim`` of an
+    Embedding, the normalized size of a norm). Used by fan-based rules and explain."""
+    fan_out: int = 0
+    """Output features of the module (``out_features`` of a Linear, ``num_embeddings`` of an Embedding)."""
+    padding_idx: int | None = None
+    """Row that HF zeroes at init (Embedding ``padding_idx``), ``None`` if there is none."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("tensor name: must not be empty")
+        if self.kind not in KINDS:
+            raise ValueError(f"tensor {self.name!r}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.role not in ROLES:
+            raise ValueError(f"tensor {self.name!r}: role {self.role!r} is not one of {', '.join(ROLES)}")
+        if self.param not in PARAMS:
+            raise ValueError(f"tensor {self.name!r}: param {self.param!r} is not 'weight' or 'bias'")
+        if not self.shape or any((not isinstance(d, int)) or d <= 0 for d in self.shape):
+            raise ValueError(f"tensor {self.name!r}: shape {list(self.shape)} must be a non-empty list of positive integers")
+        if self.padding_idx is not None and not (0 <= self.padding_idx < self.shape[0]):
+            raise ValueError(
+                f"tensor {self.name!r}: padding_idx {self.padding_idx} is outside its {self.shape[0]} rows"
+            )
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A resolved architecture: its HF config and its tensors in canonical (state_dict) order."""
+
+    family: str
+    """HF ``model_type``: bert, roberta, gpt2, llama, mistral, qwen2."""
+    architecture: str
+    """HF class name, ``config.architectures[0]`` (e.g. ``LlamaForCausalLM``)."""
+    config: Mapping[str, Any]
+    """The full HF config (written out as ``config.json``)."""
+    tensors: tuple[TensorSpec, ...]
+    """Stored tensors in canonical order; tied weights appear once, as HF saves them."""
+    n_layers: int
+    """Number of transformer blocks (depth scaling uses it)."""
+    hidden_size: int
+    """Model width."""
+    initializer_range: float
+    """``config.initializer_range`` (GPT-2/BERT/Llama default 0.02)."""
+    tied: Mapping[str, str] = field(default_factory=dict)
+    """Tied names that are not stored, mapped to the stored tensor they share (e.g. ``lm_head.weight``)."""
+
+    def __post_init__(self) -> None:
+        names = [t.name for t in self.tensors]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"spec: duplicate tensor names {dup[:5]}")
+        if not self.tensors:
+            raise ValueError("spec: the model has no tensors")
+
+    @property
+    def numel(self) -> int:
+        return sum(t.numel for t in self.tensors)
