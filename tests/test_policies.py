@@ -88,3 +88,11 @@ def test_fan_based_kinds():
 def test_invalid_policies(make, field):
     with pytest.raises(ValueError, match=field):
         make()
+
+
+def test_preserve_std_rescales_to_the_requested_std():
+    model = from_config(TINY["gpt2"])
+    rule = Rule(Match(), Distribution("trunc_normal", std=0.02, a=-2.0, b=2.0, preserve_std=True))
+    r = resolve(Policy(rules=(rule,)), model)[0]
+    assert r.effective_std == pytest.approx(0.02, rel=1e-12)
+    assert r.sampler.std == pytest.approx(0.02 / 0.87962566103423978, rel=1e-12)

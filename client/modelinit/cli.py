@@ -81,6 +81,9 @@ def _serve(args: argparse.Namespace) -> int:
         config = ServerConfig(host=args.host, port=args.port, device=args.device, workers=args.workers, grace=args.grace)
     except ValueError as e:
         return _fail(str(e), 2)
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         serve(config, ready=lambda line: print(line, flush=True))
     except OSError as e:

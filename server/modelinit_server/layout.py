@@ -89,5 +89,10 @@ def index_json(total_size: int, weight_map: Mapping[str, str]) -> bytes:
 
 
 def config_json(config: Mapping[str, Any], dtype: str) -> bytes:
-    # transformers >= 4.56 reads `dtype`; older releases read `torch_dtype`: write both.
-    return json_file({**config, "dtype": dtype, "torch_dtype": dtype})
+    """The HF config with the output dtype. transformers 5 reads `dtype` and `rope_parameters`;
+    4.x reads `torch_dtype` and a top-level `rope_theta`: write both so either loads it right."""
+    doc = {**config, "dtype": dtype, "torch_dtype": dtype}
+    rope = config.get("rope_parameters")
+    if isinstance(rope, Mapping) and "rope_theta" in rope and "rope_theta" not in doc:
+        doc["rope_theta"] = rope["rope_theta"]
+    return json_file(doc)

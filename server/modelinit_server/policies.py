@@ -6,11 +6,12 @@ lists built from the model (they need its ``initializer_range`` and depth).
 """
 from __future__ import annotations
 
+import decimal
 import fnmatch
 import math
 from dataclasses import dataclass, field
 
-from .engine import Sampler
+from .engine import Sampler, std_normal_cdf
 from .tensors import KINDS, PARAMS, ROLES, ModelSpec, TensorSpec
 
 DISTRIBUTIONS = (
@@ -335,17 +336,28 @@ def _resolve_one(rule: Rule, t: TensorSpec, model: ModelSpec) -> Resolved:
 def truncated_std_factor(a: float, b: float) -> float:
     """Std of N(0, 1) truncated to [a, b] (a, b may be infinite):
     sqrt(1 + (a phi(a) - b phi(b)) / Z - ((phi(a) - phi(b)) / Z)^2), Z = Phi(b) - Phi(a).
-    Reporting only: the bytes never depend on it (except through ``preserve_std``'s std, which
-    is part of the resolved rule and so of the fingerprint).
+
+    Uses no libm function (Phi and phi come correctly rounded from ``decimal``, the rest is
+    IEEE arithmetic): with ``preserve_std`` the sampled std depends on it, so it must give the
+    same double on every platform.
     """
-
-    def pdf(x: float) -> float:
-        return 0.0 if math.isinf(x) else math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
-
-    def xpdf(x: float) -> float:
-        return 0.0 if math.isinf(x) else x * pdf(x)
-
-    z = 0.5 * (math.erfc(-b / math.sqrt(2.0)) - math.erfc(-a / math.sqrt(2.0)))
-    m = (pdf(a) - pdf(b)) / z
-    var = 1.0 + (xpdf(a) - xpdf(b)) / z - m * m
+    z = std_normal_cdf(b) - std_normal_cdf(a)
+    pa, pb = _std_normal_pdf(a), _std_normal_pdf(b)
+    xpa = 0.0 if math.isinf(a) else a * pa
+    xpb = 0.0 if math.isinf(b) else b * pb
+    m = (pa - pb) / z
+    var = 1.0 + (xpa - xpb) / z - m * m
     return math.sqrt(max(var, 0.0))
+
+
+_TWO_PI = decimal.Decimal("6.28318530717958647692528676655900576839433879875021164194989")
+
+
+def _std_normal_pdf(x: float) -> float:
+    """exp(-x^2 / 2) / sqrt(2 pi), correctly rounded (decimal, 40 digits)."""
+    if math.isinf(x):
+        return 0.0
+    with decimal.localcontext() as ctx:
+        ctx.prec = 40
+        d = decimal.Decimal(x)
+        return float((-(d * d) / 2).exp() / _TWO_PI.sqrt())

@@ -9,6 +9,7 @@ import asyncio
 import collections
 import hashlib
 import logging
+import time
 from concurrent.futures import Executor
 
 import grpc
@@ -60,6 +61,9 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
             f = plan.files[selected[0]]
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, f"offset: {request.offset} is past the end of {f.name} ({f.size} bytes)")
         loop = asyncio.get_running_loop()
+        started, sent = time.monotonic(), 0
+        log.info("Init %s seed=%d dtype=%s files=%s offset=%d from %s", _describe(request.request), plan.request.seed,
+                 plan.request.dtype, selected if request.files else "all", request.offset, context.peer())
         for n, index in enumerate(selected):
             f = plan.files[index]
             offset = request.offset if n == 0 else 0
@@ -82,8 +86,15 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
                         break
                     data = await pending.popleft()
                     digest.update(data)
+                    sent += len(data)
                     yield pb.InitResponse(data=data)
             finally:
                 for fut in pending:  # a cancelled stream drops the chunks generated ahead
                     fut.cancel()
             yield pb.InitResponse(end=pb.FileEnd(index=index, sha256=digest.hexdigest()))
+        elapsed = time.monotonic() - started
+        log.info("Init done: %d bytes in %.1fs (%.0f MB/s)", sent, elapsed, sent / max(elapsed, 1e-9) / 1e6)
+
+
+def _describe(msg: pb.ModelRequest) -> str:
+    return msg.spec.preset if msg.spec.HasField("preset") else "config.json"
