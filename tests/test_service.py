@@ -213,3 +213,11 @@ def test_70b_plans(client):
     shards = [f for f in plan.files if f.shard]
     assert len(shards) >= math.ceil(plan.total_bytes / 5e9)
     assert all(f.size < 5e9 + 100_000 for f in shards)
+
+
+def test_values_that_overflow_the_dtype_are_refused_at_plan_time(client):
+    big = pb.Policy(preset="hf-default", rules=[pb.Rule(match=pb.Match(kinds=["norm"]), init=pb.Distribution(constant=pb.Constant(value=1e6)))])
+    with pytest.raises(modelinit.ModelInitError) as e:
+        client.plan(GPT2, policy=big, dtype="float16")
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and e.value.details.startswith("dtype: float16 cannot hold")
+    assert client.plan(GPT2, policy=big, dtype="float32").total_params > 0

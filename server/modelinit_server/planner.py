@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from . import layout
-from .engine import ALGORITHM_VERSION, DTYPE_ITEMSIZE, DTYPES, Sampler, tensor_key
+from .engine import ALGORITHM_VERSION, DTYPE_ITEMSIZE, DTYPES, Sampler, check_dtype, tensor_key
 from .policies import Policy, Resolved, resolve
 from .tensors import ModelSpec, TensorSpec
 
@@ -113,6 +113,11 @@ def fingerprint(request: Request, resolved: list[Resolved]) -> str:
 def build_plan(request: Request) -> Plan:
     model = request.model
     resolved = resolve(request.policy, model)
+    for t, r in zip(model.tensors, resolved):
+        try:
+            check_dtype(r.sampler, request.dtype)  # overflow is a bad request, not a broken stream
+        except ValueError as e:
+            raise ValueError(f"dtype: {request.dtype} cannot hold {t.name!r} ({r.init}): {e}") from None
     fp = fingerprint(request, resolved)
     itemsize = DTYPE_ITEMSIZE[request.dtype]
     nbytes = [t.numel * itemsize for t in model.tensors]

@@ -1,0 +1,177 @@
+"""Element generation: (sampler, key, element range, dtype) -> values, algorithm version 1.
+
+Element ``i`` of a tensor depends only on ``(key, i, sampler, dtype)``: never on ``start``/``count``,
+chunking, the device or the order of requests. Work is done in blocks of :data:`BLOCK` elements
+(memory stays O(count) for the output plus O(BLOCK) of temporaries); block boundaries cannot change
+any value because every step is elementwise.
+"""
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from .philox import MAX_ELEMENTS, _check_key, random_bits
+from .sampler import U2_MAX, Sampler
+from .special import normal_ppf
+
+__all__ = [
+    "BLOCK",
+    "DTYPES",
+    "DTYPE_ITEMSIZE",
+    "NUMPY_DTYPE",
+    "SAFETENSORS_DTYPE",
+    "check_dtype",
+    "generate",
+    "generate_array",
+    "to_dtype",
+    "transform",
+    "uniforms",
+]
+
+DTYPES = ("float32", "bfloat16", "float16")
+DTYPE_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+SAFETENSORS_DTYPE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+#: numpy array type generate_array returns per dtype (bfloat16: the bit patterns in uint16).
+NUMPY_DTYPE = {"float32": np.dtype("<f4"), "bfloat16": np.dtype("<u2"), "float16": np.dtype("<f2")}
+
+#: Elements per internal block (a speed / memory knob only; values never depend on it).
+BLOCK = 1 << 16
+
+_TWO_M32 = 2.0**-32
+
+
+def uniforms(key: tuple[int, int], start: int, count: int) -> np.ndarray:
+    """u = (x + 0.5) * 2**-32 (float64, exact, in (0, 1)) for elements [start, start + count)."""
+    u = random_bits(key, start, count).astype(np.float64)
+    u += 0.5
+    u *= _TWO_M32
+    return u
+
+
+def to_dtype(v: np.ndarray, dtype: str) -> np.ndarray:
+    """Round float64 values to ``dtype``: float64 -> float32 (RNE), then float32 -> bfloat16 / float16 (RNE).
+
+    bfloat16 rounding on the float32 bit pattern: ``(bits + 0x7FFF + ((bits >> 16) & 1)) >> 16``.
+    """
+    f32 = v.astype(np.float32)
+    if dtype == "float32":
+        return f32
+    if dtype == "float16":
+        return f32.astype(np.float16)
+    bits = f32.view(np.uint32)
+    r = bits >> 16
+    r &= 1
+    r += bits
+    r += 0x7FFF
+    r >>= 16
+    return r.astype(np.uint16)
+
+
+def _nonfinite(out: np.ndarray, dtype: str) -> bool:
+    if dtype == "bfloat16":
+        return bool(np.any((out & 0x7F80) == 0x7F80))
+    return not bool(np.isfinite(out).all())
+
+
+def check_dtype(sampler: Sampler, dtype: str) -> None:
+    """ValueError unless every value ``sampler`` can produce is finite in ``dtype`` (independent of the slice)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    lo, hi = sampler.support
+    with np.errstate(over="ignore"):
+        ends = to_dtype(np.array([lo, hi], dtype=np.float64), dtype)
+    if _nonfinite(ends, dtype):
+        raise ValueError(
+            f"dtype: sampler {sampler.kind} values range over [{lo!r}, {hi!r}], "
+            f"which overflows {dtype} (or float64)"
+        )
+
+
+def transform(sampler: Sampler, u: np.ndarray) -> np.ndarray:
+    """Float64 values from float64 uniforms ``u`` in (0, 1) (steps 7, 8, 10 of the spec). May reuse ``u``'s memory.
+
+    ``constant`` is not handled here (it uses no random bits).
+    """
+    kind = sampler.kind
+    if kind == "uniform":
+        u *= sampler.high - sampler.low  # t = d * u,  d = high - low
+        u += sampler.low  # v = low + t
+        return u
+    if kind == "normal":
+        z = normal_ppf(u)
+    elif kind == "trunc_normal":
+        plo, _, pw, flip = sampler.trunc_scalars
+        u *= pw  # t = u * pw
+        u += plo  # u2 = plo + t
+        np.minimum(u, U2_MAX, out=u)  # never feed 1.0 to normal_ppf (unreachable thanks to the reflection; part of the spec)
+        z = normal_ppf(u)
+        if flip:  # sampled on [-b, -a]
+            np.negative(z, out=z)
+        # Guard against the last-ulp case only: z is already within [a, b] up to rounding, so this
+        # never piles up mass at the bounds. Plain comparisons (no min/max), so signed zeros are kept.
+        if sampler.a != -np.inf:
+            np.copyto(z, sampler.a, where=z < sampler.a)
+        if sampler.b != np.inf:
+            np.copyto(z, sampler.b, where=z > sampler.b)
+    else:
+        raise ValueError(f"kind: transform does not handle {kind!r}")
+    z *= sampler.std  # t = std * z
+    z += sampler.mean  # v = mean + t
+    return z
+
+
+def _values(sampler: Sampler, key: tuple[int, int], start: int, count: int) -> np.ndarray:
+    """Float64 values of elements [start, start + count), before rounding to the output dtype."""
+    if sampler.kind == "constant":
+        return np.full(count, sampler.value, dtype=np.float64)
+    return transform(sampler, uniforms(key, start, count))
+
+
+def _check_range(start: object, count: object) -> tuple[int, int]:
+    vals = []
+    for name, v in (("start", start), ("count", count)):
+        if isinstance(v, bool):
+            raise ValueError(f"{name}: must be a non-negative integer, got {v!r}")
+        try:
+            iv = operator.index(v)
+        except TypeError:
+            raise ValueError(f"{name}: must be a non-negative integer, got {v!r}") from None
+        if iv < 0:
+            raise ValueError(f"{name}: must be a non-negative integer, got {iv}")
+        vals.append(iv)
+    if vals[0] + vals[1] > MAX_ELEMENTS:
+        raise ValueError(f"count: start + count must be <= 2**62, got {vals[0] + vals[1]}")
+    return vals[0], vals[1]
+
+
+def generate_array(sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str) -> np.ndarray:
+    """Elements [start, start + count) of the flattened tensor as a 1-D array.
+
+    float32 -> ``np.float32``, float16 -> ``np.float16``, bfloat16 -> ``np.uint16`` holding the bf16 bits.
+    ValueError for a bad argument, or if the sampler's values do not all fit ``dtype`` (see
+    :func:`check_dtype`; the decision never depends on the slice).
+    """
+    if not isinstance(sampler, Sampler):
+        raise ValueError(f"sampler: must be a Sampler, got {type(sampler).__name__}")
+    key = _check_key(key)
+    start, count = _check_range(start, count)
+    check_dtype(sampler, dtype)
+    out = np.empty(count, dtype=NUMPY_DTYPE[dtype])
+    for off in range(0, count, BLOCK):
+        n = min(BLOCK, count - off)
+        out[off : off + n] = to_dtype(_values(sampler, key, start + off, n), dtype)
+    if sampler.zero_row is not None:
+        lo = sampler.zero_row * sampler.row_size
+        hi = lo + sampler.row_size
+        i0, i1 = max(lo, start), min(hi, start + count)
+        if i0 < i1:
+            out[i0 - start : i1 - start] = 0  # +0.0 bit pattern in every dtype
+    if _nonfinite(out, dtype):  # unreachable after check_dtype; a safety net, never silently emit inf/NaN
+        raise ValueError(f"dtype: generated values overflow {dtype}")
+    return out
+
+
+def generate(sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str) -> bytes:
+    """Little-endian bytes of :func:`generate_array` (``count * DTYPE_ITEMSIZE[dtype]`` bytes)."""
+    return generate_array(sampler, key, start, count, dtype).tobytes()
