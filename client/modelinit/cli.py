@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
             kwargs = dict(seed=args.seed, policy=args.policy, dtype=args.dtype, max_shard_size=args.max_shard_size)
             if args.command == "init":
                 result = client.init_model(args.spec, out_dir=args.out, progress=not args.quiet and sys.stderr.isatty(), **kwargs)
-                print(f"wrote {len(result.files)} files, {result.total_params:,} parameters to {result.path} (fingerprint {result.fingerprint[:16]})")
+                shards = sum(f.name.endswith(".safetensors") for f in result.files)
+                print(f"wrote {result.total_params:,} parameters ({result.total_bytes / 1e9:.2f} GB) in {shards} shard(s) "
+                      f"to {result.path}; fingerprint {result.fingerprint[:16]}")
             else:
                 _print_plan(client.plan(args.spec, **kwargs), args.json)
     except ModelInitError as e:

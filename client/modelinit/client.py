@@ -201,10 +201,10 @@ class Client:
         except grpc.RpcError as e:
             raise ModelInitError.from_rpc(e) from None
         finally:
+            call.cancel()  # a no-op after a completed stream; otherwise the server stops generating now
             if current is not None:  # interrupted mid-file: leave nothing half-written behind
                 current[2].close()
                 current[1].unlink(missing_ok=True)
-                call.cancel()
             bar(None)
         if [w.name for w in written] != names:
             raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: ended after {len(written)} of {len(names)} files")
