@@ -10,6 +10,7 @@ import json
 import sys
 
 DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda", "reference")
 
 
 def _add_request_args(p: argparse.ArgumentParser) -> None:
@@ -19,6 +20,7 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", help=f"output dtype: {', '.join(DTYPES)} (default float32)")
     p.add_argument("--max-shard-size", default="5GB", help="largest shard, e.g. 5GB (10^9 bytes), 500MB, 2GiB (default 5GB)")
     p.add_argument("--server", default=None, metavar="TARGET", help="server address (host:port, dns:///name:port); default: embedded")
+    p.add_argument("--device", default="auto", choices=DEVICES, help="embedded engine (default auto: CUDA, else the CPU kernel)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,8 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the gRPC server")
     serve.add_argument("--host", default="[::]", help="interface to bind (default [::], all)")
     serve.add_argument("--port", type=int, default=50051, help="port (default 50051; 0 picks a free one)")
-    serve.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="generation device (default auto)")
-    serve.add_argument("--workers", type=int, default=0, help="generation threads (default: CPU count)")
+    serve.add_argument("--device", default="auto", choices=DEVICES,
+                       help="engine: auto (CUDA if present, else cpu), cpu (numba), cuda (Triton), reference (numpy, slow)")
+    serve.add_argument("--workers", type=int, default=0, help="threads for the reference engine (default: CPU count)")
     serve.add_argument("--grace", type=float, default=30.0, help="seconds to drain streams on SIGTERM (default 30)")
 
     init = sub.add_parser("init", help="write a model's initialized weights into a folder")
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import ModelInitError
 
     try:
-        with Client(args.server) as client:
+        with Client(args.server, device=args.device) as client:
             kwargs = dict(seed=args.seed, policy=args.policy, dtype=args.dtype, max_shard_size=args.max_shard_size)
             if args.command == "init":
                 result = client.init_model(args.spec, out_dir=args.out, progress=not args.quiet and sys.stderr.isatty(), **kwargs)
@@ -88,6 +91,8 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         serve(config, ready=lambda line: print(line, flush=True))
+    except ValueError as e:  # e.g. the device's engine is not available
+        return _fail(str(e), 2)
     except OSError as e:
         return _fail(str(e), 1)
     return 0

@@ -12,6 +12,7 @@ import grpc
 from google.protobuf import json_format
 
 from .errors import ModelInitError
+from .events import Begin, Data, End
 from .v1 import modelinit_pb2 as pb
 from .v1 import modelinit_pb2_grpc as pb_grpc
 
@@ -86,31 +87,35 @@ def check_file_name(name: str) -> str:
 
 
 class Client:
-    """A modelinit client. ``Client()`` starts an embedded in-process server (needs the
-    ``server`` extra); ``Client("host:50051")`` or ``Client("dns:///svc:50051")`` talks to one."""
+    """A modelinit client. ``Client("host:50051")`` or ``Client("dns:///svc:50051")`` talks to a
+    server; ``Client()`` runs embedded: the server's own planner, engine and file producer
+    in-process, without the gRPC hop (needs the ``server`` extra), writing the same bytes.
+    ``device`` picks the embedded engine (``auto``, ``cpu``, ``cuda``, ``reference``)."""
 
-    def __init__(self, target: str | None = None, *, timeout: float | None = None) -> None:
-        self._embedded = None
+    def __init__(self, target: str | None = None, *, timeout: float | None = None, device: str = "auto") -> None:
+        self._local = None
+        self._channel = None
+        self.target = target
+        self.timeout = timeout
         if target is None:
             try:
-                from modelinit_server.server import EmbeddedServer
+                from modelinit_server.local import LocalEngine
             except ImportError as e:
                 raise ModelInitError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"embedded mode needs the server extra ({e}); pip install 'modelinit[server]' or pass a server target",
                 ) from None
-            self._embedded = EmbeddedServer()
-            target = self._embedded.target
-        self.target = target
-        self.timeout = timeout
-        self._channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
-        self._stub = pb_grpc.ModelInitStub(self._channel)
+            try:
+                self._local = LocalEngine(device)
+            except ValueError as e:
+                raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        else:
+            self._channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            self._stub = pb_grpc.ModelInitStub(self._channel)
 
     def close(self) -> None:
-        self._channel.close()
-        if self._embedded is not None:
-            self._embedded.stop()
-            self._embedded = None
+        if self._channel is not None:
+            self._channel.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -126,10 +131,24 @@ class Client:
         return self._plan(request)
 
     def _plan(self, request: pb.ModelRequest) -> pb.PlanResponse:
+        if self._local is not None:
+            try:
+                return self._local.plan(request)
+            except ValueError as e:  # the same field-named message the server sends
+                raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         try:
             return self._stub.Plan(pb.PlanRequest(request=request), timeout=self.timeout)
         except grpc.RpcError as e:
             raise ModelInitError.from_rpc(e) from None
+
+    def _events(self, request: pb.ModelRequest):
+        """The files' events from the local engine or the server's stream; closing it stops the producer."""
+        if self._local is not None:
+            try:
+                return self._local.events(request)
+            except ValueError as e:  # e.g. the requested device's engine is unavailable
+                raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        return _RpcEvents(self._stub.Init(pb.InitRequest(request=request), timeout=self.timeout))
 
     def init_model(
         self,
@@ -163,24 +182,22 @@ class Client:
         bar = _progress_bar(progress, sum(f.size for f in plan.files))
         written: list[FileResult] = []
         current = None  # (index, temp path, file object, hasher)
-        call = self._stub.Init(pb.InitRequest(request=request), timeout=self.timeout)
+        source = self._events(request)
         try:
-            for msg in call:
-                event = msg.WhichOneof("event")
-                if event == "data":
+            for event in source:
+                if isinstance(event, Data):
                     if current is None:
                         raise ModelInitError(grpc.StatusCode.DATA_LOSS, "stream: data before any file began")
-                    current[2].write(msg.data)
-                    current[3].update(msg.data)
-                    bar(len(msg.data))
-                elif event == "begin":
-                    b = msg.begin
-                    if b.index >= len(names) or b.name != names[b.index] or b.offset != 0 or current is not None:
-                        raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: unexpected file {b.name!r} (index {b.index})")
-                    tmp = out / f".{b.name}.partial"
-                    current = (b.index, tmp, open(tmp, "wb"), hashlib.sha256())
-                elif event == "end":
-                    if current is None or msg.end.index != current[0]:
+                    current[2].write(event.data)
+                    current[3].update(event.data)
+                    bar(len(event.data))
+                elif isinstance(event, Begin):
+                    if event.index >= len(names) or event.name != names[event.index] or event.offset != 0 or current is not None:
+                        raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: unexpected file {event.name!r} (index {event.index})")
+                    tmp = out / f".{event.name}.partial"
+                    current = (event.index, tmp, open(tmp, "wb"), hashlib.sha256())
+                else:
+                    if current is None or event.index != current[0]:
                         raise ModelInitError(grpc.StatusCode.DATA_LOSS, "stream: a file ended that never began")
                     index, tmp, fh, digest = current
                     size = fh.tell()
@@ -189,19 +206,18 @@ class Client:
                     fh.close()
                     current = None
                     expected = plan.files[index]
-                    if digest.hexdigest() != msg.end.sha256 or size != expected.size:
+                    got = digest.hexdigest()
+                    if size != expected.size or event.sha256 not in (None, got):
                         tmp.unlink(missing_ok=True)
                         raise ModelInitError(
                             grpc.StatusCode.DATA_LOSS,
-                            f"{expected.name}: received {size} bytes with SHA-256 {digest.hexdigest()}, "
-                            f"server says {expected.size} bytes with {msg.end.sha256}",
+                            f"{expected.name}: received {size} bytes with SHA-256 {got}, "
+                            f"server says {expected.size} bytes with {event.sha256}",
                         )
                     os.replace(tmp, out / expected.name)
-                    written.append(FileResult(expected.name, size, digest.hexdigest()))
-        except grpc.RpcError as e:
-            raise ModelInitError.from_rpc(e) from None
+                    written.append(FileResult(expected.name, size, got))
         finally:
-            call.cancel()  # a no-op after a completed stream; otherwise the server stops generating now
+            source.close()  # a no-op after a complete stream; otherwise the producer stops now
             if current is not None:  # interrupted mid-file: leave nothing half-written behind
                 current[2].close()
                 current[1].unlink(missing_ok=True)
@@ -209,6 +225,30 @@ class Client:
         if [w.name for w in written] != names:
             raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: ended after {len(written)} of {len(names)} files")
         return written
+
+
+class _RpcEvents:
+    """A gRPC Init stream as events; RpcError becomes ModelInitError; close() cancels the call."""
+
+    def __init__(self, call) -> None:
+        self._call = call
+
+    def __iter__(self):
+        try:
+            for msg in self._call:
+                kind = msg.WhichOneof("event")
+                if kind == "data":
+                    yield Data(msg.data)
+                elif kind == "begin":
+                    b = msg.begin
+                    yield Begin(b.index, b.name, b.size, b.offset)
+                elif kind == "end":
+                    yield End(msg.end.index, msg.end.sha256)
+        except grpc.RpcError as e:
+            raise ModelInitError.from_rpc(e) from None
+
+    def close(self) -> None:
+        self._call.cancel()
 
 
 def _manifest(plan: pb.PlanResponse, written: list[FileResult]) -> bytes:

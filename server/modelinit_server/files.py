@@ -1,28 +1,38 @@
-"""The bytes of a plan's files, produced on demand in bounded chunks.
+"""The bytes of a plan's files, produced on demand in bounded segments.
 
 A shard is its header followed by its tensors' data; any byte range is produced by generating
-only the elements it covers, so memory stays bounded by the chunk size whatever the model's
+only the elements it covers, so memory stays bounded by the segment size whatever the model's
 size, and a resumed stream yields exactly the bytes of an uninterrupted one.
 """
 from __future__ import annotations
 
 import hashlib
-from typing import Iterator
+import queue
+import threading
+from typing import Iterator, Sequence
 
-from .engine import DTYPE_ITEMSIZE, generate
+import numpy as np
+from modelinit.events import Begin, Data, End, Event
+
+from .engine import DTYPE_ITEMSIZE
+from .engine.backends import REFERENCE, Fill
 from .planner import FilePlan, Plan
 
-DEFAULT_CHUNK = 1 << 20
+#: Bytes generated per step: large enough for the kernels to run at full speed, small enough
+#: to bound memory (a stream holds at most a couple of segments).
+SEGMENT = 8 << 20
 
 
-def read(plan: Plan, file: FilePlan, start: int, end: int) -> bytes:
-    """Bytes [start, end) of ``file`` (0 <= start <= end <= file.size)."""
+def read_into(plan: Plan, file: FilePlan, start: int, out: np.ndarray, fill: Fill = REFERENCE.fill) -> None:
+    """Write bytes [start, start + len(out)) of ``file`` into ``out`` (contiguous uint8)."""
+    end = start + len(out)
     if not file.shard:
-        return file.content[start:end]
-    out = []
+        out[:] = np.frombuffer(file.content, np.uint8, end - start, start)
+        return
     header = file.header
     if start < len(header):
-        out.append(header[start:min(end, len(header))])
+        n = min(end, len(header)) - start
+        out[:n] = np.frombuffer(header, np.uint8, n, start)
     itemsize = DTYPE_ITEMSIZE[plan.request.dtype]
     for i in file.tensors:
         t = plan.tensors[i]
@@ -30,23 +40,90 @@ def read(plan: Plan, file: FilePlan, start: int, end: int) -> bytes:
         hi = lo + t.nbytes
         if hi <= start or lo >= end:
             continue
-        # Generate the whole elements covering the range, then trim a partial first/last element.
-        b0, b1 = max(start, lo) - lo, min(end, hi) - lo
-        e0, e1 = b0 // itemsize, -(-b1 // itemsize)
-        data = generate(t.sampler, t.key, e0, e1 - e0, plan.request.dtype)
-        out.append(data[b0 - e0 * itemsize : b1 - e0 * itemsize])
-    return b"".join(out)
+        b0, b1 = max(start, lo) - lo, min(end, hi) - lo  # byte range within the tensor
+        e0, e1 = b0 // itemsize, -(-b1 // itemsize)  # the elements covering it
+        dst = out[lo + b0 - start : lo + b1 - start]
+        if b0 % itemsize == 0 and b1 % itemsize == 0:
+            fill(dst, t.sampler, t.key, e0, e1 - e0, plan.request.dtype)
+        else:  # a range boundary inside an element (a resume offset): generate whole elements, trim
+            tmp = np.empty((e1 - e0) * itemsize, np.uint8)
+            fill(tmp, t.sampler, t.key, e0, e1 - e0, plan.request.dtype)
+            dst[:] = tmp[b0 - e0 * itemsize : b1 - e0 * itemsize]
 
 
-def chunks(plan: Plan, file: FilePlan, offset: int = 0, chunk_size: int = DEFAULT_CHUNK) -> Iterator[bytes]:
-    """The file's bytes from ``offset`` to its end, in chunks of at most ``chunk_size``."""
-    for pos in range(offset, file.size, chunk_size):
-        yield read(plan, file, pos, min(pos + chunk_size, file.size))
+def read(plan: Plan, file: FilePlan, start: int, end: int, fill: Fill = REFERENCE.fill) -> bytes:
+    """Bytes [start, end) of ``file``."""
+    out = np.empty(end - start, np.uint8)
+    read_into(plan, file, start, out, fill)
+    return out.tobytes()
 
 
-def sha256_prefix(plan: Plan, file: FilePlan, end: int, chunk_size: int = DEFAULT_CHUNK) -> "hashlib._Hash":
-    """A SHA-256 object fed with bytes [0, end): a resumed stream still reports the whole file's hash."""
-    h = hashlib.sha256()
-    for pos in range(0, end, chunk_size):
-        h.update(read(plan, file, pos, min(pos + chunk_size, end)))
-    return h
+def events(
+    plan: Plan, selected: Sequence[int], offset: int = 0, fill: Fill = REFERENCE.fill, segment: int = SEGMENT, digest: bool = True
+) -> Iterator[Event]:
+    """The files ``selected`` (indices into plan.files), the first from ``offset``: Begin, Data
+    segments, End per file. With ``digest`` each End carries the whole file's SHA-256 (a resumed
+    file's skipped prefix is regenerated for it, not sent)."""
+    for n, index in enumerate(selected):
+        f = plan.files[index]
+        off = offset if n == 0 else 0
+        yield Begin(index, f.name, f.size, off)
+        h = hashlib.sha256() if digest else None
+        pos = 0 if digest else off
+        while pos < f.size:
+            # Segment boundaries stay on the absolute grid, so tensor data stays element-aligned.
+            end = min((pos // segment + 1) * segment, f.size)
+            buf = np.empty(end - pos, np.uint8)
+            read_into(plan, f, pos, buf, fill)
+            if h is not None:
+                h.update(buf)
+            if end > off:
+                yield Data(buf[max(off - pos, 0) :])
+            pos = end
+        yield End(index, h.hexdigest() if h is not None else None)
+
+
+class Prefetch:
+    """Runs an iterator on a background thread, ``depth`` items ahead (bounded memory), so that
+    producing item k+1 overlaps consuming item k. ``close()`` stops the producer promptly."""
+
+    _DONE = object()
+
+    def __init__(self, source: Iterator, depth: int = 2) -> None:
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(source,), name="modelinit-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self, source: Iterator) -> None:
+        try:
+            for item in source:
+                if not self._put((True, item)):
+                    return
+            self._put((True, self._DONE))
+        except BaseException as e:  # handed to the consumer, raised there
+            self._put((False, e))
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        ok, item = self._queue.get()
+        if not ok:
+            raise item
+        if item is self._DONE:
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()

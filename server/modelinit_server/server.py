@@ -13,12 +13,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from modelinit.v1 import modelinit_pb2, modelinit_pb2_grpc
 
+from .engine.backends import DEVICES, Backend, select
 from .servicer import ModelInitServicer
 
 log = logging.getLogger("modelinit.server")
 
 SERVICE_NAME = modelinit_pb2.DESCRIPTOR.services_by_name["ModelInit"].full_name
-DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,11 @@ class ServerConfig:
     port: int = 50051
     """TCP port; 0 picks a free one (the bound port is reported)."""
     device: str = "auto"
-    """``auto`` (CUDA when present and supported, else CPU), ``cpu`` or ``cuda``."""
+    """``auto`` (CUDA when present, else the numba CPU kernel), ``cpu``, ``cuda``, or ``reference``
+    (the slow numpy reference engine, for debugging). Every device gives the same bytes."""
     workers: int = 0
-    """Generation threads; 0 means the machine's CPU count."""
+    """Threads for the reference engine; 0 means the machine's CPU count (the numba and CUDA
+    kernels parallelize internally and run one segment at a time)."""
     grace: float = 30.0
     """Seconds in-flight streams get to finish on SIGTERM."""
 
@@ -41,9 +43,6 @@ class ServerConfig:
             raise ValueError(f"port: {self.port} is not in 0..65535")
         if self.device not in DEVICES:
             raise ValueError(f"device: {self.device!r} is not one of {', '.join(DEVICES)}")
-        if self.device == "cuda":
-            # The CUDA (Triton) kernel is not part of this release: refuse rather than run on CPU.
-            raise ValueError("device: no CUDA engine in this release; use --device cpu (or auto)")
         if self.workers < 0:
             raise ValueError(f"workers: must be >= 0, got {self.workers}")
         if self.grace < 0:
@@ -51,10 +50,11 @@ class ServerConfig:
 
 
 class Running:
-    """A started server: its port, and how to stop it."""
+    """A started server: its port, its backend, and how to stop it."""
 
-    def __init__(self, server: grpc.aio.Server, port: int, health_servicer: health.aio.HealthServicer, executor: ThreadPoolExecutor):
-        self.server, self.port, self._health, self._executor = server, port, health_servicer, executor
+    def __init__(self, server: grpc.aio.Server, port: int, backend: Backend,
+                 health_servicer: health.aio.HealthServicer, executor: ThreadPoolExecutor):
+        self.server, self.port, self.backend, self._health, self._executor = server, port, backend, health_servicer, executor
 
     async def stop(self, grace: float | None) -> None:
         await self._health.enter_graceful_shutdown()
@@ -63,9 +63,12 @@ class Running:
 
 
 async def start(config: ServerConfig) -> Running:
-    executor = ThreadPoolExecutor(max_workers=config.workers or os.cpu_count() or 1, thread_name_prefix="modelinit-gen")
+    """Start serving; ValueError if the device's backend is unavailable, OSError if the port is taken."""
+    backend = select(config.device, warmup=True)
+    threads = 1 if backend.parallel else (config.workers or os.cpu_count() or 1)
+    executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="modelinit-gen")
     server = grpc.aio.server()
-    modelinit_pb2_grpc.add_ModelInitServicer_to_server(ModelInitServicer(executor), server)
+    modelinit_pb2_grpc.add_ModelInitServicer_to_server(ModelInitServicer(backend, executor), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(f"{config.host}:{config.port}")
@@ -74,7 +77,7 @@ async def start(config: ServerConfig) -> Running:
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return Running(server, port, health_servicer, executor)
+    return Running(server, port, backend, health_servicer, executor)
 
 
 def serve(config: ServerConfig, ready=print) -> None:
@@ -82,7 +85,7 @@ def serve(config: ServerConfig, ready=print) -> None:
 
     async def main() -> None:
         running = await start(config)
-        ready(f"modelinit: serving on {config.host}:{running.port} (device cpu)")
+        ready(f"modelinit: serving on {config.host}:{running.port} (engine {running.backend.name})")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

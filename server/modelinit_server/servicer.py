@@ -6,36 +6,35 @@ with its message (which starts with the field's path).
 from __future__ import annotations
 
 import asyncio
-import collections
-import hashlib
 import logging
 import time
 from concurrent.futures import Executor
 
 import grpc
+from modelinit.events import Begin, Data
 from modelinit.v1 import modelinit_pb2 as pb
 from modelinit.v1 import modelinit_pb2_grpc as pb_grpc
 
 from . import files
 from .convert import plan_to_pb, request_from_pb
+from .engine.backends import Backend
 from .planner import Plan, build_plan
 
 log = logging.getLogger("modelinit.server")
 
+DEFAULT_CHUNK = 1 << 20
 MAX_CHUNK = 3 << 20
-#: Chunks generated ahead of the one being sent: generation overlaps sending, and memory per
-#: stream stays bounded by (PREFETCH + 1) x chunk size.
-PREFETCH = 2
 
 
 class ModelInitServicer(pb_grpc.ModelInitServicer):
-    def __init__(self, executor: Executor) -> None:
-        self._executor = executor
+    def __init__(self, backend: Backend, generation: Executor) -> None:
+        self._backend = backend
+        self._generation = generation  # where segments are produced (one thread for parallel kernels)
 
     async def _plan(self, msg: pb.ModelRequest, context: grpc.aio.ServicerContext) -> Plan:
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, lambda: build_plan(request_from_pb(msg)))
+            return await loop.run_in_executor(None, lambda: build_plan(request_from_pb(msg)))
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             raise  # unreachable: abort raises
@@ -46,7 +45,7 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
 
     async def Init(self, request: pb.InitRequest, context: grpc.aio.ServicerContext):
         plan = await self._plan(request.request, context)
-        chunk = request.chunk_size or files.DEFAULT_CHUNK
+        chunk = request.chunk_size or DEFAULT_CHUNK
         if chunk > MAX_CHUNK:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"chunk_size: {chunk} bytes is over the {MAX_CHUNK}-byte maximum; use 1048576 or 0"
@@ -60,38 +59,33 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         if request.offset > plan.files[selected[0]].size:
             f = plan.files[selected[0]]
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, f"offset: {request.offset} is past the end of {f.name} ({f.size} bytes)")
-        loop = asyncio.get_running_loop()
         started, sent = time.monotonic(), 0
         log.info("Init %s seed=%d dtype=%s files=%s offset=%d from %s", _describe(request.request), plan.request.seed,
                  plan.request.dtype, selected if request.files else "all", request.offset, context.peer())
-        for n, index in enumerate(selected):
-            f = plan.files[index]
-            offset = request.offset if n == 0 else 0
-            yield pb.InitResponse(begin=pb.FileBegin(index=index, name=f.name, size=f.size, offset=offset))
-            if offset:
-                digest = await loop.run_in_executor(self._executor, files.sha256_prefix, plan, f, offset)
+
+        loop = asyncio.get_running_loop()
+        source = files.events(plan, selected, request.offset, self._backend.fill)
+        ahead = loop.run_in_executor(self._generation, next, source, None)
+        try:
+            while (event := await ahead) is not None:
+                # Produce the next segment while this one is sent: memory stays at two segments.
+                ahead = loop.run_in_executor(self._generation, next, source, None)
+                if isinstance(event, Data):
+                    data = event.data
+                    for a in range(0, len(data), chunk):
+                        piece = data[a : a + chunk].tobytes()
+                        sent += len(piece)
+                        yield pb.InitResponse(data=piece)
+                elif isinstance(event, Begin):
+                    yield pb.InitResponse(begin=pb.FileBegin(index=event.index, name=event.name, size=event.size, offset=event.offset))
+                else:
+                    yield pb.InitResponse(end=pb.FileEnd(index=event.index, sha256=event.sha256))
+        finally:
+            # On cancellation: drop the segment produced ahead; close the generator once it is idle.
+            if ahead.cancel() or ahead.done():
+                source.close()
             else:
-                digest = hashlib.sha256()
-            pending: collections.deque[asyncio.Future[bytes]] = collections.deque()
-            starts = iter(range(offset, f.size, chunk))
-            try:
-                while True:
-                    while len(pending) <= PREFETCH:
-                        pos = next(starts, None)
-                        if pos is None:
-                            break
-                        end = min(pos + chunk, f.size)
-                        pending.append(loop.run_in_executor(self._executor, files.read, plan, f, pos, end))
-                    if not pending:
-                        break
-                    data = await pending.popleft()
-                    digest.update(data)
-                    sent += len(data)
-                    yield pb.InitResponse(data=data)
-            finally:
-                for fut in pending:  # a cancelled stream drops the chunks generated ahead
-                    fut.cancel()
-            yield pb.InitResponse(end=pb.FileEnd(index=index, sha256=digest.hexdigest()))
+                ahead.add_done_callback(lambda _: source.close())
         elapsed = time.monotonic() - started
         log.info("Init done: %d bytes in %.1fs (%.0f MB/s)", sent, elapsed, sent / max(elapsed, 1e-9) / 1e6)
 

@@ -1,0 +1,94 @@
+"""Where the bytes are computed: the numpy reference, the numba CPU kernel or the Triton CUDA kernel.
+
+Every backend writes exactly the reference's bytes (tests assert it); they differ only in speed.
+numba, torch and triton are imported only when their backend is selected.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .core import generate_array
+from .sampler import Sampler
+
+log = logging.getLogger("modelinit.engine")
+
+#: fill(out, sampler, key, start, count, dtype): write the bytes of elements [start, start+count)
+#: into ``out``, a contiguous uint8 numpy array of exactly count * itemsize bytes.
+Fill = Callable[[np.ndarray, Sampler, tuple[int, int], int, int, str], None]
+
+DEVICES = ("auto", "cpu", "cuda", "reference")
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    """``reference``, ``cpu`` (numba) or ``cuda`` (Triton)."""
+    fill: Fill
+    """Writes a range of a tensor's bytes into a host buffer."""
+    parallel: bool
+    """The fill uses every core itself: run one fill at a time (numba's default threading layer
+    also refuses concurrent parallel calls)."""
+
+
+def _reference_fill(out: np.ndarray, sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str) -> None:
+    out[:] = generate_array(sampler, key, start, count, dtype).view(np.uint8)
+
+
+REFERENCE = Backend("reference", _reference_fill, parallel=False)
+
+
+def _cpu(warmup: bool) -> Backend | None:
+    try:
+        from . import cpu
+    except ImportError:
+        return None
+    if not cpu.available():
+        return None
+    if warmup:
+        cpu.warmup()
+    return Backend("cpu", cpu.generate_into, parallel=True)
+
+
+def _cuda() -> Backend | None:
+    try:
+        from . import cuda
+    except ImportError:
+        return None
+    if not cuda.available():
+        return None
+    import torch
+
+    def fill(out: np.ndarray, sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str) -> None:
+        # Generate on the device, then one device-to-host copy into the caller's buffer.
+        staging = torch.empty(out.nbytes, dtype=torch.uint8, device="cuda")
+        cuda.generate_into(staging, sampler, key, start, count, dtype)
+        torch.from_numpy(out).copy_(staging)
+
+    return Backend("cuda", fill, parallel=True)
+
+
+def select(device: str, warmup: bool = False) -> Backend:
+    """``auto``: CUDA when present, else the numba kernel, else the reference (with a warning).
+    ``cpu`` / ``cuda``: that kernel or a ValueError saying what is missing. ``warmup`` compiles
+    the kernels now (a server does, before it reports SERVING) rather than on first use."""
+    if device not in DEVICES:
+        raise ValueError(f"device: {device!r} is not one of {', '.join(DEVICES)}")
+    if device == "reference":
+        return REFERENCE
+    if device in ("auto", "cuda"):
+        backend = _cuda()
+        if backend is not None:
+            return backend
+        if device == "cuda":
+            raise ValueError("device: CUDA is not available (needs a GPU, torch with CUDA and triton); use --device cpu")
+    backend = _cpu(warmup)
+    if backend is not None:
+        return backend
+    if device == "cpu":
+        raise ValueError("device: the CPU kernel needs numba (pip install 'modelinit[server]'); or use --device reference")
+    log.warning("numba is not installed: using the slow numpy reference engine")
+    return REFERENCE

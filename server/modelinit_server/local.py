@@ -1,0 +1,44 @@
+"""The embedded default: the server's planner, engine and file producer, in-process.
+
+``modelinit.Client()`` uses this instead of a loopback gRPC hop: the same code makes the same
+bytes (a test compares them with a separately started server's), only faster.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from modelinit.events import Event
+from modelinit.v1 import modelinit_pb2 as pb
+
+from . import files
+from .convert import plan_to_pb, request_from_pb
+from .engine.backends import DEVICES, Backend, select
+from .planner import build_plan
+
+
+class LocalEngine:
+    """Plan and produce files in-process. Bad requests raise ValueError (field-named, as the server's)."""
+
+    def __init__(self, device: str = "auto") -> None:
+        if device not in DEVICES:
+            raise ValueError(f"device: {device!r} is not one of {', '.join(DEVICES)}")
+        self.device = device
+        self._backend: Backend | None = None
+
+    @property
+    def backend(self) -> Backend:
+        """Chosen on first use, so planning alone never imports numba, torch or triton."""
+        if self._backend is None:
+            self._backend = select(self.device)
+        return self._backend
+
+    def plan(self, msg: pb.ModelRequest) -> pb.PlanResponse:
+        return plan_to_pb(build_plan(request_from_pb(msg)), msg)
+
+    def events(self, msg: pb.ModelRequest) -> "files.Prefetch":
+        """Every file's events, produced on a background thread a couple of segments ahead of the
+        writer. No producer-side SHA-256: nothing lies between producer and writer, whose own
+        hash is the check. Close the returned iterator to stop early."""
+        plan = build_plan(request_from_pb(msg))
+        source: Iterator[Event] = files.events(plan, range(len(plan.files)), 0, self.backend.fill, digest=False)
+        return files.Prefetch(source, depth=2)
