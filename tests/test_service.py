@@ -221,3 +221,20 @@ def test_values_that_overflow_the_dtype_are_refused_at_plan_time(client):
         client.plan(GPT2, policy=big, dtype="float16")
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and e.value.details.startswith("dtype: float16 cannot hold")
     assert client.plan(GPT2, policy=big, dtype="float32").total_params > 0
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_every_engine_writes_the_reference_bytes(tmp_path, device):
+    """The embedded path on each available kernel gives the folder the numpy reference gives."""
+    from modelinit_server.engine import backends
+
+    try:
+        backends.select(device)
+    except ValueError as e:
+        pytest.skip(str(e))
+    kwargs = dict(seed=21, dtype="bfloat16", max_shard_size="150KB")
+    with modelinit.Client(device="reference") as c:
+        c.init_model(TINY["qwen2"], out_dir=tmp_path / "reference", **kwargs)
+    with modelinit.Client(device=device) as c:
+        c.init_model(TINY["qwen2"], out_dir=tmp_path / device, **kwargs)
+    assert read_folder(tmp_path / "reference") == read_folder(tmp_path / device)

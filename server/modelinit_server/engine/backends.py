@@ -53,14 +53,17 @@ def _cpu(warmup: bool) -> Backend | None:
     return Backend("cpu", cpu.generate_into, parallel=True)
 
 
-def _cuda() -> Backend | None:
+def _cuda(warmup: bool) -> Backend | None:
     try:
         from . import cuda
     except ImportError:
         return None
-    if not cuda.available():
+    if not cuda.available() or cuda.interpreting():  # the interpreter is for tests, not serving
         return None
     import torch
+
+    if warmup:
+        cuda.warmup()
 
     def fill(out: np.ndarray, sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str) -> None:
         # Generate on the device, then one device-to-host copy into the caller's buffer.
@@ -80,7 +83,7 @@ def select(device: str, warmup: bool = False) -> Backend:
     if device == "reference":
         return REFERENCE
     if device in ("auto", "cuda"):
-        backend = _cuda()
+        backend = _cuda(warmup)
         if backend is not None:
             return backend
         if device == "cuda":

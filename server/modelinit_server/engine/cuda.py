@@ -1,0 +1,591 @@
+"""GPU kernel (Triton): the bytes of :func:`.core.generate`, bit for bit, computed on a CUDA device.
+
+This module is the only place in the engine that uses triton and torch. ``import modelinit_server.engine``
+never imports it; importing it imports triton if triton is installed (never torch: torch is imported
+inside the functions that need it). :func:`available` says whether the kernel can run here.
+
+Public API
+----------
+* :func:`available` -- True when triton imports and either ``torch.cuda.is_available()`` or the Triton
+  interpreter is on (``TRITON_INTERPRET=1``, which runs the kernel with numpy on CPU tensors; for tests).
+* :func:`generate_into` ``(out, sampler, key, start, count, dtype)`` -- writes the little-endian bytes of
+  elements ``[start, start + count)`` into ``out``, a contiguous 1-D ``torch.uint8`` tensor on the
+  kernel's device of exactly ``count * itemsize`` bytes (any byte offset; a misaligned ``out`` goes
+  through an aligned temporary).
+* :func:`generate_tensor` ``(sampler, key, start, count, dtype, device=None)`` -- the same as a 1-D torch
+  ``float32`` / ``bfloat16`` / ``float16`` tensor.
+* :func:`ptx` / :func:`ptx_problems` -- compile the kernel for a CUDA target (no GPU needed, only
+  triton's bundled LLVM) and list the instructions that would break bit-identity.
+
+Arguments are validated exactly like :func:`.core.generate_array` does (same ``ValueError`` messages,
+same order: sampler, key, start/count, dtype), then ``out`` is checked (``ValueError`` naming ``out``).
+
+The kernel
+----------
+One Triton program handles :data:`BLOCK` consecutive elements starting at a multiple of 4 (so that each
+Philox4x32-10 call of ``docs/determinism.md`` section 5 feeds its 4 words to 4 elements); the grid
+covers ``[start & ~3, start + count)`` and stores are masked to ``[start, start + count)``. All index
+arithmetic is int64 (element indices up to 2**62, byte offsets beyond 2**31). Per element, exactly the
+operations of the spec, in its order (``engine/scalar.py`` is the line-by-line model):
+
+* Philox4x32-10 on the counter ``(c & 0xffffffff, c >> 32, 0, 0)``, ``c = i // 4``, written out with
+  ``tl.umulhi`` and wrapping uint32 ``*``/``+`` (not ``tl.randint4x``, although it computes the same
+  counters, so the bytes do not depend on triton's library code); word ``i % 4`` is element ``i``'s.
+* ``u = (float64(x) + 0.5) * 2**-32``.
+* AS241 (``normal_ppf``) branch-free: the central and the tail formula share one Horner pair whose
+  coefficients are *selected* per element (``tl.where`` on constants, an exact operation), so every
+  element runs exactly the reference's sequence of roundings for its own branch. ``log_ieee`` takes the
+  frexp from the float64 bit pattern. The far-tail (``r > 5``) coefficients are only compiled in for
+  ``trunc_normal``: for ``normal`` ``min(u, 1 - u) >= 2**-33`` gives ``r <= 4.8``, so that branch is
+  unreachable there.
+* ``trunc_normal``: host scalars ``plo``, ``pw``, ``flip``, ``a``, ``b`` from the Python
+  :class:`~.sampler.Sampler` (never recomputed), the ``U2_MAX`` guard, negation, plain-comparison bounds.
+* float64 -> float32 -> bfloat16 (integer formula on the float32 bits) / float16; padding rows zeroed.
+
+Float64 scalars (``mean``, ``std``, ``plo``, ``pw``, ``a``, ``b``, ``low``, ``high - low``, ``value``) are
+passed as their int64 bit patterns and bit-cast back in the kernel, so no argument is ever rounded
+through float32 (the interpreter and triton's scalar typing would otherwise do that to Python floats).
+Constants are ``tl.constexpr`` Python floats that meet float64 tensors, where triton materializes them as
+float64 exactly; no float constant is ever combined with another constant only.
+
+Bit-identity on real GPUs: the precautions
+------------------------------------------
+* **No contraction.** Every launch passes ``enable_fp_fusion=False``. Triton then emits LLVM IR without
+  the ``contract`` flag, the NVPTX backend prints float64 multiplies and adds with an explicit rounding
+  mode (``mul.rn.f64`` / ``add.rn.f64`` / ``sub.rn.f64``, which ``ptxas`` never fuses), and triton passes
+  ``--fmad=false`` to ``ptxas``. Expected PTX: no ``fma.rn.f64`` at all.
+* **Division and square root correctly rounded.** ``tl.div_rn`` / ``tl.sqrt_rn`` only accept float32 in
+  triton 3.x. For float64 triton lowers ``/`` to ``div.rn.f64`` and ``tl.sqrt`` to ``sqrt.rn.f64`` (PTX
+  has no approximate float64 divide or square root; ``div.full`` / ``div.approx`` / ``sqrt.approx`` exist
+  for float32 only), and ptxas expands both into IEEE correctly rounded sequences. Expected PTX:
+  ``div.rn.f64`` and ``sqrt.rn.f64``, no ``div.full``, ``div.approx``, ``sqrt.approx``, ``rsqrt``.
+* **No transcendental functions.** No libdevice call (``__nv_*``) and no ``ex2`` / ``lg2`` / ``sin`` /
+  ``cos`` / ``rcp.approx`` instruction: ``log_ieee`` is built from ``+ - * /`` and bit operations.
+* **No flush-to-zero.** float64 arithmetic has no FTZ mode on NVIDIA GPUs. The conversions are
+  ``cvt.rn.f32.f64`` (float64 -> float32, RNE, float32 subnormals kept) and ``cvt.rn.f16.f32``
+  (float32 -> float16, RNE, float16 subnormals kept); FTZ would appear as a ``.ftz`` suffix, which triton
+  does not emit (it is only set for libdevice's reflect flag, and no libdevice is linked). bfloat16 uses
+  the integer formula on the float32 bits. ``soft_cvt=True`` replaces both ``cvt`` instructions with exact
+  integer implementations (tested against numpy), as a fallback that depends on no conversion instruction.
+* :func:`ptx_problems` checks all of this on the PTX text; the tests run it for every kind and dtype
+  (compilation for ``sm_90`` works without a GPU).
+
+Speed notes (from ptxas for sm_90, no GPU run yet): BLOCK = 1024 with 8 warps gives each thread one
+Philox call and its 4 elements; 64 registers (normal) / 128 (trunc_normal), no local-memory spills, 1 KiB
+of shared memory for the one layout change after the Philox interleave. The work is float64 arithmetic
+(about 40 DMUL + 40 DADD per element, plus the two divisions and the square root, which ptxas expands into
+DFMA-based sequences), so on GPUs with slow float64 the kernel is compute bound. Stores are scalar 16/32-bit
+(``start`` is a run-time value, so triton cannot prove vector alignment); they coalesce per warp.
+
+What the interpreter cannot show: it runs the kernel with numpy float64, which is IEEE and never fuses,
+so it verifies the transcription (operation order, constants, branches, bit manipulation, indexing), not
+the GPU's code generation; that part rests on the PTX inspection above and on the GPU tests.
+"""
+from __future__ import annotations
+
+import os
+import struct
+
+from .core import DTYPE_ITEMSIZE, _check_range, check_dtype
+from .philox import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, _check_key
+from .sampler import U2_MAX, Sampler
+from .special import AS241_A, AS241_B, AS241_C, AS241_D, AS241_E, AS241_F, LN2_HI, LN2_LO, LOG_C, SQRT_HALF
+
+__all__ = [
+    "BLOCK",
+    "NUM_WARPS",
+    "available",
+    "generate_into",
+    "generate_tensor",
+    "interpreting",
+    "ptx",
+    "ptx_problems",
+    "warmup",
+]
+
+try:  # triton is optional: without it the module imports, and available() is False
+    import triton
+    import triton.language as tl
+except Exception:  # pragma: no cover - exercised only where triton is missing
+    triton = None
+    tl = None
+
+#: Elements per Triton program (a multiple of 4; a speed knob only, values never depend on it).
+BLOCK = 1024
+#: Warps per program: BLOCK / (32 * NUM_WARPS) = 4 elements, i.e. one Philox call, per thread.
+NUM_WARPS = 8
+#: Most programs per launch (CUDA's grid x limit is 2**31 - 1); larger ranges are split into launches.
+_MAX_PROGRAMS = 1 << 30
+
+_KIND_CODE = {"normal": 0, "trunc_normal": 1, "uniform": 2, "constant": 3}
+_DTYPE_CODE = {"float32": 0, "bfloat16": 1, "float16": 2}
+
+# Kernel constants (tl.constexpr so that triton accepts them as globals; plain floats here, so the
+# module imports without triton as well).
+_constexpr = tl.constexpr if tl is not None else (lambda v: v)
+_M0 = _constexpr(PHILOX_M0)
+_M1 = _constexpr(PHILOX_M1)
+_W0 = _constexpr(PHILOX_W0)
+_W1 = _constexpr(PHILOX_W1)
+_TWO_M32 = _constexpr(2.0**-32)
+_U2_MAX = _constexpr(U2_MAX)
+_SQRT_HALF = _constexpr(SQRT_HALF)
+_LN2_HI = _constexpr(LN2_HI)
+_LN2_LO = _constexpr(LN2_LO)
+_LC = tuple(_constexpr(c) for c in LOG_C[1:])  # _LC[k - 1] = C_k
+_LC1, _LC2, _LC3, _LC4, _LC5, _LC6, _LC7, _LC8, _LC9, _LC10 = _LC
+# AS241 coefficients, highest degree first (as in special.py).
+_A = _constexpr(tuple(AS241_A))
+_B = _constexpr(tuple(AS241_B))
+_C = _constexpr(tuple(AS241_C))
+_D = _constexpr(tuple(AS241_D))
+_E = _constexpr(tuple(AS241_E))
+_F = _constexpr(tuple(AS241_F))
+
+
+def interpreting() -> bool:
+    """True when triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``), as the tests do."""
+    if triton is None:
+        return False
+    try:
+        return bool(triton.knobs.runtime.interpret)
+    except AttributeError:  # pragma: no cover - older triton
+        return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def available() -> bool:
+    """True if the kernel can run here: triton and torch import, and CUDA is available (or the interpreter is on)."""
+    if triton is None:
+        return False
+    try:
+        import torch
+    except Exception:
+        return False
+    if interpreting():
+        return True
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:  # pragma: no cover - broken CUDA setups
+        return False
+
+
+# ------------------------------------------------------------------------------------------------
+# The kernel
+# ------------------------------------------------------------------------------------------------
+
+if triton is not None:
+
+    @triton.jit
+    def _philox4x32_10(c0, c1, c2, c3, k0, k1):
+        """Random123's philox4x32_R(10, ctr, key): 10 rounds, the key bumped by (W0, W1) between rounds."""
+        for _ in tl.static_range(10):
+            hi0 = tl.umulhi(c0, _M0)
+            lo0 = c0 * _M0  # uint32: wraps, the low word of the exact product
+            hi1 = tl.umulhi(c2, _M1)
+            lo1 = c2 * _M1
+            c0 = hi1 ^ c1 ^ k0
+            c1 = lo1
+            c2 = hi0 ^ c3 ^ k1
+            c3 = lo0
+            k0 = k0 + _W0  # uint32: mod 2**32
+            k1 = k1 + _W1
+        return c0, c1, c2, c3
+
+    @triton.jit
+    def _log_ieee(x):
+        """Section 7's log of a positive normal float64, from + - * / and the frexp bit decomposition."""
+        bits = x.to(tl.int64, bitcast=True)
+        e = (bits >> 52) - 1022  # frexp exponent (sign bit is 0)
+        m = ((bits & 0x000FFFFFFFFFFFFF) | 0x3FE0000000000000).to(tl.float64, bitcast=True)  # in [0.5, 1)
+        small = m < _SQRT_HALF
+        m = tl.where(small, m * 2.0, m)
+        e = tl.where(small, e - 1, e)
+        f = m - 1.0
+        s = f / (2.0 + f)  # div.rn.f64
+        s2 = s * s
+        p = s2 * _LC10 + _LC9  # P = C10; P = P * s2 + C9 (each rounded separately)
+        p = p * s2 + _LC8
+        p = p * s2 + _LC7
+        p = p * s2 + _LC6
+        p = p * s2 + _LC5
+        p = p * s2 + _LC4
+        p = p * s2 + _LC3
+        p = p * s2 + _LC2
+        p = p * s2 + _LC1
+        t = s2 * p
+        logm = (s + s * t) * 2.0
+        E = e.to(tl.float64)  # exact
+        return E * _LN2_HI + (logm + E * _LN2_LO)
+
+    @triton.jit
+    def _pick(central, near, X: tl.constexpr, Y: tl.constexpr, Z: tl.constexpr, FAR: tl.constexpr):
+        """Coefficient X (central region), Y (tail, r <= 5) or Z (tail, r > 5) per element, as exact float64."""
+        y = tl.full(central.shape, Y, tl.float64)
+        if FAR:
+            y = tl.where(near, y, tl.full(central.shape, Z, tl.float64))
+        return tl.where(central, tl.full(central.shape, X, tl.float64), y)
+
+    @triton.jit
+    def _horner(r, central, near, X: tl.constexpr, Y: tl.constexpr, Z: tl.constexpr, FAR: tl.constexpr):
+        """H(c; r) = (((c7*r + c6)*r + ...)*r + c0) with the coefficient set chosen per element."""
+        acc = _pick(central, near, X[0], Y[0], Z[0], FAR)
+        for k in tl.static_range(1, 8):
+            acc = acc * r + _pick(central, near, X[k], Y[k], Z[k], FAR)
+        return acc
+
+    @triton.jit
+    def _normal_ppf(p, FAR: tl.constexpr):
+        """AS241 PPND16 of float64 p in (0, 1), branch-free; FAR: compile in the r > 5 branch."""
+        q = p - 0.5
+        central = tl.abs(q) <= 0.425
+        lower = q < 0.0
+        rt = tl.where(lower, p, 1.0 - p)
+        rt = tl.sqrt(-_log_ieee(rt))  # sqrt.rn.f64; negation exact
+        if FAR:
+            near = rt <= 5.0
+            rt = tl.where(near, rt - 1.6, rt - 5.0)
+        else:
+            near = central  # unused
+            rt = rt - 1.6
+        r = tl.where(central, 0.180625 - q * q, rt)
+        num = _horner(r, central, near, _A, _C, _E, FAR)
+        den = _horner(r, central, near, _B, _D, _F, FAR)
+        num = tl.where(central, q * num, num)  # central: q * A(r)
+        z = num / den  # div.rn.f64
+        return tl.where(lower & (~central), -z, z)
+
+    @triton.jit
+    def _f64_to_f32_bits(v):
+        """float64 -> float32 bit pattern (uint32), round to nearest even, subnormals kept, overflow -> inf."""
+        d = v.to(tl.int64, bitcast=True)
+        sign = (d >> 32) & 0x80000000  # bit 63 -> bit 31 (arithmetic shift, then mask)
+        a = d & 0x7FFFFFFFFFFFFFFF
+        E = a >> 52
+        # normal float32 result (E >= 897): rebias the exponent, round off 29 mantissa bits
+        n = a - (896 << 52)
+        n = (n + 0x0FFFFFFF + ((n >> 29) & 1)) >> 29
+        n = tl.minimum(n, 0x7F800000)
+        # subnormal (or zero) result: value / 2**-149 = m * 2**(E - 926), shift by 926 - E >= 30
+        m = (a & 0x000FFFFFFFFFFFFF) | 0x0010000000000000
+        sh = tl.minimum(tl.maximum(926 - E, 1), 62)
+        s = (m + ((tl.full(sh.shape, 1, tl.int64) << (sh - 1)) - 1) + ((m >> sh) & 1)) >> sh
+        r = tl.where(E >= 897, n, s) | sign
+        return r.to(tl.uint32)
+
+    @triton.jit
+    def _f32_to_f16_bits(b):
+        """float32 bit pattern (uint32) -> float16 bit pattern (uint16), RNE, subnormals kept, overflow -> inf."""
+        w = b.to(tl.int32, bitcast=True)
+        sign = (w >> 16) & 0x8000
+        a = w & 0x7FFFFFFF
+        # normal float16 result (a >= 2**-14): rebias by 112, round off 13 mantissa bits
+        n = a - 0x38000000
+        n = (n + 0x0FFF + ((n >> 13) & 1)) >> 13
+        n = tl.minimum(n, 0x7C00)
+        # subnormal (or zero) result: value / 2**-24 = m * 2**(e - 126), shift by 126 - e >= 14
+        m = (a & 0x007FFFFF) | 0x00800000
+        sh = tl.minimum(tl.maximum(126 - (a >> 23), 1), 30)
+        s = (m + ((tl.full(sh.shape, 1, tl.int32) << (sh - 1)) - 1) + ((m >> sh) & 1)) >> sh
+        r = tl.where(a >= 0x38800000, n, s) | sign
+        return r.to(tl.uint16)
+
+    @triton.jit
+    def _f64_param(bits):
+        """A float64 kernel argument from its int64 bit pattern."""
+        return bits.to(tl.int64).to(tl.float64, bitcast=True)
+
+    @triton.jit(do_not_specialize=["start", "count", "k0", "k1", "p0", "p1", "p2", "p3", "p4", "p5", "zlo", "zhi"])
+    def _modelinit_v1_kernel(
+        out_ptr,
+        start: tl.int64,
+        count: tl.int64,
+        k0: tl.int64,
+        k1: tl.int64,
+        p0: tl.int64,
+        p1: tl.int64,
+        p2: tl.int64,
+        p3: tl.int64,
+        p4: tl.int64,
+        p5: tl.int64,
+        zlo: tl.int64,
+        zhi: tl.int64,
+        KIND: tl.constexpr,
+        FLIP: tl.constexpr,
+        DTYPE: tl.constexpr,
+        SOFT_CVT: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        """Elements [start, start + count) of algorithm version 1 into out_ptr[0 : count] (int32 or int16 bits).
+
+        p0..p5 (float64 bit patterns): normal (mean, std), trunc_normal (mean, std, plo, pw, a, b),
+        uniform (low, high - low), constant (value). Elements zlo <= i < zhi are +0.0 (padding row).
+        """
+        pid = tl.program_id(0).to(tl.int64)
+        start = start.to(tl.int64)
+        count = count.to(tl.int64)
+        base = start - (start & 3) + pid * BLOCK  # first element of this program, a multiple of 4
+        i = base + tl.arange(0, BLOCK)  # int64 element indices
+        p_mean = _f64_param(p0)
+        if KIND == 3:  # constant: no random bits
+            v = tl.broadcast_to(p_mean, [BLOCK])
+        else:
+            p_std = _f64_param(p1)
+            c = (base >> 2) + tl.arange(0, BLOCK // 4)  # counters of this program
+            zero = tl.zeros([BLOCK // 4], tl.uint32)
+            x0, x1, x2, x3 = _philox4x32_10(
+                (c & 0xFFFFFFFF).to(tl.uint32), (c >> 32).to(tl.uint32), zero, zero,
+                k0.to(tl.int64).to(tl.uint32), k1.to(tl.int64).to(tl.uint32),
+            )
+            # element 4c + j takes word j: [x0[0], x1[0], x2[0], x3[0], x0[1], ...]
+            x = tl.reshape(tl.join(tl.join(x0, x2), tl.join(x1, x3)), [BLOCK])
+            u = (x.to(tl.float64) + 0.5) * _TWO_M32  # exact
+            if KIND == 2:  # uniform: p_mean = low, p_std = high - low
+                v = p_mean + p_std * u
+            else:
+                if KIND == 0:
+                    z = _normal_ppf(u, False)
+                else:
+                    plo = _f64_param(p2)
+                    pw = _f64_param(p3)
+                    lo_bound = _f64_param(p4)
+                    hi_bound = _f64_param(p5)
+                    u2 = plo + u * pw
+                    u2 = tl.where(u2 > _U2_MAX, _U2_MAX, u2)
+                    z = _normal_ppf(u2, True)
+                    if FLIP:
+                        z = -z
+                    z = tl.where(z < lo_bound, lo_bound, z)  # plain comparisons: a tie keeps z
+                    z = tl.where(z > hi_bound, hi_bound, z)
+                v = p_mean + p_std * z
+        # rounding to the output dtype (float32 first, always)
+        if SOFT_CVT:
+            b32 = _f64_to_f32_bits(v)
+        else:
+            f32 = v.to(tl.float32)  # cvt.rn.f32.f64
+            b32 = f32.to(tl.uint32, bitcast=True)
+        if DTYPE == 0:
+            bits = b32.to(tl.int32, bitcast=True)
+        elif DTYPE == 1:
+            h = (b32 + 0x7FFF + ((b32 >> 16) & 1)) >> 16
+            bits = h.to(tl.uint16).to(tl.int16, bitcast=True)
+        else:
+            if SOFT_CVT:
+                bits = _f32_to_f16_bits(b32).to(tl.int16, bitcast=True)
+            else:
+                bits = f32.to(tl.float16).to(tl.int16, bitcast=True)  # cvt.rn.f16.f32
+        zr = (i >= zlo.to(tl.int64)) & (i < zhi.to(tl.int64))
+        bits = tl.where(zr, tl.zeros_like(bits), bits)  # padding row: +0.0
+        mask = (i >= start) & (i < start + count)
+        tl.store(out_ptr + (i - start), bits, mask=mask)
+
+
+# ------------------------------------------------------------------------------------------------
+# Host side
+# ------------------------------------------------------------------------------------------------
+
+
+def _bits(x: float) -> int:
+    """The binary64 bit pattern of ``x`` as a signed int64 (what the kernel bit-casts back)."""
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+def _kernel_params(sampler: Sampler) -> tuple[int, bool, tuple[int, ...]]:
+    """(kind code, flip, six float64 bit patterns) for the kernel; trunc scalars come from the Sampler."""
+    kind = sampler.kind
+    if kind == "normal":
+        vals, flip = (sampler.mean, sampler.std), False
+    elif kind == "trunc_normal":
+        plo, _, pw, flip = sampler.trunc_scalars
+        vals = (sampler.mean, sampler.std, plo, pw, sampler.a, sampler.b)
+    elif kind == "uniform":
+        vals, flip = (sampler.low, sampler.high - sampler.low), False  # d = high - low: one subtraction
+    else:
+        vals, flip = (sampler.value,), False
+    vals = tuple(vals) + (0.0,) * (6 - len(vals))
+    return _KIND_CODE[kind], bool(flip), tuple(_bits(v) for v in vals)
+
+
+def _validate(sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str):
+    """The checks of :func:`.core.generate_array`, in its order and with its messages."""
+    if not isinstance(sampler, Sampler):
+        raise ValueError(f"sampler: must be a Sampler, got {type(sampler).__name__}")
+    key = _check_key(key)
+    start, count = _check_range(start, count)
+    check_dtype(sampler, dtype)
+    return key, start, count
+
+
+def _zero_range(sampler: Sampler, start: int, count: int) -> tuple[int, int]:
+    """[zlo, zhi) of the padding row clipped to the requested range (0, 0 when there is none)."""
+    if sampler.zero_row is None:
+        return 0, 0
+    lo = sampler.zero_row * sampler.row_size
+    i0, i1 = max(lo, start), min(lo + sampler.row_size, start + count)
+    return (i0, i1) if i0 < i1 else (0, 0)
+
+
+def _launch(view, sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str,
+            block: int, soft_cvt: bool) -> None:
+    """Run the kernel into ``view`` (int32 / int16 torch tensor of ``count`` elements)."""
+    kind, flip, params = _kernel_params(sampler)
+    zlo, zhi = _zero_range(sampler, start, count)
+    done = 0
+    per_launch = _MAX_PROGRAMS * block - 4  # keeps the program count of a launch below the limit
+    while done < count:
+        n = min(count - done, per_launch)
+        s = start + done
+        grid = (triton.cdiv((s & 3) + n, block),)
+        _modelinit_v1_kernel[grid](
+            view[done : done + n], s, n, key[0], key[1], *params, zlo, zhi,
+            KIND=kind, FLIP=flip, DTYPE=_DTYPE_CODE[dtype], SOFT_CVT=bool(soft_cvt), BLOCK=block,
+            num_warps=NUM_WARPS, enable_fp_fusion=False,
+        )
+        done += n
+
+
+def _check_block(block: int | None) -> int:
+    b = BLOCK if block is None else block
+    if isinstance(b, bool) or not isinstance(b, int) or b < 4 or b & (b - 1):
+        raise ValueError(f"block: must be a power of two >= 4, got {block!r}")
+    return b
+
+
+def generate_into(out, sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str, *,
+                  block: int | None = None, soft_cvt: bool = False) -> None:
+    """Write the little-endian bytes of elements ``[start, start + count)`` into ``out``.
+
+    ``out`` is a contiguous 1-D ``torch.uint8`` tensor of exactly ``count * DTYPE_ITEMSIZE[dtype]`` bytes
+    on a CUDA device (a CPU tensor when the Triton interpreter is on). The bytes are exactly those of
+    :func:`.core.generate`; arguments are validated like it does (same ``ValueError`` messages), then
+    ``out`` (``ValueError`` naming ``out``). The kernel is launched on the current stream of ``out``'s
+    device and not synchronized.
+
+    ``block`` (elements per Triton program, a power of two >= 4) and ``soft_cvt`` (integer float64 ->
+    float32 -> float16 conversions instead of ``cvt`` instructions) change speed only, never the bytes.
+    """
+    key, start, count = _validate(sampler, key, start, count, dtype)
+    blk = _check_block(block)
+    if triton is None:
+        raise RuntimeError("triton is not installed")
+    import torch
+
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.uint8 or out.dim() != 1:
+        raise ValueError(f"out: must be a 1-D torch.uint8 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
+    nbytes = count * DTYPE_ITEMSIZE[dtype]
+    if out.numel() != nbytes:
+        raise ValueError(f"out: must hold exactly count * itemsize = {nbytes} bytes, got {out.numel()}")
+    if not out.is_contiguous():
+        raise ValueError("out: must be contiguous")
+    if interpreting():
+        if out.device.type != "cpu":
+            raise ValueError(f"out: the Triton interpreter needs a CPU tensor, got device {out.device}")
+    elif out.device.type != "cuda":
+        raise ValueError(f"out: must be on a CUDA device, got {out.device}")
+    if count == 0:
+        return
+    itemsize = DTYPE_ITEMSIZE[dtype]
+    view_dtype = torch.int32 if itemsize == 4 else torch.int16
+    if out.data_ptr() % itemsize or out.storage_offset() % itemsize:
+        # misaligned for int16 / int32 stores (or not viewable as them): go through an aligned temporary
+        tmp = torch.empty(nbytes, dtype=torch.uint8, device=out.device)
+        _run(tmp.view(view_dtype), sampler, key, start, count, dtype, blk, soft_cvt)
+        out.copy_(tmp)
+        return
+    _run(out.view(view_dtype), sampler, key, start, count, dtype, blk, soft_cvt)
+
+
+def _run(view, sampler, key, start, count, dtype, block, soft_cvt) -> None:
+    if interpreting():
+        _launch(view, sampler, key, start, count, dtype, block, soft_cvt)
+    else:
+        import torch
+
+        with torch.cuda.device(view.device):
+            _launch(view, sampler, key, start, count, dtype, block, soft_cvt)
+
+
+def generate_tensor(sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str, device=None, *,
+                    block: int | None = None, soft_cvt: bool = False):
+    """Elements ``[start, start + count)`` as a 1-D torch tensor of ``dtype`` (``float32``, ``bfloat16``,
+    ``float16``) on ``device`` (default ``"cuda"``, or ``"cpu"`` under the interpreter). Same bytes and
+    same validation as :func:`generate_into`."""
+    key, start, count = _validate(sampler, key, start, count, dtype)
+    import torch
+
+    if device is None:
+        device = "cpu" if interpreting() else "cuda"
+    out = torch.empty(count * DTYPE_ITEMSIZE[dtype], dtype=torch.uint8, device=device)
+    generate_into(out, sampler, key, start, count, dtype, block=block, soft_cvt=soft_cvt)
+    return out.view(getattr(torch, dtype))  # torch.float32 / torch.bfloat16 / torch.float16
+
+
+def warmup(device=None) -> None:
+    """Compile (or load from triton's on-disk cache) the common specializations: every kind to every dtype
+    (trunc_normal with and without reflection). Does nothing if the kernel is not available."""
+    if not available():
+        return
+    samplers = [Sampler("normal"), Sampler("trunc_normal", a=-2.0, b=2.0), Sampler("trunc_normal", a=1.0),
+                Sampler("uniform"), Sampler("constant", value=1.0)]
+    for s in samplers:
+        for dtype in _DTYPE_CODE:
+            generate_tensor(s, (0, 0), 0, 8, dtype, device)
+
+
+# ------------------------------------------------------------------------------------------------
+# PTX inspection (no GPU needed)
+# ------------------------------------------------------------------------------------------------
+
+
+def ptx(kind: str = "normal", dtype: str = "bfloat16", *, flip: bool = False, soft_cvt: bool = False,
+        capability: int = 90, block: int | None = None) -> str:
+    """The PTX of one specialization, compiled for ``sm_<capability>`` exactly as a launch compiles it
+    (``enable_fp_fusion=False``, :data:`NUM_WARPS`). Needs triton but no GPU (triton bundles LLVM and
+    ptxas). Must be called with the interpreter off."""
+    if triton is None:
+        raise RuntimeError("triton is not installed")
+    if interpreting():
+        raise RuntimeError("ptx: the Triton interpreter is on (TRITON_INTERPRET=1); nothing to compile")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    blk = _check_block(block)
+    sig = {"out_ptr": "*i32" if DTYPE_ITEMSIZE[dtype] == 4 else "*i16"}
+    for name in ("start", "count", "k0", "k1", "p0", "p1", "p2", "p3", "p4", "p5", "zlo", "zhi"):
+        sig[name] = "i64"
+    consts = {"KIND": _KIND_CODE[kind], "FLIP": bool(flip), "DTYPE": _DTYPE_CODE[dtype], "SOFT_CVT": bool(soft_cvt),
+              "BLOCK": blk}
+    for name in consts:
+        sig[name] = "constexpr"
+    src = ASTSource(fn=_modelinit_v1_kernel, signature=sig, constexprs=consts)
+    compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32),
+                              options={"num_warps": NUM_WARPS, "enable_fp_fusion": False})
+    return compiled.asm["ptx"]
+
+
+def ptx_problems(text: str) -> list[str]:
+    """Instructions in PTX ``text`` that would break bit-identity with the reference (empty list: none).
+
+    Flags fused multiply-adds, approximate or non-``.rn`` float64 division / square root, float64 ``mul``
+    / ``add`` / ``sub`` without an explicit ``.rn`` (ptxas may contract those), transcendental or
+    approximate special-function instructions, flush-to-zero, and calls (libdevice). Whether the expected
+    ``div.rn.f64`` / ``sqrt.rn.f64`` / ``cvt.rn.*`` are present is for the caller to check."""
+    import re
+
+    problems = []
+    patterns = {
+        r"\bfma\.[\w.]*": "fused multiply-add",
+        r"\bmad\.[\w.]*f(32|64)": "fused multiply-add (mad)",
+        r"\bdiv\.(full|approx)[\w.]*": "approximate division",
+        r"\bdiv\.r[zmp]\.f64": "division not rounded to nearest",
+        r"\bsqrt\.(approx|r[zmp])[\w.]*": "approximate or non-RNE square root",
+        r"\brsqrt\.[\w.]*": "approximate reciprocal square root",
+        r"\brcp\.[\w.]*": "reciprocal instruction",
+        r"\b(ex2|lg2|sin|cos|tanh)\.[\w.]*": "transcendental instruction",
+        r"\.ftz\b": "flush-to-zero modifier",
+        r"\b(mul|add|sub)\.f64\b": "float64 arithmetic without explicit .rn (contractible by ptxas)",
+        r"\bcall(\.uni)?\b": "function call (libdevice?)",
+    }
+    for pat, why in patterns.items():
+        for hit in sorted({m.group(0) for m in re.finditer(pat, text)}):
+            problems.append(f"{hit}: {why}")
+    return problems
