@@ -238,3 +238,9 @@ def test_every_engine_writes_the_reference_bytes(tmp_path, device):
     with modelinit.Client(device=device) as c:
         c.init_model(TINY["qwen2"], out_dir=tmp_path / device, **kwargs)
     assert read_folder(tmp_path / "reference") == read_folder(tmp_path / device)
+
+
+def test_fsync_writes_the_same_files(client, tmp_path):
+    a = client.init_model(GPT2, seed=2, out_dir=tmp_path / "a", max_shard_size="100KB")
+    b = client.init_model(GPT2, seed=2, out_dir=tmp_path / "b", max_shard_size="100KB", fsync=True)
+    assert read_folder(a.path) == read_folder(b.path)

@@ -39,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_request_args(init)
     init.add_argument("--out", required=True, metavar="DIR", help="output folder")
     init.add_argument("--quiet", action="store_true", help="no progress bar")
+    init.add_argument("--fsync", action="store_true", help="flush every file to stable storage before renaming it (power-loss safe, slower)")
 
     plan = sub.add_parser("plan", help="show every tensor's rule, std and shard without generating anything")
     _add_request_args(plan)
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         with Client(args.server, device=args.device) as client:
             kwargs = dict(seed=args.seed, policy=args.policy, dtype=args.dtype, max_shard_size=args.max_shard_size)
             if args.command == "init":
-                result = client.init_model(args.spec, out_dir=args.out, progress=not args.quiet and sys.stderr.isatty(), **kwargs)
+                result = client.init_model(args.spec, out_dir=args.out, progress=not args.quiet and sys.stderr.isatty(),
+                                           fsync=args.fsync, **kwargs)
                 shards = sum(f.name.endswith(".safetensors") for f in result.files)
                 print(f"wrote {result.total_params:,} parameters ({result.total_bytes / 1e9:.2f} GB) in {shards} shard(s) "
                       f"to {result.path}; fingerprint {result.fingerprint[:16]}")

@@ -59,11 +59,23 @@ def read(plan: Plan, file: FilePlan, start: int, end: int, fill: Fill = REFERENC
 
 
 def events(
-    plan: Plan, selected: Sequence[int], offset: int = 0, fill: Fill = REFERENCE.fill, segment: int = SEGMENT, digest: bool = True
+    plan: Plan,
+    selected: Sequence[int],
+    offset: int = 0,
+    fill: Fill = REFERENCE.fill,
+    segment: int = SEGMENT,
+    digest: bool = True,
+    ring: int = 0,
 ) -> Iterator[Event]:
     """The files ``selected`` (indices into plan.files), the first from ``offset``: Begin, Data
     segments, End per file. With ``digest`` each End carries the whole file's SHA-256 (a resumed
-    file's skipped prefix is regenerated for it, not sent)."""
+    file's skipped prefix is regenerated for it, not sent).
+
+    ``ring`` > 0 reuses that many segment buffers in turn (no allocation and page faults per
+    segment): a Data's buffer is then valid only until ``ring - 1`` more events have been taken.
+    0 gives every segment a fresh buffer."""
+    buffers = [np.empty(segment, np.uint8) for _ in range(ring)]
+    produced = 0
     for n, index in enumerate(selected):
         f = plan.files[index]
         off = offset if n == 0 else 0
@@ -73,7 +85,8 @@ def events(
         while pos < f.size:
             # Segment boundaries stay on the absolute grid, so tensor data stays element-aligned.
             end = min((pos // segment + 1) * segment, f.size)
-            buf = np.empty(end - pos, np.uint8)
+            buf = buffers[produced % ring][: end - pos] if ring else np.empty(end - pos, np.uint8)
+            produced += 1
             read_into(plan, f, pos, buf, fill)
             if h is not None:
                 h.update(buf)

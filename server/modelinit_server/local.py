@@ -40,5 +40,6 @@ class LocalEngine:
         writer. No producer-side SHA-256: nothing lies between producer and writer, whose own
         hash is the check. Close the returned iterator to stop early."""
         plan = build_plan(request_from_pb(msg))
-        source: Iterator[Event] = files.events(plan, range(len(plan.files)), 0, self.backend.fill, digest=False)
+        # Ring of 4: the writer holds one buffer, the queue two, the producer fills the fourth.
+        source: Iterator[Event] = files.events(plan, range(len(plan.files)), 0, self.backend.fill, digest=False, ring=4)
         return files.Prefetch(source, depth=2)

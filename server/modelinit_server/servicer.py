@@ -64,7 +64,8 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
                  plan.request.dtype, selected if request.files else "all", request.offset, context.peer())
 
         loop = asyncio.get_running_loop()
-        source = files.events(plan, selected, request.offset, self._backend.fill)
+        # Ring of 3: one segment is being sent while the next is produced (a third for margin).
+        source = files.events(plan, selected, request.offset, self._backend.fill, ring=3)
         ahead = loop.run_in_executor(self._generation, next, source, None)
         try:
             while (event := await ahead) is not None:
