@@ -13,7 +13,7 @@ from modelinit.v1 import modelinit_pb2 as pb
 from . import files
 from .convert import plan_to_pb, request_from_pb
 from .engine.backends import DEVICES, Backend, select
-from .planner import build_plan
+from .planner import Plan, build_plan
 
 
 class LocalEngine:
@@ -24,6 +24,7 @@ class LocalEngine:
             raise ValueError(f"device: {device!r} is not one of {', '.join(DEVICES)}")
         self.device = device
         self._backend: Backend | None = None
+        self._last: tuple[bytes, Plan] | None = None  # init_model plans, then streams the same request
 
     @property
     def backend(self) -> Backend:
@@ -32,14 +33,20 @@ class LocalEngine:
             self._backend = select(self.device)
         return self._backend
 
+    def _build(self, msg: pb.ModelRequest) -> Plan:
+        key = msg.SerializeToString(deterministic=True)
+        if self._last is None or self._last[0] != key:
+            self._last = (key, build_plan(request_from_pb(msg)))
+        return self._last[1]
+
     def plan(self, msg: pb.ModelRequest) -> pb.PlanResponse:
-        return plan_to_pb(build_plan(request_from_pb(msg)), msg)
+        return plan_to_pb(self._build(msg), msg)
 
     def events(self, msg: pb.ModelRequest) -> "files.Prefetch":
         """Every file's events, produced on a background thread a couple of segments ahead of the
         writer. No producer-side SHA-256: nothing lies between producer and writer, whose own
         hash is the check. Close the returned iterator to stop early."""
-        plan = build_plan(request_from_pb(msg))
+        plan = self._build(msg)
         # Ring of 4: the writer holds one buffer, the queue two, the producer fills the fourth.
         source: Iterator[Event] = files.events(plan, range(len(plan.files)), 0, self.backend.fill, digest=False, ring=4)
         return files.Prefetch(source, depth=2)

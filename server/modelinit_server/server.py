@@ -98,10 +98,9 @@ def serve(config: ServerConfig, ready=print) -> None:
 
 
 class EmbeddedServer:
-    """An in-process server on a loopback port, on its own thread and event loop.
-
-    ``modelinit.Client()`` uses it so that the embedded default runs the very same code path
-    (servicer, stream, client writer) as a remote server.
+    """A real server on a loopback port, on its own thread and event loop, inside this process:
+    for tests and for applications that want to serve from their own process. (The embedded
+    ``modelinit.Client()`` needs no server: it uses :class:`modelinit_server.local.LocalEngine`.)
     """
 
     def __init__(self, config: ServerConfig | None = None) -> None:
