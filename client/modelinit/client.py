@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping, Union
 import grpc
 from google.protobuf import json_format
 
+from . import policy_file
 from .errors import ModelInitError
 from .events import Begin, Data, End
 from .v1 import modelinit_pb2 as pb
@@ -20,7 +21,7 @@ MANIFEST_FILE = "modelinit.json"
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 << 20)]
 
 Spec = Union[str, os.PathLike, Mapping[str, Any], pb.ModelSpec]
-PolicyArg = Union[str, None, pb.Policy]
+PolicyArg = Union[str, os.PathLike, Mapping[str, Any], None, pb.Policy]
 
 
 @dataclass(frozen=True)
@@ -63,16 +64,30 @@ def model_spec(spec: Spec) -> pb.ModelSpec:
     return pb.ModelSpec(preset=str(spec))
 
 
+def model_policy(policy: PolicyArg) -> pb.Policy:
+    """None (hf-default), a preset name, a path to a JSON/YAML policy file, a policy dict, or the message."""
+    if isinstance(policy, pb.Policy):
+        return policy
+    try:
+        if policy is None:
+            return pb.Policy()
+        if isinstance(policy, Mapping):
+            return policy_file.from_dict(policy)
+        if isinstance(policy, os.PathLike) or policy_file.looks_like_file(policy) or os.path.isfile(policy):
+            return policy_file.load(policy)
+    except ValueError as e:
+        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+    return pb.Policy(preset=policy)
+
+
 def model_request(
     spec: Spec, *, seed: int, policy: PolicyArg = None, dtype: str | None = None, max_shard_size: str | int | None = None
 ) -> pb.ModelRequest:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
         raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"seed: must be an integer in [0, 2^64), got {seed!r}")
-    if policy is None or isinstance(policy, str):
-        policy = pb.Policy(preset=policy or "")
     return pb.ModelRequest(
         spec=model_spec(spec),
-        policy=policy,
+        policy=model_policy(policy),
         seed=seed,
         dtype=dtype or "",
         max_shard_size="" if max_shard_size is None else str(max_shard_size),
