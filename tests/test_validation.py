@@ -29,7 +29,8 @@ specs = st.one_of(
 requests = st.builds(
     pb.ModelRequest,
     spec=specs,
-    policy=st.builds(pb.Policy, preset=st.sampled_from(["", "hf-default", "bert-tf", "x"])),
+    policy=st.builds(pb.Policy, preset=st.sampled_from(["", "hf-default", "bert-tf", "gpt2", "megatron", "torchtitan-llama3",
+                                                        "xavier", "kaiming", "small-init", "torch-trunc-normal", "x"])),
     seed=st.integers(0, 2**64 - 1),
     dtype=st.sampled_from(["", "float32", "bfloat16", "float16", "int8", "F32"]) | st.text(max_size=6),
     max_shard_size=st.sampled_from(["", "5GB", "1", "0", "-1", "1KiB"]) | st.text(max_size=8),

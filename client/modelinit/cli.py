@@ -17,7 +17,8 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", metavar="SPEC", help="preset name (e.g. bert-base-uncased) or path to an HF config.json")
     p.add_argument("--seed", type=int, default=0, help="seed, 0 <= seed < 2^64 (default 0)")
     p.add_argument("--policy", default=None, metavar="P",
-                   help="init policy: a preset (hf-default, the default; bert-tf; ...) or a JSON/YAML policy file")
+                   help="init policy: a preset (hf-default, the default; bert-tf, gpt2, megatron, torchtitan-llama3, xavier, "
+                        "kaiming, small-init, torch-trunc-normal) or a JSON/YAML policy file")
     p.add_argument("--dtype", default="float32", help=f"output dtype: {', '.join(DTYPES)} (default float32)")
     p.add_argument("--max-shard-size", default="5GB", help="largest shard, e.g. 5GB (10^9 bytes), 500MB, 2GiB (default 5GB)")
     p.add_argument("--server", default=None, metavar="TARGET", help="server address (host:port, dns:///name:port); default: embedded")
