@@ -1,6 +1,6 @@
-"""The `modelinit` command line: serve, init, plan.
+"""The `modelinit` command line: serve, init, plan, explain.
 
-Without --server, init and plan run embedded: an in-process server on the same code path.
+Without --server, init, plan and explain run embedded: an in-process server on the same code path.
 Errors print one line (`modelinit: error: ...`) and exit non-zero (2 for bad input).
 """
 from __future__ import annotations
@@ -46,6 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="show every tensor's rule, std and shard without generating anything")
     _add_request_args(plan)
     plan.add_argument("--json", action="store_true", help="print the manifest as JSON")
+
+    explain = sub.add_parser("explain", help="tensor groups with their std against the Xavier/LeCun references, and warnings")
+    _add_request_args(explain)
+    explain.add_argument("--json", action="store_true", help='print {"groups": [...], "summary": {...}} as JSON')
     return parser
 
 
@@ -72,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                 shards = sum(f.name.endswith(".safetensors") for f in result.files)
                 print(f"wrote {result.total_params:,} parameters ({result.total_bytes / 1e9:.2f} GB) in {shards} shard(s) "
                       f"to {result.path}; fingerprint {result.fingerprint[:16]}")
+            elif args.command == "explain":
+                _print_explain(client.plan(args.spec, **kwargs), args.json)
             else:
                 _print_plan(client.plan(args.spec, **kwargs), args.json)
     except ModelInitError as e:
@@ -111,10 +117,57 @@ def _print_plan(plan, as_json: bool) -> None:
     print(f"{plan.architecture} ({plan.family}): {plan.total_params:,} parameters, {plan.total_bytes:,} bytes, "
           f"{sum(f.shard for f in plan.files)} shard(s); algorithm v{plan.algorithm_version}; fingerprint {plan.fingerprint}")
     rows = [(t.name, "x".join(map(str, t.shape)), t.init, f"{t.effective_std:.4g}", t.rule, plan.files[t.shard].name) for t in plan.tensors]
-    header = ("tensor", "shape", "init", "eff. std", "rule", "file")
+    _print_table(("tensor", "shape", "init", "eff. std", "rule", "file"), rows)
+
+
+def _print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """Columns left-aligned to their widest cell."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def explain_summary(plan) -> dict:
+    """Totals over a PlanResponse's groups (what `explain` prints last)."""
+    return {
+        "total_params": plan.total_params,
+        "groups": len(plan.groups),
+        "warnings": sum(len(g.warnings) for g in plan.groups),
+    }
+
+
+def _group_label(g) -> str:
+    return f"{g.rule} [{g.count} x {'x'.join(map(str, g.shape))}]"
+
+
+def _ref(x: float, fmt: str) -> str:
+    return format(x, fmt) if x else "-"  # 0 means "not applicable" (norms, biases, constants)
+
+
+def _print_explain(plan, as_json: bool) -> None:
+    if as_json:
+        from google.protobuf import json_format
+
+        # Fields at their default (0, empty) are printed too, so every group has the same keys, and
+        # in proto field order (MessageToDict would put the defaulted ones last).
+        def as_dict(g) -> dict:
+            d = json_format.MessageToDict(g, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+            return {f.name: d[f.name] for f in g.DESCRIPTOR.fields}
+
+        groups = [as_dict(g) for g in plan.groups]
+        print(json.dumps({"groups": groups, "summary": explain_summary(plan)}, indent=2))
+        return
+    print(f"{plan.architecture} ({plan.family}), policy {plan.request.policy.preset or 'custom rules'}:")
+    rows = [(g.rule, f"{g.count} x {'x'.join(map(str, g.shape))}", g.init, f"{g.effective_std:.4g}",
+             _ref(g.xavier_std, ".4g"), _ref(g.lecun_std, ".4g"), _ref(g.ratio_lecun, ".3g")) for g in plan.groups]
+    _print_table(("rule", "tensors", "init", "eff. std", "xavier", "lecun", "ratio"), rows)
+    warnings = [f"{_group_label(g)}: {w}" for g in plan.groups for w in g.warnings]
+    if warnings:
+        print("\nwarnings:")
+        for w in warnings:
+            print(f"  {w}")
+    s = explain_summary(plan)
+    print(f"\n{s['total_params']:,} parameters in {s['groups']} groups; {s['warnings']} warning(s)")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from modelinit.v1 import modelinit_pb2 as pb
 
-from . import architectures, layout
+from . import architectures, explain, layout
 from .engine import ALGORITHM_VERSION
 from .planner import Plan, Request
 from .policies import Distribution, Match, Policy, Rule
@@ -126,5 +126,11 @@ def plan_to_pb(plan: Plan, request: pb.ModelRequest) -> pb.PlanResponse:
             tp.padding_idx = res.sampler.zero_row
     for f in plan.files:
         out.files.add(name=f.name, size=f.size, shard=f.shard, tensors=len(f.tensors))
+    out.groups.extend(_group_to_pb(g) for g in explain.explain(plan))
     return out
+
+
+def _group_to_pb(g: explain.Group) -> pb.TensorGroup:
+    # Every Group field has a TensorGroup field of the same name (tuples become repeated fields).
+    return pb.TensorGroup(**{f: getattr(g, f) for f in explain.Group.__dataclass_fields__})
 

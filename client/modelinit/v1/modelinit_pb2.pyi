@@ -160,7 +160,7 @@ class PlanRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[ModelRequest, _Mapping]] = ...) -> None: ...
 
 class PlanResponse(_message.Message):
-    __slots__ = ("algorithm_version", "fingerprint", "request", "family", "architecture", "total_params", "total_bytes", "tensors", "files", "tied")
+    __slots__ = ("algorithm_version", "fingerprint", "request", "family", "architecture", "total_params", "total_bytes", "tensors", "files", "tied", "groups")
     class TiedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +178,7 @@ class PlanResponse(_message.Message):
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
     TIED_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     algorithm_version: int
     fingerprint: str
     request: ModelRequest
@@ -188,7 +189,50 @@ class PlanResponse(_message.Message):
     tensors: _containers.RepeatedCompositeFieldContainer[TensorPlan]
     files: _containers.RepeatedCompositeFieldContainer[FilePlan]
     tied: _containers.ScalarMap[str, str]
-    def __init__(self, algorithm_version: _Optional[int] = ..., fingerprint: _Optional[str] = ..., request: _Optional[_Union[ModelRequest, _Mapping]] = ..., family: _Optional[str] = ..., architecture: _Optional[str] = ..., total_params: _Optional[int] = ..., total_bytes: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorPlan, _Mapping]]] = ..., files: _Optional[_Iterable[_Union[FilePlan, _Mapping]]] = ..., tied: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    groups: _containers.RepeatedCompositeFieldContainer[TensorGroup]
+    def __init__(self, algorithm_version: _Optional[int] = ..., fingerprint: _Optional[str] = ..., request: _Optional[_Union[ModelRequest, _Mapping]] = ..., family: _Optional[str] = ..., architecture: _Optional[str] = ..., total_params: _Optional[int] = ..., total_bytes: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorPlan, _Mapping]]] = ..., files: _Optional[_Iterable[_Union[FilePlan, _Mapping]]] = ..., tied: _Optional[_Mapping[str, str]] = ..., groups: _Optional[_Iterable[_Union[TensorGroup, _Mapping]]] = ...) -> None: ...
+
+class TensorGroup(_message.Message):
+    __slots__ = ("rule", "init", "kind", "param", "roles", "shape", "example", "count", "params", "std", "effective_std", "mean", "fan_in", "fan_out", "xavier_std", "lecun_std", "ratio_xavier", "ratio_lecun", "warnings")
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    INIT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PARAM_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    STD_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_STD_FIELD_NUMBER: _ClassVar[int]
+    MEAN_FIELD_NUMBER: _ClassVar[int]
+    FAN_IN_FIELD_NUMBER: _ClassVar[int]
+    FAN_OUT_FIELD_NUMBER: _ClassVar[int]
+    XAVIER_STD_FIELD_NUMBER: _ClassVar[int]
+    LECUN_STD_FIELD_NUMBER: _ClassVar[int]
+    RATIO_XAVIER_FIELD_NUMBER: _ClassVar[int]
+    RATIO_LECUN_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    rule: str
+    init: str
+    kind: str
+    param: str
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    example: str
+    count: int
+    params: int
+    std: float
+    effective_std: float
+    mean: float
+    fan_in: int
+    fan_out: int
+    xavier_std: float
+    lecun_std: float
+    ratio_xavier: float
+    ratio_lecun: float
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, rule: _Optional[str] = ..., init: _Optional[str] = ..., kind: _Optional[str] = ..., param: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., shape: _Optional[_Iterable[int]] = ..., example: _Optional[str] = ..., count: _Optional[int] = ..., params: _Optional[int] = ..., std: _Optional[float] = ..., effective_std: _Optional[float] = ..., mean: _Optional[float] = ..., fan_in: _Optional[int] = ..., fan_out: _Optional[int] = ..., xavier_std: _Optional[float] = ..., lecun_std: _Optional[float] = ..., ratio_xavier: _Optional[float] = ..., ratio_lecun: _Optional[float] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TensorPlan(_message.Message):
     __slots__ = ("name", "shape", "dtype", "kind", "role", "param", "layer", "fan_in", "fan_out", "padding_idx", "rule", "init", "std", "effective_std", "shard", "offset", "nbytes")

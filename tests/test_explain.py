@@ -1,0 +1,128 @@
+"""explain: tensor groups, reference stds and ratios, and the warnings for inits likely to fail."""
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from modelinit_server.architectures import from_config, from_preset
+from modelinit_server.explain import distribution_mean, explain, summarize
+from modelinit_server.planner import Request, build_plan
+from modelinit_server.policies import Distribution, Match, Policy, Rule
+from tests.conftest import TINY
+
+
+def groups_of(model, policy):
+    return explain(build_plan(Request(model, policy, seed=0)))
+
+
+def warnings_of(groups, kind=None, param=None):
+    return [w for g in groups if kind in (None, g.kind) and param in (None, g.param) for w in g.warnings]
+
+
+def test_bert_tf_is_about_half_the_fan_in_references():
+    groups = groups_of(from_preset("bert-base-uncased"), Policy(preset="bert-tf"))
+    square = [g for g in groups if g.kind == "linear" and g.param == "weight" and g.shape == (768, 768)]
+    assert len(square) == 1
+    g = square[0]
+    assert g.example == "bert.encoder.layer.0.attention.self.query.weight"
+    assert {"qkv", "attn_out"} <= set(g.roles) and g.count == 12 * 4 + 1  # + the MLM head transform
+    assert g.effective_std == pytest.approx(0.0176, abs=1e-4) and g.std == 0.02 and g.mean == 0.0
+    assert g.xavier_std == pytest.approx(math.sqrt(2 / 1536)) == pytest.approx(0.0361, abs=1e-4)
+    assert g.lecun_std == pytest.approx(1 / math.sqrt(768)) == pytest.approx(0.0361, abs=1e-4)
+    assert g.ratio_lecun == pytest.approx(0.4875, abs=1e-3) and g.ratio_xavier == pytest.approx(g.ratio_lecun)
+    assert not warnings_of(groups)
+
+
+def test_groups_cover_every_tensor_in_first_appearance_order():
+    model = from_config(TINY["bert"])
+    plan = build_plan(Request(model, Policy(), seed=0))
+    groups = explain(plan)
+    assert sum(g.count for g in groups) == len(plan.tensors)
+    assert summarize(groups).total_params == plan.total_params
+    firsts = [g.example for g in groups]
+    order = [t.spec.name for t in plan.tensors]
+    assert firsts == sorted(firsts, key=order.index)
+    norm = next(g for g in groups if g.kind == "norm" and g.param == "weight")
+    assert (norm.xavier_std, norm.lecun_std, norm.ratio_lecun, norm.effective_std, norm.mean) == (0, 0, 0, 0, 1.0)
+
+
+def test_hf_default_bert_has_no_warnings():
+    groups = groups_of(from_preset("bert-base-uncased"), Policy(preset="hf-default"))
+    linear = [g for g in groups if g.kind == "linear" and g.param == "weight"]
+    assert linear and all(0.1 <= g.ratio_lecun <= 4 for g in linear)
+    assert summarize(groups).warnings == 0
+
+
+def test_uniform_0_1_everywhere_warns_about_mean_norms_and_biases():
+    policy = Policy(rules=(Rule(Match(), Distribution("uniform", low=0.0, high=1.0)),))
+    groups = groups_of(from_config(TINY["llama"]), policy)
+    assert any("non-zero mean 0.5" in w and "torch.rand" in w for w in warnings_of(groups, "linear", "weight"))
+    assert any("norm weight is not constant 1" in w for w in warnings_of(groups, "norm", "weight"))
+    assert not any("non-zero mean" in w for w in warnings_of(groups, "norm", "weight"))  # norm gains have mean 1
+    bert = groups_of(from_config(TINY["bert"]), policy)
+    assert any("bias is not 0" in w for w in warnings_of(bert, param="bias"))
+
+
+def test_torch_trunc_normal_truncates_nothing():
+    groups = groups_of(from_config(TINY["gpt2"]), Policy(preset="torch-trunc-normal"))
+    weights = [g for g in groups if g.param == "weight" and g.kind != "norm"]
+    assert weights and all(any("±100σ truncate nothing" in w for w in g.warnings) for g in weights)
+    # bert-tf's ±2σ does truncate: no warning.
+    assert not warnings_of(groups_of(from_config(TINY["gpt2"]), Policy(preset="bert-tf")))
+
+
+def test_std_far_from_fan_in_warns_for_linear_only():
+    rule = Rule(Match(kinds=("linear",), params=("weight",)), Distribution("normal", std=1.0), name="big")
+    groups = groups_of(from_config(TINY["llama"]), Policy(preset="hf-default", rules=(rule,)))
+    q = next(g for g in groups if g.example == "model.layers.0.self_attn.q_proj.weight")
+    assert q.ratio_lecun == pytest.approx(8.0)
+    assert any("8x the fan-in reference" in w for w in q.warnings)
+    # N(0, 1) embeddings (torchtitan) are deliberate: no ratio warning for embeddings.
+    tt = groups_of(from_config(TINY["llama"]), Policy(preset="torchtitan-llama3"))
+    emb = next(g for g in tt if g.kind == "embedding")
+    assert emb.ratio_lecun == pytest.approx(8.0) and not any("fan-in" in w for w in emb.warnings)
+
+
+def test_norm_weights_at_half_warn():
+    rule = Rule(Match(kinds=("norm",), params=("weight",)), Distribution("constant", value=0.5), name="half")
+    groups = groups_of(from_config(TINY["llama"]), Policy(preset="hf-default", rules=(rule,)))
+    assert warnings_of(groups, "norm", "weight") and len(warnings_of(groups)) == len(warnings_of(groups, "norm", "weight"))
+
+
+def test_truncated_mean_is_analytic():
+    from modelinit_server.engine import Sampler
+
+    # N(0, 1) truncated to [0, inf): mean sqrt(2 / pi).
+    assert distribution_mean(Sampler("trunc_normal", std=1.0, a=0.0)) == pytest.approx(math.sqrt(2 / math.pi))
+    assert distribution_mean(Sampler("uniform", low=-1.0, high=3.0)) == 1.0
+
+
+def test_plan_response_carries_the_groups(client):
+    plan = client.plan("bert-base-uncased", policy="bert-tf")
+    g = next(g for g in plan.groups if g.kind == "linear" and list(g.shape) == [768, 768])
+    assert g.effective_std == pytest.approx(0.0176, abs=1e-4) and g.ratio_lecun == pytest.approx(0.4875, abs=1e-3)
+    assert sum(g.count for g in plan.groups) == len(plan.tensors)
+    bad = client.plan(TINY["gpt2"], policy={"rules": [{"match": {}, "init": {"uniform": {"low": 0, "high": 1}}}]})
+    assert any(g.warnings for g in bad.groups)
+
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "modelinit.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_table_warnings_and_json():
+    r = run("explain", "gpt2", "--policy", "torch-trunc-normal")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[1].split()[:4] == ["rule", "tensors", "init", "eff."]
+    assert any("100σ" in line and line.startswith("  weight [") for line in lines)
+    assert "124,439,808 parameters" in lines[-1] and "6 warning(s)" in lines[-1]
+    r = run("explain", "gpt2", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["summary"] == {"total_params": 124_439_808, "groups": len(doc["groups"]), "warnings": 0}
+    assert doc["groups"] and all(list(g) == list(doc["groups"][0]) for g in doc["groups"])
+    assert doc["groups"][0]["warnings"] == []
