@@ -98,3 +98,13 @@ def test_malformed_yaml_and_missing_file(client, tmp_path):
         with pytest.raises(modelinit.ModelInitError) as e:
             client.plan("gpt2", policy=policy)
         assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and needle in e.value.details
+
+
+def test_typed_policy_objects(client):
+    policy = modelinit.Policy(preset="hf-default", rules=[
+        modelinit.Rule(name="lecun", match=modelinit.Match(kinds=["linear"], params=["weight"]),
+                       init=modelinit.Distribution(lecun_normal=modelinit.FanScaled())),
+    ])
+    plan = client.plan(TINY["llama"], policy=policy)
+    up = next(t for t in plan.tensors if t.name == "model.layers.0.mlp.up_proj.weight")  # fan_in 64
+    assert up.rule == "lecun" and up.std == pytest.approx(1 / 8) and up.init.startswith("kaiming_normal")

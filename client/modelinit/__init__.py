@@ -8,6 +8,20 @@ The client is thin (no torch); the embedded server needs ``pip install modelinit
 """
 from .client import Client, InitResult
 from .errors import ModelInitError
+from .v1.modelinit_pb2 import (  # typed policy objects, e.g. Rule(match=Match(roles=["mlp_out"]), init=...)
+    Constant,
+    Distribution,
+    FanScaled,
+    Match,
+    Normal,
+    Policy,
+    Rule,
+    TruncNormal,
+    Uniform,
+)
 
-__all__ = ["Client", "InitResult", "ModelInitError"]
+__all__ = [
+    "Client", "InitResult", "ModelInitError",
+    "Policy", "Rule", "Match", "Distribution", "Normal", "TruncNormal", "Uniform", "Constant", "FanScaled",
+]
 __version__ = "0.1.0"

@@ -31,11 +31,12 @@ _DISTRIBUTIONS = {
     "xavier_normal": ("gain",),
     "kaiming_uniform": ("negative_slope", "mode", "nonlinearity"),
     "kaiming_normal": ("negative_slope", "mode", "nonlinearity"),
+    "lecun_normal": (),
 }
 _SHORTHANDS = {
     "zeros": {"constant": {"value": 0.0}},
     "ones": {"constant": {"value": 1.0}},
-    "lecun_normal": {"kaiming_normal": {"mode": "fan_in", "nonlinearity": "linear"}},
+    "lecun_normal": {"lecun_normal": {}},
 }
 
 

@@ -74,6 +74,8 @@ def _distribution_from_pb(msg: pb.Distribution) -> Distribution:
         return Distribution("uniform", low=d.low, high=d.high)
     if kind == "constant":
         return Distribution("constant", value=d.value)
+    if kind == "lecun_normal":
+        return Distribution("kaiming_normal", mode="fan_in", nonlinearity="linear")
     return Distribution(
         kind,
         gain=d.gain if d.HasField("gain") else 1.0,

@@ -84,7 +84,7 @@ class Match(_message.Message):
     def __init__(self, kinds: _Optional[_Iterable[str]] = ..., roles: _Optional[_Iterable[str]] = ..., params: _Optional[_Iterable[str]] = ..., names: _Optional[_Iterable[str]] = ..., min_layer: _Optional[int] = ..., max_layer: _Optional[int] = ...) -> None: ...
 
 class Distribution(_message.Message):
-    __slots__ = ("normal", "trunc_normal", "uniform", "constant", "xavier_uniform", "xavier_normal", "kaiming_uniform", "kaiming_normal")
+    __slots__ = ("normal", "trunc_normal", "uniform", "constant", "xavier_uniform", "xavier_normal", "kaiming_uniform", "kaiming_normal", "lecun_normal")
     NORMAL_FIELD_NUMBER: _ClassVar[int]
     TRUNC_NORMAL_FIELD_NUMBER: _ClassVar[int]
     UNIFORM_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class Distribution(_message.Message):
     XAVIER_NORMAL_FIELD_NUMBER: _ClassVar[int]
     KAIMING_UNIFORM_FIELD_NUMBER: _ClassVar[int]
     KAIMING_NORMAL_FIELD_NUMBER: _ClassVar[int]
+    LECUN_NORMAL_FIELD_NUMBER: _ClassVar[int]
     normal: Normal
     trunc_normal: TruncNormal
     uniform: Uniform
@@ -101,7 +102,8 @@ class Distribution(_message.Message):
     xavier_normal: FanScaled
     kaiming_uniform: FanScaled
     kaiming_normal: FanScaled
-    def __init__(self, normal: _Optional[_Union[Normal, _Mapping]] = ..., trunc_normal: _Optional[_Union[TruncNormal, _Mapping]] = ..., uniform: _Optional[_Union[Uniform, _Mapping]] = ..., constant: _Optional[_Union[Constant, _Mapping]] = ..., xavier_uniform: _Optional[_Union[FanScaled, _Mapping]] = ..., xavier_normal: _Optional[_Union[FanScaled, _Mapping]] = ..., kaiming_uniform: _Optional[_Union[FanScaled, _Mapping]] = ..., kaiming_normal: _Optional[_Union[FanScaled, _Mapping]] = ...) -> None: ...
+    lecun_normal: FanScaled
+    def __init__(self, normal: _Optional[_Union[Normal, _Mapping]] = ..., trunc_normal: _Optional[_Union[TruncNormal, _Mapping]] = ..., uniform: _Optional[_Union[Uniform, _Mapping]] = ..., constant: _Optional[_Union[Constant, _Mapping]] = ..., xavier_uniform: _Optional[_Union[FanScaled, _Mapping]] = ..., xavier_normal: _Optional[_Union[FanScaled, _Mapping]] = ..., kaiming_uniform: _Optional[_Union[FanScaled, _Mapping]] = ..., kaiming_normal: _Optional[_Union[FanScaled, _Mapping]] = ..., lecun_normal: _Optional[_Union[FanScaled, _Mapping]] = ...) -> None: ...
 
 class Normal(_message.Message):
     __slots__ = ("mean", "std")
