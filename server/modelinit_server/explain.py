@@ -66,18 +66,6 @@ class Group:
     """Why this init is likely to hurt training; empty when nothing looks wrong."""
 
 
-@dataclass(frozen=True)
-class Summary:
-    """Totals over the groups of a plan."""
-
-    total_params: int
-    """Sum of the groups' params (the plan's parameter count)."""
-    groups: int
-    """Number of groups."""
-    warnings: int
-    """Number of warnings over all groups."""
-
-
 def explain(plan: Plan) -> list[Group]:
     """Group the plan's tensors by (rule, init, shape, kind, param), in first-appearance order."""
     buckets: dict[tuple, list[TensorPlan]] = {}
@@ -85,11 +73,6 @@ def explain(plan: Plan) -> list[Group]:
         key = (t.resolved.rule, t.resolved.init, t.spec.shape, t.spec.kind, t.spec.param)
         buckets.setdefault(key, []).append(t)
     return [_group(members) for members in buckets.values()]
-
-
-def summarize(groups: list[Group]) -> Summary:
-    """Total params, group count and warning count of :func:`explain`'s result."""
-    return Summary(sum(g.params for g in groups), len(groups), sum(len(g.warnings) for g in groups))
 
 
 def _group(members: list[TensorPlan]) -> Group:
