@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--out", required=True, metavar="DIR", help="output folder")
     init.add_argument("--quiet", action="store_true", help="no progress bar")
     init.add_argument("--fsync", action="store_true", help="flush every file to stable storage before renaming it (power-loss safe, slower)")
+    init.add_argument("--buffered-io", action="store_true",
+                      help="write through the page cache instead of O_DIRECT (same bytes; O_DIRECT is used only where the filesystem allows it)")
 
     plan = sub.add_parser("plan", help="show every tensor's rule, std and shard without generating anything")
     _add_request_args(plan)
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             kwargs = dict(seed=args.seed, policy=args.policy, dtype=args.dtype, max_shard_size=args.max_shard_size)
             if args.command == "init":
                 result = client.init_model(args.spec, out_dir=args.out, progress=not args.quiet and sys.stderr.isatty(),
-                                           fsync=args.fsync, **kwargs)
+                                           fsync=args.fsync, direct_io=not args.buffered_io, **kwargs)
                 shards = sum(f.name.endswith(".safetensors") for f in result.files)
                 print(f"wrote {result.total_params:,} parameters ({result.total_bytes / 1e9:.2f} GB) in {shards} shard(s) "
                       f"to {result.path}; fingerprint {result.fingerprint[:16]}")

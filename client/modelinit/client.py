@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import pathlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Union
 
@@ -12,6 +13,7 @@ import grpc
 from google.protobuf import json_format
 
 from . import policy_file
+from .direct_file import DirectFile
 from .errors import ModelInitError
 from .events import Begin, Data, End
 from .v1 import modelinit_pb2 as pb
@@ -176,6 +178,7 @@ class Client:
         max_shard_size: str | int | None = None,
         progress: bool | Callable[[int], None] = False,
         fsync: bool = False,
+        direct_io: bool = True,
     ) -> InitResult:
         """Write the model's files (HF layout) into ``out_dir``; returns what was written.
 
@@ -184,6 +187,8 @@ class Client:
         complete. On failure nothing that looks complete is left behind. ``fsync`` also flushes
         every file to stable storage before its rename (safe against power loss, at disk speed;
         without it a killed process is still safe, the page cache keeps what was written).
+        ``direct_io`` writes shards with ``O_DIRECT`` where the OS and filesystem allow it (no
+        page-cache copy: faster, and no dirty pages charged to a container); False writes buffered.
         """
         request = model_request(spec, seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size)
         plan = self._plan(request)
@@ -191,38 +196,38 @@ class Client:
         out = pathlib.Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / MANIFEST_FILE).unlink(missing_ok=True)  # the folder is incomplete from here on
-        written = self._stream(request, plan, out, names, progress, fsync)
+        written = self._stream(request, plan, out, names, progress, fsync, direct_io)
         manifest = _manifest(plan, written)
         _atomic_write(out / MANIFEST_FILE, manifest, fsync)
         return InitResult(out, plan.fingerprint, tuple(written), plan.total_params, plan.total_bytes, plan.algorithm_version)
 
-    def _stream(self, request, plan, out, names, progress, fsync) -> list[FileResult]:
+    def _stream(self, request, plan, out, names, progress, fsync, direct_io) -> list[FileResult]:
         bar = _progress_bar(progress, sum(f.size for f in plan.files))
         written: list[FileResult] = []
         current = None  # (index, temp path, file object, hasher)
         source = self._events(request)
+        hasher = ThreadPoolExecutor(1, thread_name_prefix="modelinit-sha256")
         try:
             for event in source:
                 if isinstance(event, Data):
                     if current is None:
                         raise ModelInitError(grpc.StatusCode.DATA_LOSS, "stream: data before any file began")
+                    # Hash on a second thread while this one writes: both release the GIL.
+                    hashed = hasher.submit(current[3].update, event.data)
                     current[2].write(event.data)
-                    current[3].update(event.data)
+                    hashed.result()
                     bar(len(event.data))
                 elif isinstance(event, Begin):
                     if event.index >= len(names) or event.name != names[event.index] or event.offset != 0 or current is not None:
                         raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: unexpected file {event.name!r} (index {event.index})")
                     tmp = out / f".{event.name}.partial"
-                    current = (event.index, tmp, open(tmp, "wb"), hashlib.sha256())
+                    current = (event.index, tmp, DirectFile(tmp, direct_io), hashlib.sha256())
                 else:
                     if current is None or event.index != current[0]:
                         raise ModelInitError(grpc.StatusCode.DATA_LOSS, "stream: a file ended that never began")
                     index, tmp, fh, digest = current
-                    size = fh.tell()
-                    fh.flush()
-                    if fsync:
-                        os.fsync(fh.fileno())
-                    fh.close()
+                    size = fh.size
+                    fh.close(fsync)
                     current = None
                     expected = plan.files[index]
                     got = digest.hexdigest()
@@ -237,8 +242,9 @@ class Client:
                     written.append(FileResult(expected.name, size, got))
         finally:
             source.close()  # a no-op after a complete stream; otherwise the producer stops now
+            hasher.shutdown()
             if current is not None:  # interrupted mid-file: leave nothing half-written behind
-                current[2].close()
+                current[2].abort()
                 current[1].unlink(missing_ok=True)
             bar(None)
         if [w.name for w in written] != names:
