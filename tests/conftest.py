@@ -59,6 +59,7 @@ class ServerProcess:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )
         line = self.proc.stdout.readline()
+        self.ready_line = line
         m = re.search(r":(\d+) ", line)
         if not m:
             self.proc.kill()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -23,6 +24,19 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-shard-size", default="5GB", help="largest shard, e.g. 5GB (10^9 bytes), 500MB, 2GiB (default 5GB)")
     p.add_argument("--server", default=None, metavar="TARGET", help="server address (host:port, dns:///name:port); default: embedded")
     p.add_argument("--device", default="auto", choices=DEVICES, help="embedded engine (default auto: CUDA, else the CPU kernel)")
+    _add_connection_args(p)
+
+
+def _add_connection_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("connection (with --server)")
+    g.add_argument("--tls", action="store_true", help="use TLS with the system's root certificates")
+    g.add_argument("--tls-ca", default=None, metavar="PEM", help="CA that signed the server's certificate (implies --tls)")
+    g.add_argument("--tls-cert", default=None, metavar="PEM", help="this client's certificate, for mutual TLS")
+    g.add_argument("--tls-key", default=None, metavar="PEM", help="this client's private key, for mutual TLS")
+    g.add_argument("--token", default=os.environ.get("MODELINIT_TOKEN"), metavar="TOKEN",
+                   help="bearer token (default: $MODELINIT_TOKEN); @PATH reads it from a file")
+    g.add_argument("--retry-deadline", type=float, default=120.0, metavar="S",
+                   help="seconds to keep retrying a lost server, resuming the stream where it stopped (default 120; 0: no retries)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,6 +50,29 @@ def _parser() -> argparse.ArgumentParser:
                        help="engine: auto (CUDA if present, else cpu), cpu (numba), cuda (Triton), reference (numpy, slow)")
     serve.add_argument("--workers", type=int, default=0, help="threads for the reference engine (default: CPU count)")
     serve.add_argument("--grace", type=float, default=30.0, help="seconds to drain streams on SIGTERM (default 30)")
+    serve.add_argument("--shutdown-delay", type=float, default=0.0, metavar="S",
+                       help="on SIGTERM, seconds to keep serving while health says NOT_SERVING (default 0)")
+    lim = serve.add_argument_group("limits")
+    lim.add_argument("--max-streams", type=int, default=16, help="concurrent Init streams; more get RESOURCE_EXHAUSTED (default 16)")
+    lim.add_argument("--idle-timeout", type=float, default=60.0, metavar="S",
+                     help="end a stream whose client reads nothing for S seconds (default 60)")
+    lim.add_argument("--max-params", type=int, default=0, help="largest model in parameters (default 0: no cap)")
+    lim.add_argument("--max-dim", type=int, default=0, help="largest tensor dimension (default 0: no cap)")
+    lim.add_argument("--max-rank", type=int, default=8, help="most dimensions of a tensor (default 8)")
+    lim.add_argument("--max-tensors", type=int, default=0, help="most tensors in a model (default 0: no cap)")
+    lim.add_argument("--max-request-bytes", type=int, default=4 << 20, help="largest request message (default 4 MiB)")
+    sec = serve.add_argument_group("security")
+    sec.add_argument("--tls-cert", default=None, metavar="PEM", help="serve TLS with this certificate chain (needs --tls-key)")
+    sec.add_argument("--tls-key", default=None, metavar="PEM", help="private key of --tls-cert")
+    sec.add_argument("--tls-client-ca", default=None, metavar="PEM", help="require client certificates signed by this CA (mutual TLS)")
+    sec.add_argument("--token", default=os.environ.get("MODELINIT_TOKEN"), metavar="TOKEN",
+                     help="require 'authorization: Bearer TOKEN' on every call but health checks (default: $MODELINIT_TOKEN); @PATH reads a file")
+    obs = serve.add_argument_group("observability")
+    obs.add_argument("--metrics-port", type=int, default=None, metavar="PORT", help="serve Prometheus /metrics on this port (0: any free one)")
+    obs.add_argument("--metrics-host", default="0.0.0.0", help="interface of the metrics endpoint (default 0.0.0.0)")
+    obs.add_argument("--log-format", default="text", choices=("text", "json"), help="text (default) or one JSON object per line")
+    obs.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
+    obs.add_argument("--reflection", action="store_true", help="serve gRPC server reflection (grpcurl)")
 
     init = sub.add_parser("init", help="write a model's initialized weights into a folder")
     _add_request_args(init)
@@ -52,6 +89,16 @@ def _parser() -> argparse.ArgumentParser:
     explain = sub.add_parser("explain", help="tensor groups with their std against the Xavier/LeCun references, and warnings")
     _add_request_args(explain)
     explain.add_argument("--json", action="store_true", help='print {"groups": [...], "summary": {...}} as JSON')
+
+    verify = sub.add_parser("verify", help="check a finished folder against its modelinit.json (sizes, SHA-256, headers), "
+                                           "regenerating its bytes from (spec, policy, seed)")
+    verify.add_argument("dir", metavar="DIR", help="output folder of `modelinit init`")
+    verify.add_argument("--server", default=None, metavar="TARGET", help="server that regenerates the bytes; default: embedded")
+    verify.add_argument("--device", default="auto", choices=DEVICES, help="embedded engine (default auto)")
+    verify.add_argument("--no-regenerate", dest="regenerate", action="store_false",
+                        help="only check the files against the manifest; do not regenerate the bytes")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_connection_args(verify)
     return parser
 
 
@@ -64,13 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "verify":
+        from .verify import run_cli
+
+        return run_cli(args)
     import grpc
 
     from .client import Client
     from .errors import ModelInitError
 
     try:
-        with Client(args.server, device=args.device) as client:
+        with connect(args) as client:
             kwargs = dict(seed=args.seed, policy=args.policy, dtype=args.dtype, max_shard_size=args.max_shard_size)
             if args.command == "init":
                 result = client.init_model(args.spec, out_dir=args.out, progress=not args.quiet and sys.stderr.isatty(),
@@ -89,18 +140,56 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def connect(args: argparse.Namespace):
+    """The Client the command line asks for: embedded, or a server with its TLS, token and retry
+    options. ModelInitError for a bad option."""
+    from .client import Client, RetryPolicy
+
+    if args.server is None:
+        return Client(device=args.device)
+    try:
+        retry = RetryPolicy(deadline=args.retry_deadline)
+    except ValueError as e:
+        import grpc
+
+        from .errors import ModelInitError
+
+        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"retry_{e}") from None
+    token = args.token
+    if token and token.startswith("@"):
+        try:
+            with open(token[1:], encoding="utf-8") as fh:
+                token = fh.read().strip()
+        except OSError as e:
+            import grpc
+
+            from .errors import ModelInitError
+
+            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"token: cannot read {token[1:]!r} ({e.strerror})") from None
+    return Client(args.server, tls=args.tls, ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, token=token or None, retry=retry)
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
+        from modelinit_server.limits import Limits
+        from modelinit_server.observability import configure_logging
         from modelinit_server.server import ServerConfig, serve
+        from modelinit_server.servicer import StreamPolicy
     except ImportError as e:
         return _fail(f"serving needs the server extra ({e}); pip install 'modelinit[server]'", 1)
     try:
-        config = ServerConfig(host=args.host, port=args.port, device=args.device, workers=args.workers, grace=args.grace)
+        config = ServerConfig(
+            host=args.host, port=args.port, device=args.device, workers=args.workers, grace=args.grace,
+            shutdown_delay=args.shutdown_delay,
+            limits=Limits(max_params=args.max_params, max_dim=args.max_dim, max_rank=args.max_rank,
+                          max_tensors=args.max_tensors, max_request_bytes=args.max_request_bytes),
+            streams=StreamPolicy(max_streams=args.max_streams, idle_timeout=args.idle_timeout),
+            tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, token=args.token or None,
+            metrics_port=args.metrics_port, metrics_host=args.metrics_host, reflection=args.reflection,
+        )
+        configure_logging(args.log_format, args.log_level)
     except ValueError as e:
         return _fail(str(e), 2)
-    import logging
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         serve(config, ready=lambda line: print(line, flush=True))
     except ValueError as e:  # e.g. the device's engine is not available

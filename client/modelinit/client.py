@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import pathlib
+import random
+import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Union
 
 import grpc
@@ -21,6 +25,59 @@ from .v1 import modelinit_pb2_grpc as pb_grpc
 
 MANIFEST_FILE = "modelinit.json"
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 << 20)]
+#: Status codes after which a call is retried (and a stream resumed): the server went away or
+#: could not be reached. Everything else is an answer and is raised.
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+
+log = logging.getLogger("modelinit.client")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a remote client rides out a lost connection (a restarted or drained server)."""
+
+    deadline: float = 120.0
+    """Seconds to keep trying after a failure before giving up; progress (bytes received)
+    starts the count again. 0 disables retries."""
+    initial_backoff: float = 0.25
+    """Seconds before the first retry."""
+    max_backoff: float = 5.0
+    """Longest wait between retries."""
+    multiplier: float = 2.0
+    """Growth of the wait after each failed try (each wait is jittered to 50-100%)."""
+
+    def __post_init__(self) -> None:
+        if self.deadline < 0:
+            raise ValueError(f"deadline: must be >= 0 seconds, got {self.deadline!r}")
+        if not 0 < self.initial_backoff <= self.max_backoff:
+            raise ValueError(f"initial_backoff: must be > 0 and <= max_backoff, got {self.initial_backoff!r}")
+        if self.multiplier < 1:
+            raise ValueError(f"multiplier: must be >= 1, got {self.multiplier!r}")
+
+
+class _Backoff:
+    """Waits between tries until the policy's deadline, counted from the first failure since the
+    last ``progress()``."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self._policy = policy
+        self.progress()
+
+    def progress(self) -> None:
+        self._since: float | None = None
+        self._wait = self._policy.initial_backoff
+
+    def wait_or_raise(self, error: ModelInitError) -> None:
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        left = self._since + self._policy.deadline - now
+        if error.code not in RETRYABLE or left <= 0:
+            raise error
+        pause = min(self._wait * random.uniform(0.5, 1.0), left)
+        log.warning("%s; retrying in %.2fs (giving up in %.0fs)", error, pause, left)
+        time.sleep(pause)
+        self._wait = min(self._wait * self._policy.multiplier, self._policy.max_backoff)
 
 Spec = Union[str, os.PathLike, Mapping[str, Any], pb.ModelSpec]
 PolicyArg = Union[str, os.PathLike, Mapping[str, Any], None, pb.Policy]
@@ -47,6 +104,8 @@ class InitResult:
     total_bytes: int
     """Tensor bytes (index.json's total_size)."""
     algorithm_version: int
+    reused: bool = False
+    """True when the folder already held these exact files, verified, and nothing was written."""
 
 
 def model_spec(spec: Spec) -> pb.ModelSpec:
@@ -107,13 +166,32 @@ class Client:
     """A modelinit client. ``Client("host:50051")`` or ``Client("dns:///svc:50051")`` talks to a
     server; ``Client()`` runs embedded: the server's own planner, engine and file producer
     in-process, without the gRPC hop (needs the ``server`` extra), writing the same bytes.
-    ``device`` picks the embedded engine (``auto``, ``cpu``, ``cuda``, ``reference``)."""
+    ``device`` picks the embedded engine (``auto``, ``cpu``, ``cuda``, ``reference``).
 
-    def __init__(self, target: str | None = None, *, timeout: float | None = None, device: str = "auto") -> None:
+    Remote options: ``tls`` (or any of ``ca``/``cert``/``key``: PEM paths of the CA that signed
+    the server's certificate and this client's certificate and key for mutual TLS), ``token``
+    (sent as ``authorization: Bearer ...``), ``timeout`` (seconds per call), ``retry`` (how a
+    lost connection is retried; a stream resumes from the byte it had reached).
+    """
+
+    def __init__(
+        self,
+        target: str | None = None,
+        *,
+        timeout: float | None = None,
+        device: str = "auto",
+        tls: bool = False,
+        ca: str | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+        token: str | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
         self._local = None
         self._channel = None
         self.target = target
         self.timeout = timeout
+        self.retry = retry or RetryPolicy()
         if target is None:
             try:
                 from modelinit_server.local import LocalEngine
@@ -127,7 +205,12 @@ class Client:
             except ValueError as e:
                 raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         else:
-            self._channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            from .credentials import make_channel
+
+            try:
+                self._channel = make_channel(target, tls=tls, ca=ca, cert=cert, key=key, token=token, options=_CHANNEL_OPTIONS)
+            except ValueError as e:
+                raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
             self._stub = pb_grpc.ModelInitStub(self._channel)
 
     def close(self) -> None:
@@ -153,19 +236,24 @@ class Client:
                 return self._local.plan(request)
             except ValueError as e:  # the same field-named message the server sends
                 raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        try:
-            return self._stub.Plan(pb.PlanRequest(request=request), timeout=self.timeout)
-        except grpc.RpcError as e:
-            raise ModelInitError.from_rpc(e) from None
+        backoff = _Backoff(self.retry)
+        while True:
+            try:
+                return self._stub.Plan(pb.PlanRequest(request=request), timeout=self.timeout, metadata=_metadata())
+            except grpc.RpcError as e:
+                backoff.wait_or_raise(ModelInitError.from_rpc(e))
 
-    def _events(self, request: pb.ModelRequest):
-        """The files' events from the local engine or the server's stream; closing it stops the producer."""
+    def _events(self, request: pb.ModelRequest, plan: pb.PlanResponse | None = None):
+        """The files' events from the local engine or the server's stream (resumed after a lost
+        connection when ``plan`` is given); closing it stops the producer."""
         if self._local is not None:
             try:
                 return self._local.events(request)
             except ValueError as e:  # e.g. the requested device's engine is unavailable
                 raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        return _RpcEvents(self._stub.Init(pb.InitRequest(request=request), timeout=self.timeout))
+        if plan is None:
+            return _RpcEvents(self._stub.Init(pb.InitRequest(request=request), timeout=self.timeout, metadata=_metadata()))
+        return _ResumingEvents(self, request, plan)
 
     def init_model(
         self,
@@ -184,7 +272,10 @@ class Client:
 
         Each file goes to a hidden temp file, is checked against the server's SHA-256 and only
         then renamed into place; ``modelinit.json`` is written last, so a folder that has it is
-        complete. On failure nothing that looks complete is left behind. ``fsync`` also flushes
+        complete. On failure nothing that looks complete is left behind. A folder that already holds
+        exactly these files (same fingerprint, every SHA-256 checked) is left as it is
+        (``reused=True``). A remote stream that loses its server is resumed from the last byte
+        received (see ``retry``); the bytes are the same. ``fsync`` also flushes
         every file to stable storage before its rename (safe against power loss, at disk speed;
         without it a killed process is still safe, the page cache keeps what was written).
         ``direct_io`` writes shards with ``O_DIRECT`` where the OS and filesystem allow it (no
@@ -194,6 +285,9 @@ class Client:
         plan = self._plan(request)
         names = [check_file_name(f.name) for f in plan.files]
         out = pathlib.Path(out_dir)
+        reused = _reuse(out, plan)
+        if reused is not None:
+            return reused
         out.mkdir(parents=True, exist_ok=True)
         (out / MANIFEST_FILE).unlink(missing_ok=True)  # the folder is incomplete from here on
         written = self._stream(request, plan, out, names, progress, fsync, direct_io)
@@ -205,7 +299,7 @@ class Client:
         bar = _progress_bar(progress, sum(f.size for f in plan.files))
         written: list[FileResult] = []
         current = None  # (index, temp path, file object, hasher)
-        source = self._events(request)
+        source = self._events(request, plan)
         hasher = ThreadPoolExecutor(1, thread_name_prefix="modelinit-sha256")
         try:
             for event in source:
@@ -274,6 +368,88 @@ class _RpcEvents:
 
     def close(self) -> None:
         self._call.cancel()
+
+
+class _ResumingEvents:
+    """The Init stream of a whole plan, resumed after a lost connection: it waits (backoff),
+    plans again (the fingerprint must not have changed: another server may answer), and asks
+    for the files not yet ended, the current one from the byte it has reached. The writer sees
+    one continuous stream; the resumed file's End carries the SHA-256 of the whole file."""
+
+    def __init__(self, client: "Client", request: pb.ModelRequest, plan: pb.PlanResponse) -> None:
+        self._client, self._request, self._plan = client, request, plan
+        self._call = None
+        self._closed = False
+
+    def __iter__(self):
+        client, plan = self._client, self._plan
+        backoff = _Backoff(client.retry)
+        ended: list[int] = []  # files whose End was passed on
+        current, offset = None, 0  # the file being received and its bytes so far
+        resumed = False
+        while not self._closed:
+            remaining = [i for i in range(len(plan.files)) if i not in ended]
+            if not remaining:
+                return
+            init = pb.InitRequest(request=self._request)
+            if resumed:
+                init.files.extend(remaining)
+                init.offset = offset if current is not None else 0
+            try:
+                if resumed and client._plan(self._request).fingerprint != plan.fingerprint:
+                    raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                                         "the server that answered the resumed stream plans different weights (another version?)")
+                self._call = client._stub.Init(init, timeout=client.timeout, metadata=_metadata())
+                for msg in self._call:
+                    kind = msg.WhichOneof("event")
+                    if kind == "data":
+                        offset += len(msg.data)
+                        backoff.progress()
+                        yield Data(msg.data)
+                    elif kind == "begin":
+                        b = msg.begin
+                        if current is not None:  # a resumed stream restates the file it resumes
+                            if b.index != current or b.offset != offset:
+                                raise ModelInitError(grpc.StatusCode.DATA_LOSS,
+                                                     f"stream: resumed at file {b.index} byte {b.offset}, asked for file {current} byte {offset}")
+                            continue
+                        current, offset = b.index, b.offset
+                        yield Begin(b.index, b.name, b.size, b.offset)
+                    elif kind == "end":
+                        ended.append(msg.end.index)
+                        current, offset = None, 0
+                        yield End(msg.end.index, msg.end.sha256)
+                return
+            except grpc.RpcError as e:
+                error = ModelInitError.from_rpc(e)
+            if self._closed:
+                return
+            backoff.wait_or_raise(error)
+            where = f"{plan.files[current].name} at byte {offset}" if current is not None else "the next file"
+            log.warning("resuming %s", where)
+            resumed = True
+
+    def close(self) -> None:
+        self._closed = True
+        if self._call is not None:
+            self._call.cancel()
+
+
+def _metadata() -> tuple[tuple[str, str], ...]:
+    """A request id per call, logged by the server beside everything it does for the call."""
+    return (("x-request-id", uuid.uuid4().hex),)
+
+
+def _reuse(out: pathlib.Path, plan: pb.PlanResponse) -> "InitResult | None":
+    """The result of an earlier run if ``out`` already holds exactly this plan's files, verified."""
+    from .verify import is_complete
+
+    files = [(f.name, f.size) for f in plan.files]
+    if not (out / MANIFEST_FILE).is_file() or not is_complete(out, plan.fingerprint, plan.algorithm_version, files):
+        return None
+    doc = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
+    written = tuple(FileResult(f["name"], f["size"], f["sha256"]) for f in doc["files"])
+    return InitResult(out, plan.fingerprint, written, plan.total_params, plan.total_bytes, plan.algorithm_version, reused=True)
 
 
 def _manifest(plan: pb.PlanResponse, written: list[FileResult]) -> bytes:

@@ -7,14 +7,19 @@ import os
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from modelinit.v1 import modelinit_pb2, modelinit_pb2_grpc
 
+from . import __version__
 from .engine.backends import DEVICES, Backend, select
-from .servicer import ModelInitServicer
+from .limits import Limits
+from .malformed import MalformedRequestInterceptor
+from .observability import Metrics
+from .security import TokenAuthInterceptor, check_tls_args, load_server_credentials, load_token
+from .servicer import ModelInitServicer, StreamPolicy
 
 log = logging.getLogger("modelinit.server")
 
@@ -23,7 +28,7 @@ SERVICE_NAME = modelinit_pb2.DESCRIPTOR.services_by_name["ModelInit"].full_name
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """How to run the server."""
+    """How to run the server. Every field has a ``modelinit serve`` flag of the same name."""
 
     host: str = "[::]"
     """Interface to bind; ``[::]`` is every interface, ``127.0.0.1`` loopback only."""
@@ -36,7 +41,31 @@ class ServerConfig:
     """Threads for the reference engine; 0 means the machine's CPU count (the numba and CUDA
     kernels parallelize internally and run one segment at a time)."""
     grace: float = 30.0
-    """Seconds in-flight streams get to finish on SIGTERM."""
+    """Seconds in-flight streams get to finish on SIGTERM; then they end with UNAVAILABLE and
+    clients resume elsewhere."""
+    shutdown_delay: float = 0.0
+    """Seconds between SIGTERM and no longer accepting calls, while health already says
+    NOT_SERVING: time for load balancers and Kubernetes endpoints to stop sending new calls."""
+    limits: Limits = field(default_factory=Limits)
+    """Caps on what one request may ask for."""
+    streams: StreamPolicy = field(default_factory=StreamPolicy)
+    """Concurrent streams and the stalled-reader timeout."""
+    tls_cert: str | None = None
+    """PEM certificate chain; with ``tls_key`` the server speaks TLS only. None: plaintext."""
+    tls_key: str | None = None
+    """PEM private key of ``tls_cert``."""
+    tls_client_ca: str | None = None
+    """PEM CA bundle; clients must present a certificate it signed (mutual TLS)."""
+    token: str | None = None
+    """Bearer token every call but health checks must carry (``authorization: Bearer ...``);
+    ``@PATH`` reads it from a file (a mounted secret). None: no token needed."""
+    metrics_port: int | None = None
+    """Port of the Prometheus ``/metrics`` endpoint (plain HTTP, its own port); 0 picks a free
+    one; None: no endpoint."""
+    metrics_host: str = "0.0.0.0"
+    """Interface of the metrics endpoint."""
+    reflection: bool = False
+    """Serve gRPC server reflection (for grpcurl and similar tools)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -47,37 +76,75 @@ class ServerConfig:
             raise ValueError(f"workers: must be >= 0, got {self.workers}")
         if self.grace < 0:
             raise ValueError(f"grace: must be >= 0 seconds, got {self.grace}")
+        if self.shutdown_delay < 0:
+            raise ValueError(f"shutdown_delay: must be >= 0 seconds, got {self.shutdown_delay}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port: {self.metrics_port} is not in 0..65535")
+        check_tls_args(self.tls_cert, self.tls_key, self.tls_client_ca)
+
+
+#: Server-side keepalive: notice a client whose machine vanished (no FIN/RST) within ~40 s.
+_SERVER_OPTIONS = [
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+]
 
 
 class Running:
-    """A started server: its port, its backend, and how to stop it."""
+    """A started server: its port, its backend, metrics, and how to stop it."""
 
-    def __init__(self, server: grpc.aio.Server, port: int, backend: Backend,
-                 health_servicer: health.aio.HealthServicer, executor: ThreadPoolExecutor):
-        self.server, self.port, self.backend, self._health, self._executor = server, port, backend, health_servicer, executor
+    def __init__(self, server: grpc.aio.Server, port: int, backend: Backend, health_servicer: health.aio.HealthServicer,
+                 executor: ThreadPoolExecutor, servicer: ModelInitServicer, metrics: Metrics, metrics_port: int | None,
+                 config: ServerConfig):
+        self.server, self.port, self.backend = server, port, backend
+        self.servicer, self.metrics, self.metrics_port = servicer, metrics, metrics_port
+        self._health, self._executor, self._config = health_servicer, executor, config
 
-    async def stop(self, grace: float | None) -> None:
+    async def stop(self, grace: float | None, delay: float = 0.0) -> None:
+        """Health -> NOT_SERVING, wait ``delay`` seconds (still serving), stop accepting calls,
+        give in-flight ones ``grace`` seconds, then cancel them."""
         await self._health.enter_graceful_shutdown()
+        if delay:
+            await asyncio.sleep(delay)
         await self.server.stop(grace)
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self.metrics_port is not None:
+            self.metrics.stop_http()
 
 
 async def start(config: ServerConfig) -> Running:
-    """Start serving; ValueError if the device's backend is unavailable, OSError if the port is taken."""
+    """Start serving; ValueError for a bad configuration (unavailable device, unreadable TLS
+    files, empty token), OSError if a port is taken."""
     backend = select(config.device, warmup=True)
+    credentials = load_server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca) if config.tls_cert else None
+    token = load_token(config.token) if config.token is not None else None
+    metrics = Metrics()
+    metrics.set_build_info(__version__, backend.name)
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if token:  # first: an unauthenticated caller learns nothing, not even that its request was malformed
+        interceptors.append(TokenAuthInterceptor(token, on_reject=lambda _m: metrics.rejected("unauthenticated")))
+    interceptors.append(MalformedRequestInterceptor(metrics))
     threads = 1 if backend.parallel else (config.workers or os.cpu_count() or 1)
     executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="modelinit-gen")
-    server = grpc.aio.server()
-    modelinit_pb2_grpc.add_ModelInitServicer_to_server(ModelInitServicer(backend, executor), server)
+    options = _SERVER_OPTIONS + [("grpc.max_receive_message_length", config.limits.max_request_bytes)]
+    server = grpc.aio.server(interceptors=interceptors, options=options)
+    servicer = ModelInitServicer(backend, executor, limits=config.limits, streams=config.streams, metrics=metrics)
+    modelinit_pb2_grpc.add_ModelInitServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    if config.reflection:
+        from grpc_reflection.v1alpha import reflection
+
+        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    address = f"{config.host}:{config.port}"
+    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if port == 0:
-        raise OSError(f"could not bind {config.host}:{config.port}")
+        raise OSError(f"could not bind {address}")
+    metrics_port = metrics.serve_http(config.metrics_port, config.metrics_host) if config.metrics_port is not None else None
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return Running(server, port, backend, health_servicer, executor)
+    return Running(server, port, backend, health_servicer, executor, servicer, metrics, metrics_port, config)
 
 
 def serve(config: ServerConfig, ready=print) -> None:
@@ -85,14 +152,18 @@ def serve(config: ServerConfig, ready=print) -> None:
 
     async def main() -> None:
         running = await start(config)
-        ready(f"modelinit: serving on {config.host}:{running.port} (engine {running.backend.name})")
+        extra = f", metrics on :{running.metrics_port}/metrics" if running.metrics_port is not None else ""
+        tls = "TLS" if config.tls_cert else "plaintext"
+        ready(f"modelinit: serving on {config.host}:{running.port} ({tls}, engine {running.backend.name}{extra})")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        log.info("draining (grace %.0fs)", config.grace)
-        await running.stop(config.grace)
+        log.info("shutting down: health NOT_SERVING, %d stream(s) in flight, delay %.1fs, grace %.0fs",
+                 running.servicer.inflight, config.shutdown_delay, config.grace)
+        await running.stop(config.grace, config.shutdown_delay)
+        log.info("stopped")
 
     asyncio.run(main())
 
@@ -110,6 +181,11 @@ class EmbeddedServer:
         self._thread.start()
         self._running = asyncio.run_coroutine_threadsafe(start(config), self._loop).result()
         self.target = f"127.0.0.1:{self._running.port}"
+
+    @property
+    def running(self) -> Running:
+        """The started server (port, servicer with its in-flight count, metrics)."""
+        return self._running
 
     def stop(self) -> None:
         if self._loop.is_closed():

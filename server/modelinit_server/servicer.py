@@ -1,14 +1,19 @@
 """The gRPC servicer: adapts requests to the core and streams the files. No numerics here.
 
 Errors are translated here and only here: a ValueError from the core becomes INVALID_ARGUMENT
-with its message (which starts with the field's path).
+with its message (which starts with the field's path). Every call gets a request id (the
+client's ``x-request-id`` or a new one), sent back in the initial metadata and put on every log
+line, and is counted in the metrics with its final status.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import threading
 import time
 from concurrent.futures import Executor
+from dataclasses import dataclass
 
 import grpc
 from modelinit.events import Begin, Data
@@ -18,6 +23,8 @@ from modelinit.v1 import modelinit_pb2_grpc as pb_grpc
 from . import files
 from .convert import plan_to_pb, request_from_pb
 from .engine.backends import Backend
+from .limits import Limits
+from .observability import Metrics, request_id, request_id_from
 from .planner import Plan, build_plan
 
 log = logging.getLogger("modelinit.server")
@@ -26,39 +33,161 @@ DEFAULT_CHUNK = 1 << 20
 MAX_CHUNK = 3 << 20
 
 
+@dataclass(frozen=True)
+class StreamPolicy:
+    """How Init streams are bounded."""
+
+    max_streams: int = 16
+    """Init streams served at once; one more gets RESOURCE_EXHAUSTED (clients back off and retry
+    or go to another replica). Memory per stream is about three 8 MiB segments plus gRPC's
+    flow-control window."""
+    idle_timeout: float = 60.0
+    """Seconds a stream may wait for its client to take the next message before it is ended
+    with DEADLINE_EXCEEDED and its buffers freed (a stalled or vanished reader)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_streams, int) or self.max_streams < 1:
+            raise ValueError(f"max_streams: must be an integer >= 1, got {self.max_streams!r}")
+        if not self.idle_timeout > 0:
+            raise ValueError(f"idle_timeout: must be > 0 seconds, got {self.idle_timeout!r}")
+
+
+class _Stalled(Exception):
+    """The client took nothing for the idle timeout; the message says so."""
+
+
+class _ClientGone(Exception):
+    """The client cancelled the call or its connection dropped: nothing more can be sent."""
+
+
+async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str):
+    context.set_code(code)
+    context.set_details(message)
+    await context.abort(code, message)
+
+
+def _observed(method):
+    """Request id, initial metadata, duration and final status in the metrics, for one rpc."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def wrapper(self: "ModelInitServicer", request, context: grpc.aio.ServicerContext):
+        rid = request_id_from(context.invocation_metadata())
+        token = request_id.set(rid)
+        started = time.monotonic()
+        code = grpc.StatusCode.OK
+        recorded = False
+
+        def record(code: grpc.StatusCode) -> None:
+            nonlocal recorded
+            recorded = True
+            self._metrics.observe_request(name, code, time.monotonic() - started)
+            if code is grpc.StatusCode.INVALID_ARGUMENT:
+                self._metrics.rejected("invalid_argument")
+
+        try:
+            await context.send_initial_metadata((("x-request-id", rid),))
+            return await method(self, request, context)
+        except (asyncio.CancelledError, _ClientGone) as e:
+            code = grpc.StatusCode.CANCELLED
+            log.info("%s cancelled by the client after %.1fs", name, time.monotonic() - started)
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            return None  # the call is over: there is no one to send a status to
+        except _Stalled as e:
+            # Our buffers and the stream's slot are already released; the status itself waits
+            # behind what the client has not read (or goes with the connection).
+            code = grpc.StatusCode.DEADLINE_EXCEEDED
+            record(code)
+            await _abort(context, code, str(e))
+        except Exception:
+            code = context.code() or grpc.StatusCode.UNKNOWN
+            if code is grpc.StatusCode.UNKNOWN:
+                log.exception("%s failed", name)
+            raise
+        finally:
+            if not recorded:
+                record(context.code() or grpc.StatusCode.OK if code is grpc.StatusCode.OK else code)
+            request_id.reset(token)
+
+    return wrapper
+
+
 class ModelInitServicer(pb_grpc.ModelInitServicer):
-    def __init__(self, backend: Backend, generation: Executor) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        generation: Executor,
+        *,
+        limits: Limits | None = None,
+        streams: StreamPolicy | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self._backend = backend
         self._generation = generation  # where segments are produced (one thread for parallel kernels)
+        self._limits = limits or Limits()
+        self._streams = streams or StreamPolicy()
+        self._metrics = metrics or Metrics()
+        self._inflight = 0
+
+    @property
+    def inflight(self) -> int:
+        """Init streams in progress."""
+        return self._inflight
 
     async def _plan(self, msg: pb.ModelRequest, context: grpc.aio.ServicerContext) -> Plan:
         loop = asyncio.get_running_loop()
+
+        def build() -> Plan:
+            plan = build_plan(request_from_pb(msg))
+            self._limits.check(plan)
+            return plan
+
         try:
-            return await loop.run_in_executor(None, lambda: build_plan(request_from_pb(msg)))
+            return await loop.run_in_executor(None, build)
         except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
             raise  # unreachable: abort raises
 
+    @_observed
     async def Plan(self, request: pb.PlanRequest, context: grpc.aio.ServicerContext) -> pb.PlanResponse:
         plan = await self._plan(request.request, context)
         return plan_to_pb(plan, request.request)
 
-    async def Init(self, request: pb.InitRequest, context: grpc.aio.ServicerContext):
+    @_observed
+    async def Init(self, request: pb.InitRequest, context: grpc.aio.ServicerContext) -> None:
+        if self._inflight >= self._streams.max_streams:
+            self._metrics.rejected("resource_exhausted")
+            await _abort(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this server is already serving {self._inflight} streams, its limit (--max-streams); "
+                "retry with backoff or use another replica",
+            )
+        self._inflight += 1
+        self._metrics.stream_started()
+        try:
+            await self._init(request, context)
+        finally:
+            self._inflight -= 1
+            self._metrics.stream_finished()
+
+    async def _init(self, request: pb.InitRequest, context: grpc.aio.ServicerContext) -> None:
         plan = await self._plan(request.request, context)
         chunk = request.chunk_size or DEFAULT_CHUNK
         if chunk > MAX_CHUNK:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"chunk_size: {chunk} bytes is over the {MAX_CHUNK}-byte maximum; use 1048576 or 0"
+            await _abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, f"chunk_size: {chunk} bytes is over the {MAX_CHUNK}-byte maximum; use 1048576 or 0"
             )
         selected = list(request.files) or list(range(len(plan.files)))
         bad = [i for i in selected if i >= len(plan.files)]
         if bad:
-            await context.abort(
-                grpc.StatusCode.OUT_OF_RANGE, f"files: index {bad[0]} is past the last file ({len(plan.files) - 1})"
+            await _abort(
+                context, grpc.StatusCode.OUT_OF_RANGE, f"files: index {bad[0]} is past the last file ({len(plan.files) - 1})"
             )
         if request.offset > plan.files[selected[0]].size:
             f = plan.files[selected[0]]
-            await context.abort(grpc.StatusCode.OUT_OF_RANGE, f"offset: {request.offset} is past the end of {f.name} ({f.size} bytes)")
+            await _abort(context, grpc.StatusCode.OUT_OF_RANGE, f"offset: {request.offset} is past the end of {f.name} ({f.size} bytes)")
         started, sent = time.monotonic(), 0
         log.info("Init %s seed=%d dtype=%s files=%s offset=%d from %s", _describe(request.request), plan.request.seed,
                  plan.request.dtype, selected if request.files else "all", request.offset, context.peer())
@@ -66,29 +195,61 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         loop = asyncio.get_running_loop()
         # Ring of 3: one segment is being sent while the next is produced (a third for margin).
         source = files.events(plan, selected, request.offset, self._backend.fill, ring=3)
-        ahead = loop.run_in_executor(self._generation, next, source, None)
+        metrics = self._metrics
+
+        busy = threading.Lock()  # the generator runs on the generation pool; never two steps at once
+
+        def produce():
+            with busy:
+                t = time.perf_counter()
+                event = next(source, None)
+            if isinstance(event, Data):
+                metrics.generated(len(event.data), time.perf_counter() - t)
+            return event
+
+        def close() -> None:
+            with busy:  # after a step in progress, if any
+                source.close()
+
+        write = functools.partial(self._write, context)
+        ahead = loop.run_in_executor(self._generation, produce)
         try:
             while (event := await ahead) is not None:
                 # Produce the next segment while this one is sent: memory stays at two segments.
-                ahead = loop.run_in_executor(self._generation, next, source, None)
+                ahead = loop.run_in_executor(self._generation, produce)
                 if isinstance(event, Data):
                     data = event.data
                     for a in range(0, len(data), chunk):
                         piece = data[a : a + chunk].tobytes()
+                        await write(pb.InitResponse(data=piece))
                         sent += len(piece)
-                        yield pb.InitResponse(data=piece)
+                        metrics.sent(len(piece))
                 elif isinstance(event, Begin):
-                    yield pb.InitResponse(begin=pb.FileBegin(index=event.index, name=event.name, size=event.size, offset=event.offset))
+                    await write(pb.InitResponse(begin=pb.FileBegin(index=event.index, name=event.name, size=event.size, offset=event.offset)))
                 else:
-                    yield pb.InitResponse(end=pb.FileEnd(index=event.index, sha256=event.sha256))
+                    await write(pb.InitResponse(end=pb.FileEnd(index=event.index, sha256=event.sha256)))
+                    metrics.file_done(len(plan.files[event.index].tensors))
         finally:
-            # On cancellation: drop the segment produced ahead; close the generator once it is idle.
-            if ahead.cancel() or ahead.done():
-                source.close()
-            else:
-                ahead.add_done_callback(lambda _: source.close())
+            # On cancellation or a stalled reader: drop the segment produced ahead and close the
+            # generator (freeing its buffers) once its current step, if any, is over.
+            ahead.cancel()
+            self._generation.submit(close)
         elapsed = time.monotonic() - started
         log.info("Init done: %d bytes in %.1fs (%.0f MB/s)", sent, elapsed, sent / max(elapsed, 1e-9) / 1e6)
+
+    async def _write(self, context: grpc.aio.ServicerContext, message: pb.InitResponse) -> None:
+        # A write waits while the client's flow-control window is full: that is the backpressure,
+        # and a reader that takes nothing for idle_timeout seconds ends the stream.
+        try:
+            await asyncio.wait_for(context.write(message), self._streams.idle_timeout)
+        except Exception as e:
+            if not isinstance(e, asyncio.TimeoutError):
+                # grpc fails a write only when the call is over: cancelled, or its connection gone
+                raise _ClientGone() from None
+            log.warning("Init: the client took nothing for %gs; ending the stream", self._streams.idle_timeout)
+            raise _Stalled(
+                f"the client read nothing for {self._streams.idle_timeout:g}s (--idle-timeout); resume with files and offset"
+            ) from None
 
 
 def _describe(msg: pb.ModelRequest) -> str:
