@@ -68,7 +68,7 @@ def reference(tmp_path_factory):
     return read_folder(out)
 
 
-def test_killed_server_restarted_client_resumes_byte_identical(tmp_path, reference):
+def test_killed_server_restarted_client_resumes_byte_identical(tmp_path, reference, caplog):
     first = ServerProcess()
     port = first.target.rsplit(":", 1)[1]
     servers = [first]
@@ -84,12 +84,13 @@ def test_killed_server_restarted_client_resumes_byte_identical(tmp_path, referen
             servers.append(ServerProcess("--port", port))  # same address, a fresh process
 
     try:
-        with modelinit.Client(first.target, retry=FAST_RETRY) as c:
+        with modelinit.Client(first.target, retry=FAST_RETRY) as c, caplog.at_level("WARNING", logger="modelinit.client"):
             result = c.init_model(MEDIUM, seed=7, out_dir=tmp_path, max_shard_size="16MB", progress=progress)
     finally:
         for s in servers:
             s.stop()
     assert killed.is_set() and len(servers) == 2
+    assert any("resuming model-" in r.getMessage() for r in caplog.records)
     assert not result.reused
     assert read_folder(tmp_path) == reference
 
@@ -381,3 +382,62 @@ def test_malformed_request_bytes_get_a_status_not_a_crash(fuzz_server, raw, meth
             assert e.details()
     assert health_status(fuzz_server.target) == health_pb2.HealthCheckResponse.SERVING
     assert fuzz_server.running.servicer.inflight == 0
+
+
+def test_sigterm_past_the_grace_period_client_resumes_on_another_replica(tmp_path, reference, caplog):
+    a = ServerProcess("--grace", "0.3")
+    b = ServerProcess()
+    ports = [s.target.rsplit(":", 1)[1] for s in (a, b)]
+    target = f"ipv4:127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}"  # two replicas behind one name
+    signalled = threading.Event()
+    seen = [0]
+
+    def progress(n: int) -> None:
+        seen[0] += n
+        if seen[0] > 20_000_000 and not signalled.is_set():
+            signalled.set()
+            a.proc.send_signal(signal.SIGTERM)
+            time.sleep(1.0)  # a slow reader: the grace period runs out under this stream
+
+    try:
+        with modelinit.Client(target, retry=FAST_RETRY) as c, caplog.at_level("WARNING", logger="modelinit.client"):
+            c.init_model(MEDIUM, seed=7, out_dir=tmp_path, max_shard_size="16MB", progress=progress)
+        assert a.proc.wait(30) == 0
+        assert any("resuming model-" in r.getMessage() for r in caplog.records)  # the stream was cut and resumed
+    finally:
+        a.stop()
+        b.stop()
+    assert signalled.is_set()
+    assert read_folder(tmp_path) == reference
+
+
+def test_reflection_lists_the_services(embedded):
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    server = embedded(reflection=True)
+    with grpc.insecure_channel(server.target) as ch:
+        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+        (answer,) = list(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10))
+    names = {s.name for s in answer.list_services_response.service}
+    assert {"modelinit.v1.ModelInit", "grpc.health.v1.Health"} <= names
+
+
+def test_cli_token_from_env_and_file(embedded, tmp_path, monkeypatch, capsys):
+    from modelinit.cli import main
+
+    server = embedded(token="t0ken")
+    monkeypatch.delenv("MODELINIT_TOKEN", raising=False)
+    assert main(["plan", "gpt2", "--server", server.target, "--retry-deadline", "0"]) == 1
+    assert "bearer token" in capsys.readouterr().err
+    (tmp_path / "tok").write_text("t0ken\n")
+    assert main(["plan", "gpt2", "--server", server.target, "--token", f"@{tmp_path / 'tok'}"]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("MODELINIT_TOKEN", "t0ken")
+    assert main(["init", TINY_PATH(tmp_path), "--server", server.target, "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    assert main(["verify", str(tmp_path / "o"), "--server", server.target]) == 0
+
+
+def TINY_PATH(tmp_path) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY["gpt2"]))
+    return str(path)
