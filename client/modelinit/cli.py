@@ -22,7 +22,8 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
                         "kaiming, small-init, torch-trunc-normal) or a JSON/YAML policy file")
     p.add_argument("--dtype", default="float32", help=f"output dtype: {', '.join(DTYPES)} (default float32)")
     p.add_argument("--max-shard-size", default="5GB", help="largest shard, e.g. 5GB (10^9 bytes), 500MB, 2GiB (default 5GB)")
-    p.add_argument("--server", default=None, metavar="TARGET", help="server address (host:port, dns:///name:port); default: embedded")
+    p.add_argument("--server", default=None, metavar="TARGET",
+                   help="server address (host:port, dns:///name:port) or several, comma-separated; default: embedded")
     p.add_argument("--device", default="auto", choices=DEVICES, help="embedded engine (default auto: CUDA, else the CPU kernel)")
     _add_connection_args(p)
 
@@ -79,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--out", required=True, metavar="DIR", help="output folder")
     init.add_argument("--quiet", action="store_true", help="no progress bar")
     init.add_argument("--fsync", action="store_true", help="flush every file to stable storage before renaming it (power-loss safe, slower)")
+    init.add_argument("--parallel", type=int, default=1, metavar="N",
+                      help="with --server: fetch N files at once, spread over the replicas (--server h1:p,h2:p or a dns:/// name)")
     init.add_argument("--buffered-io", action="store_true",
                       help="write through the page cache instead of O_DIRECT (same bytes; O_DIRECT is used only where the filesystem allows it)")
 
@@ -125,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             kwargs = dict(seed=args.seed, policy=args.policy, dtype=args.dtype, max_shard_size=args.max_shard_size)
             if args.command == "init":
                 result = client.init_model(args.spec, out_dir=args.out, progress=not args.quiet and sys.stderr.isatty(),
-                                           fsync=args.fsync, direct_io=not args.buffered_io, **kwargs)
+                                           fsync=args.fsync, direct_io=not args.buffered_io, parallel=args.parallel, **kwargs)
                 shards = sum(f.name.endswith(".safetensors") for f in result.files)
                 print(f"wrote {result.total_params:,} parameters ({result.total_bytes / 1e9:.2f} GB) in {shards} shard(s) "
                       f"to {result.path}; fingerprint {result.fingerprint[:16]}")

@@ -168,6 +168,10 @@ class Client:
     in-process, without the gRPC hop (needs the ``server`` extra), writing the same bytes.
     ``device`` picks the embedded engine (``auto``, ``cpu``, ``cuda``, ``reference``).
 
+    ``target`` may list several replicas, comma-separated (``"h1:50051,h2:50051"``); a
+    ``dns:///`` name is balanced round-robin over the addresses it resolves to. ``init_model``
+    then fetches shards in parallel across them (``parallel``).
+
     Remote options: ``tls`` (or any of ``ca``/``cert``/``key``: PEM paths of the CA that signed
     the server's certificate and this client's certificate and key for mutual TLS), ``token``
     (sent as ``authorization: Bearer ...``), ``timeout`` (seconds per call), ``retry`` (how a
@@ -189,7 +193,10 @@ class Client:
     ) -> None:
         self._local = None
         self._channel = None
+        self._channels: list = []
         self.target = target
+        self.targets: tuple[str, ...] = ()
+        """Server targets (``target`` split at commas); empty when embedded."""
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         if target is None:
@@ -207,15 +214,20 @@ class Client:
         else:
             from .credentials import make_channel
 
+            self.targets = split_targets(target)
+            self.target = self.targets[0]
             try:
-                self._channel = make_channel(target, tls=tls, ca=ca, cert=cert, key=key, token=token, options=_CHANNEL_OPTIONS)
+                self._channels = [make_channel(t, tls=tls, ca=ca, cert=cert, key=key, token=token, options=_channel_options(t))
+                                  for t in self.targets]
             except ValueError as e:
                 raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-            self._stub = pb_grpc.ModelInitStub(self._channel)
+            self._channel = self._channels[0]
+            self._stubs = [pb_grpc.ModelInitStub(ch) for ch in self._channels]
+            self._stub = self._stubs[0]
 
     def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
+        for ch in self._channels:
+            ch.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -267,6 +279,7 @@ class Client:
         progress: bool | Callable[[int], None] = False,
         fsync: bool = False,
         direct_io: bool = True,
+        parallel: int = 1,
     ) -> InitResult:
         """Write the model's files (HF layout) into ``out_dir``; returns what was written.
 
@@ -278,9 +291,13 @@ class Client:
         received (see ``retry``); the bytes are the same. ``fsync`` also flushes
         every file to stable storage before its rename (safe against power loss, at disk speed;
         without it a killed process is still safe, the page cache keeps what was written).
-        ``direct_io`` writes shards with ``O_DIRECT`` where the OS and filesystem allow it (no
+        ``parallel`` (servers only): files fetched at once, spread over the replicas; each file
+        resumes on the next replica if its server goes away. ``progress`` callables are then
+        called from several threads. ``direct_io`` writes shards with ``O_DIRECT`` where the OS and filesystem allow it (no
         page-cache copy: faster, and no dirty pages charged to a container); False writes buffered.
         """
+        if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"parallel: must be an integer >= 1, got {parallel!r}")
         request = model_request(spec, seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size)
         plan = self._plan(request)
         names = [check_file_name(f.name) for f in plan.files]
@@ -290,10 +307,26 @@ class Client:
             return reused
         out.mkdir(parents=True, exist_ok=True)
         (out / MANIFEST_FILE).unlink(missing_ok=True)  # the folder is incomplete from here on
-        written = self._stream(request, plan, out, names, progress, fsync, direct_io)
+        if self._local is None and (parallel > 1 or len(self._stubs) > 1):
+            written = self._fan_out(request, plan, out, names, progress, fsync, direct_io, parallel)
+        else:
+            written = self._stream(request, plan, out, names, progress, fsync, direct_io)
         manifest = _manifest(plan, written)
         _atomic_write(out / MANIFEST_FILE, manifest, fsync)
         return InitResult(out, plan.fingerprint, tuple(written), plan.total_params, plan.total_bytes, plan.algorithm_version)
+
+    def _fan_out(self, request, plan, out, names, progress, fsync, direct_io, parallel) -> list[FileResult]:
+        from .fanout import Fetcher
+
+        bar = _progress_bar(progress, sum(f.size for f in plan.files))
+        fetcher = Fetcher(self._stubs, self.targets, request, plan, parallel=parallel, retry=self.retry, timeout=self.timeout,
+                          progress=bar, fsync=fsync, direct_io=direct_io)
+        try:
+            written = fetcher.run(out, names)
+        finally:
+            bar(None)
+        self.last_served = dict(fetcher.served)
+        return written
 
     def _stream(self, request, plan, out, names, progress, fsync, direct_io) -> list[FileResult]:
         bar = _progress_bar(progress, sum(f.size for f in plan.files))
@@ -433,6 +466,30 @@ class _ResumingEvents:
         self._closed = True
         if self._call is not None:
             self._call.cancel()
+
+
+#: gRPC target schemes whose address lists contain commas themselves (``ipv4:a:1,b:2``).
+_LIST_SCHEMES = ("ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:")
+
+
+def split_targets(target: str) -> tuple[str, ...]:
+    """``"h1:1,h2:2"`` -> two targets; a gRPC URI (``dns:///...``, ``ipv4:a,b``) stays one."""
+    target = target.strip()
+    if "://" in target or target.startswith(_LIST_SCHEMES):
+        parts = [target]
+    else:
+        parts = [t.strip() for t in target.split(",")]
+    if not all(parts):
+        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"server: empty target in {target!r}; use host:port[,host:port...]")
+    return tuple(parts)
+
+
+def _channel_options(target: str) -> list[tuple[str, object]]:
+    """A name resolving to several replicas (``dns:///``, ``ipv4:a,b``) is balanced call by call."""
+    options = list(_CHANNEL_OPTIONS)
+    if target.startswith(("dns:", "ipv4:", "ipv6:")):
+        options.append(("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})))
+    return options
 
 
 def _metadata() -> tuple[tuple[str, str], ...]:

@@ -1,0 +1,98 @@
+"""Fan-out: one model's shards fetched in parallel from two replicas, byte-identical to one
+server's run, surviving the loss of a replica mid-run."""
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import urllib.request
+
+import grpc
+import pytest
+
+import modelinit
+from modelinit import ModelInitError
+from modelinit.client import RetryPolicy, split_targets
+
+from .conftest import ServerProcess, read_folder
+from .test_hostile_server import Hostile, hostile  # noqa: F401 - fixture
+from .test_operations import FAST_RETRY, MEDIUM, reference  # noqa: F401 - fixture
+
+
+def _files_served(server: ServerProcess) -> float:
+    port = int(re.search(r"metrics on :(\d+)", server.ready_line).group(1))
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return float(re.search(r"^modelinit_stream_files_total ([0-9.]+)$", text, re.M).group(1))
+
+
+@pytest.fixture()
+def two_servers():
+    servers = [ServerProcess("--metrics-port", "0", "--metrics-host", "127.0.0.1") for _ in range(2)]
+    yield servers
+    for s in servers:
+        s.stop()
+
+
+def test_two_replicas_in_parallel_equal_one_server(two_servers, tmp_path, reference):
+    target = ",".join(s.target for s in two_servers)
+    with modelinit.Client(target) as c:
+        result = c.init_model(MEDIUM, seed=7, out_dir=tmp_path, max_shard_size="16MB", parallel=2)
+        served = c.last_served
+    assert read_folder(tmp_path) == reference
+    assert len(result.files) == 6 and all(n >= 1 for n in served.values()), served  # 4 shards, index, config
+    assert all(_files_served(s) >= 1 for s in two_servers)  # the servers' own count agrees
+
+
+def test_a_replica_killed_mid_run_the_other_finishes(two_servers, tmp_path, reference):
+    a, b = two_servers
+    target = f"{a.target},{b.target}"
+    killed = threading.Event()
+    seen = [0]
+    lock = threading.Lock()
+
+    def progress(n: int) -> None:
+        with lock:
+            seen[0] += n
+            if seen[0] > 8_000_000 and not killed.is_set():
+                killed.set()
+                a.proc.send_signal(signal.SIGKILL)
+
+    with modelinit.Client(target, retry=FAST_RETRY) as c:
+        c.init_model(MEDIUM, seed=7, out_dir=tmp_path, max_shard_size="16MB", parallel=2, progress=progress)
+        served = c.last_served
+    assert killed.is_set()
+    assert read_folder(tmp_path) == reference
+    assert served[b.target] >= 3  # b finished what a had been serving
+
+
+def test_a_replica_of_another_version_is_refused(two_servers, hostile, tmp_path):  # noqa: F811
+    other = hostile(Hostile())  # plans different weights (another fingerprint)
+    with modelinit.Client(f"{two_servers[0].target},{other}", retry=RetryPolicy(deadline=0)) as c:
+        with pytest.raises(ModelInitError) as e:
+            c.init_model(MEDIUM, seed=7, out_dir=tmp_path, max_shard_size="16MB", parallel=2)
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "fingerprint" in e.value.details
+    assert not any(p.name.endswith(".partial") or p.name == "modelinit.json" for p in tmp_path.iterdir())
+
+
+def test_cli_comma_separated_servers_and_parallel(two_servers, tmp_path, reference, capsys):
+    import json
+
+    from modelinit.cli import main
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(MEDIUM))
+    target = ",".join(s.target for s in two_servers)
+    assert main(["init", str(cfg), "--seed", "7", "--max-shard-size", "16MB", "--server", target, "--parallel", "3",
+                 "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    assert read_folder(tmp_path / "o") == reference
+    assert main(["init", str(cfg), "--server", target, "--parallel", "0", "--out", str(tmp_path / "p")]) == 2
+    assert "parallel" in capsys.readouterr().err
+
+
+def test_split_targets():
+    assert split_targets("a:1,b:2") == ("a:1", "b:2")
+    assert split_targets(" a:1 , b:2 ") == ("a:1", "b:2")
+    assert split_targets("dns:///svc.ns.svc.cluster.local:50051") == ("dns:///svc.ns.svc.cluster.local:50051",)
+    assert split_targets("ipv4:10.0.0.1:1,10.0.0.2:1") == ("ipv4:10.0.0.1:1,10.0.0.2:1",)
+    with pytest.raises(ModelInitError, match="empty target"):
+        split_targets("a:1,,b:2")
