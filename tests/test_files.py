@@ -65,3 +65,19 @@ def test_prefetch_hands_errors_to_the_consumer_and_close_stops_the_producer():
     endless = files.Prefetch(iter(int, 1), depth=1)  # never ends; close() must not hang
     next(endless)
     endless.close()
+
+
+def test_ring_buffers_come_from_the_backends_allocator_and_are_page_aligned(plan):
+    import numpy as np
+
+    made = []
+
+    def alloc(n):  # stands in for the CUDA backend's pinned allocator
+        buf = files._page_aligned(n)
+        made.append(buf)
+        return buf
+
+    data, _ = collect(files.events(plan, range(len(plan.files)), 0, REFERENCE.fill, segment=8192, ring=3, alloc=alloc))
+    assert len(made) == 3 and all(b.ctypes.data % 4096 == 0 for b in made)
+    assert data == {i: files.read(plan, f, 0, f.size) for i, f in enumerate(plan.files)}
+    assert files._page_aligned(12345).ctypes.data % 4096 == 0 and files._page_aligned(1).dtype == np.uint8

@@ -66,6 +66,7 @@ def events(
     segment: int = SEGMENT,
     digest: bool = True,
     ring: int = 0,
+    alloc=None,
 ) -> Iterator[Event]:
     """The files ``selected`` (indices into plan.files), the first from ``offset``: Begin, Data
     segments, End per file. With ``digest`` each End carries the whole file's SHA-256 (a resumed
@@ -73,8 +74,9 @@ def events(
 
     ``ring`` > 0 reuses that many segment buffers in turn (no allocation and page faults per
     segment): a Data's buffer is then valid only until ``ring - 1`` more events have been taken.
-    0 gives every segment a fresh buffer."""
-    buffers = [_page_aligned(segment) for _ in range(ring)]
+    0 gives every segment a fresh buffer. ``alloc(n)`` makes the ring's buffers (the backend's:
+    pinned memory for CUDA); default page-aligned host memory."""
+    buffers = [(alloc or _page_aligned)(segment) for _ in range(ring)]
     produced = 0
     for n, index in enumerate(selected):
         f = plan.files[index]

@@ -48,5 +48,6 @@ class LocalEngine:
         hash is the check. Close the returned iterator to stop early."""
         plan = self._build(msg)
         # Ring of 4: the writer holds one buffer, the queue two, the producer fills the fourth.
-        source: Iterator[Event] = files.events(plan, range(len(plan.files)), 0, self.backend.fill, digest=False, ring=4)
+        source: Iterator[Event] = files.events(plan, range(len(plan.files)), 0, self.backend.fill, digest=False, ring=4,
+                                                alloc=self.backend.alloc)
         return files.Prefetch(source, depth=2)

@@ -194,7 +194,7 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
 
         loop = asyncio.get_running_loop()
         # Ring of 3: one segment is being sent while the next is produced (a third for margin).
-        source = files.events(plan, selected, request.offset, self._backend.fill, ring=3)
+        source = files.events(plan, selected, request.offset, self._backend.fill, ring=3, alloc=self._backend.alloc)
         metrics = self._metrics
 
         busy = threading.Lock()  # the generator runs on the generation pool; never two steps at once
