@@ -66,8 +66,12 @@ class ModelInitServicer:
         chunks of at most `chunk_size` bytes, and a FileEnd carrying the SHA-256 of the whole
         file. Files come in this order: the safetensors shards in shard order, then the small
         JSON files (model.safetensors.index.json when sharded, config.json for HF architectures).
-        Errors: INVALID_ARGUMENT (bad request), OUT_OF_RANGE (shard index or offset past the end),
-        CANCELLED when the client goes away (generation stops).
+        Errors: INVALID_ARGUMENT (bad request, or over one of the server's --max-* caps: the
+        message names the flag), OUT_OF_RANGE (shard index or offset past the end),
+        RESOURCE_EXHAUSTED (the server already serves --max-streams streams: back off, retry or
+        use another replica), DEADLINE_EXCEEDED (the client read nothing for --idle-timeout
+        seconds), UNAVAILABLE (the server is going away: resume with `files` and `offset`
+        elsewhere), CANCELLED when the client goes away (generation stops, buffers are freed).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
