@@ -1,0 +1,848 @@
+"""Offline checks of the deployment artefacts in deploy/ (no Docker engine, no cluster needed).
+
+- Kubernetes manifests: the overlays under deploy/k8s/overlays rendered by deploy/render.py
+  (where `kubectl` or `kustomize` is installed, also by it: the objects must be the same), and
+  the examples under deploy/examples, validated with kubernetes-validate in strict mode against
+  every Kubernetes version >= 1.29 whose schemas the installed package ships. Kueue objects
+  (CRDs: no schema there) are checked for the structure Kueue needs.
+- Consistency with the real server: the Deployment's args (with the ConfigMap's values
+  expanded as the kubelet does) and the Dockerfiles' CMD parse with `modelinit.cli._parser()`
+  and make a valid ServerConfig; probes, Service, NetworkPolicy and metrics annotations use
+  those ports; the readiness probe names the proto's service; the termination grace period
+  covers --grace + --shutdown-delay; the Job's init container command parses as `init`.
+- Dockerfiles, parsed: ENTRYPOINT, non-root numeric USER, base images pinned by tag, torch
+  pinned to the version CI tests, writable caches under /tmp.
+- The renderer itself: the kustomize subset it implements.
+"""
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import json
+import pathlib
+import posixpath
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+import kubernetes_validate
+from modelinit.cli import _parser
+from modelinit.v1 import modelinit_pb2
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+EXAMPLES = DEPLOY / "examples"
+OVERLAYS = ("cpu", "gpu", "gpu-tls")
+SERVICE_NAME = modelinit_pb2.DESCRIPTOR.services_by_name["ModelInit"].full_name
+KUEUE_API = "kueue.x-k8s.io/v1beta1"
+SERVER_CONTAINER = "modelinit"
+
+
+def _load_renderer():
+    spec = importlib.util.spec_from_file_location("modelinit_deploy_render", DEPLOY / "render.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+render = _load_renderer()
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in v.split(".")[:2])
+
+
+def schema_versions() -> list[str]:
+    """Every Kubernetes minor version >= 1.29 that the installed kubernetes-validate ships."""
+    shipped = sorted({".".join(v.split(".")[:2]) for v in kubernetes_validate.utils.all_versions()}, key=_version_key)
+    return [v for v in shipped if _version_key(v) >= (1, 29)]
+
+
+SCHEMA_VERSIONS = schema_versions()
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+def parse_cli(argv: list[str]):
+    """argparse result of the real `modelinit` parser; a test failure (not SystemExit) if it refuses."""
+    try:
+        return _parser().parse_args(argv)
+    except SystemExit as e:  # argparse printed the reason on stderr
+        pytest.fail(f"`modelinit {' '.join(argv)}` is refused by modelinit.cli._parser() (exit {e.code})")
+
+
+def server_config(args):
+    """The ServerConfig `modelinit serve` would build from these args (validates ranges, TLS pairs)."""
+    from modelinit_server.limits import Limits
+    from modelinit_server.server import ServerConfig
+    from modelinit_server.servicer import StreamPolicy
+
+    return ServerConfig(
+        host=args.host, port=args.port, device=args.device, workers=args.workers, grace=args.grace,
+        shutdown_delay=args.shutdown_delay,
+        limits=Limits(max_params=args.max_params, max_dim=args.max_dim, max_rank=args.max_rank,
+                      max_tensors=args.max_tensors, max_request_bytes=args.max_request_bytes),
+        streams=StreamPolicy(max_streams=args.max_streams, idle_timeout=args.idle_timeout),
+        tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, token=args.token or None,
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host, reflection=args.reflection,
+    )
+
+
+def by_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [o for o in objects if o.get("kind") == kind]
+
+
+def one(objects: list[dict], kind: str, name: str | None = None) -> dict:
+    found = [o for o in by_kind(objects, kind) if name is None or o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}{' ' + name if name else ''}, found {len(found)}"
+    return found[0]
+
+
+def container(pod_spec: dict, name: str) -> dict:
+    (c,) = [c for c in pod_spec["containers"] if c["name"] == name]
+    return c
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """A matchLabels-only selector (what these manifests use) selects ``labels``."""
+    assert set(selector) <= {"matchLabels"}, f"only matchLabels selectors are used here, got {selector}"
+    return bool(selector.get("matchLabels")) and all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+
+_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion of command/args. A reference to an unknown variable would be
+    left as it is by the kubelet and reach the server literally: here it is an error."""
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group(1)
+        assert name in env, f"{value!r} refers to $({name}), which the container's env does not define"
+        return env[name]
+
+    return _VAR_REF.sub(sub, value)
+
+
+def container_env(c: dict, objects: list[dict], namespace: str) -> dict[str, str]:
+    """The container's env as the kubelet resolves it (ConfigMap values looked up in the rendered
+    objects; Secret and resource values as placeholders)."""
+    env: dict[str, str] = {}
+    for e in c.get("env") or []:
+        if "value" in e:
+            env[e["name"]] = expand(e["value"], env)
+            continue
+        ref = e["valueFrom"]
+        if "configMapKeyRef" in ref:
+            cm = [o for o in by_kind(objects, "ConfigMap")
+                  if o["metadata"]["name"] == ref["configMapKeyRef"]["name"] and o["metadata"].get("namespace") == namespace]
+            assert cm, f"env {e['name']}: ConfigMap {ref['configMapKeyRef']['name']} is not part of the manifests"
+            data = cm[0].get("data") or {}
+            assert ref["configMapKeyRef"]["key"] in data, f"env {e['name']}: key {ref['configMapKeyRef']['key']} not in the ConfigMap"
+            value = data[ref["configMapKeyRef"]["key"]]
+            assert isinstance(value, str), f"ConfigMap value for {ref['configMapKeyRef']['key']} must be a string"
+            env[e["name"]] = value
+        elif "secretKeyRef" in ref:
+            env[e["name"]] = f"<secret {ref['secretKeyRef']['name']}/{ref['secretKeyRef']['key']}>"
+        elif "resourceFieldRef" in ref:
+            env[e["name"]] = f"<{ref['resourceFieldRef']['resource']}>"
+        else:
+            env[e["name"]] = "<fieldRef>"
+    return env
+
+
+def serve_args(objects: list[dict]):
+    """(Deployment, server container, resolved args, parsed args, ServerConfig) of a rendering."""
+    dep = one(objects, "Deployment", "modelinit")
+    c = container(dep["spec"]["template"]["spec"], SERVER_CONTAINER)
+    env = container_env(c, objects, dep["metadata"]["namespace"])
+    args = [expand(a, env) for a in c.get("args") or []]
+    parsed = parse_cli(["serve", *args])
+    return dep, c, args, parsed, server_config(parsed)
+
+
+def mounted_file(pod_spec: dict, c: dict, path: str) -> tuple[dict, str]:
+    """(volume, key) of the Secret volume that provides file ``path`` inside container ``c``."""
+    for m in c.get("volumeMounts") or []:
+        mount = m["mountPath"].rstrip("/")
+        if posixpath.dirname(path) == mount:
+            (vol,) = [v for v in pod_spec["volumes"] if v["name"] == m["name"]]
+            assert "secret" in vol, f"{path} must come from a Secret volume, got {vol}"
+            fname = posixpath.basename(path)
+            items = vol["secret"].get("items")
+            if items:
+                keys = [i["key"] for i in items if i["path"] == fname]
+                assert keys, f"{path}: Secret volume {vol['name']} maps no key to {fname}"
+                return vol, keys[0]
+            return vol, fname
+    pytest.fail(f"{path} is not in any volume mounted into container {c['name']}")
+
+
+# --- Dockerfiles ------------------------------------------------------------------------------
+
+def parse_dockerfile(path: pathlib.Path) -> list[dict]:
+    """Stages of a Dockerfile: {name, base, env, user, entrypoint, cmd, expose, runs, copies}."""
+    instructions: list[tuple[str, str]] = []
+    buf = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if line.startswith("#") or (not line and not buf):
+            continue  # comments (also inside continuations, as Docker does) and blank lines
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        buf += line
+        word, _, rest = buf.partition(" ")
+        instructions.append((word.upper(), rest.strip()))
+        buf = ""
+    assert not buf, f"{path}: dangling line continuation"
+    stages: list[dict] = []
+    for word, rest in instructions:
+        if word == "FROM":
+            parts = rest.split()
+            assert not parts[0].startswith("--"), f"{path}: FROM flags are not expected: {rest}"
+            name = parts[2] if len(parts) == 3 and parts[1].upper() == "AS" else None
+            stages.append({"name": name, "base": parts[0], "env": {}, "user": None, "entrypoint": None, "cmd": None,
+                           "expose": [], "runs": [], "copies": []})
+            continue
+        assert stages, f"{path}: {word} before FROM"
+        st = stages[-1]
+        if word == "ENV":
+            tokens = shlex.split(rest)
+            if tokens and "=" not in tokens[0]:  # legacy `ENV KEY value`
+                st["env"][tokens[0]] = " ".join(tokens[1:])
+            else:
+                for t in tokens:
+                    k, _, v = t.partition("=")
+                    st["env"][k] = v
+        elif word == "USER":
+            st["user"] = rest
+        elif word in ("ENTRYPOINT", "CMD"):
+            try:
+                value = json.loads(rest)
+            except json.JSONDecodeError:
+                pytest.fail(f"{path}: {word} must use the exec (JSON) form so that signals reach the server: {rest}")
+            st[word.lower()] = value
+        elif word == "EXPOSE":
+            st["expose"] += [int(p.split("/")[0]) for p in rest.split()]
+        elif word == "RUN":
+            st["runs"].append(rest)
+        elif word in ("COPY", "ADD"):
+            st["copies"].append((word, rest))
+    return stages
+
+
+def resolve_base(stages: list[dict], base: str) -> str:
+    """The image a stage ultimately builds on (following FROM <earlier stage>)."""
+    names = {s["name"]: s for s in stages if s["name"]}
+    while base in names:
+        base = names[base]["base"]
+    return base
+
+
+_PINNED = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._/-]*(?::[0-9]+/[a-z0-9._/-]+)?)(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+                     r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
+
+DOCKERFILES = {
+    # file: (ENTRYPOINT, server device in CMD or None, pip extra installed)
+    "Dockerfile": (["modelinit", "serve"], "cpu", "server"),
+    "Dockerfile.cuda": (["modelinit", "serve"], "cuda", "cuda"),
+    "Dockerfile.client": (["modelinit"], None, None),
+}
+
+
+def readme_torch_pin() -> str:
+    block = re.search(r"<!-- ci:test -->(.*?)<!-- /ci:test -->", (ROOT / "README.md").read_text(), re.S)
+    assert block, "README.md has no ci:test block"
+    m = re.search(r"torch==([0-9][0-9a-z.+]*)", block.group(1))
+    assert m, "the README's CI test command pins no torch version"
+    return m.group(1)
+
+
+def pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib")
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_every_dockerfile_is_checked():
+    found = {p.name for p in DEPLOY.glob("Dockerfile*") if not p.name.endswith(".dockerignore")}
+    assert found == set(DOCKERFILES)
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_dockerfile_conventions(name):
+    entrypoint, device, extra = DOCKERFILES[name]
+    path = DEPLOY / name
+    stages = parse_dockerfile(path)
+    final = stages[-1]
+
+    # Every base image is an earlier stage or pinned by tag (or digest), never `latest`.
+    names = set()
+    for st in stages:
+        if st["base"] not in names:
+            m = _PINNED.match(st["base"])
+            assert m, f"{name}: unparseable base image {st['base']!r}"
+            assert m["tag"] or m["digest"], f"{name}: base image {st['base']!r} is not pinned by tag or digest"
+            assert m["tag"] != "latest", f"{name}: base image {st['base']!r} uses the moving `latest` tag"
+            assert "$" not in st["base"]
+        if st["name"]:
+            names.add(st["name"])
+
+    # The venv is copied from a stage on the same base image (its interpreter path must exist).
+    for st in stages:
+        for word, rest in st["copies"]:
+            m = re.search(r"--from=(\S+)", rest)
+            if m:
+                assert resolve_base(stages, m.group(1)) == resolve_base(stages, st["base"]), \
+                    f"{name}: COPY --from={m.group(1)} comes from another base image than its stage"
+
+    # Non-root numeric user (and group), set in the final stage.
+    assert final["user"], f"{name}: the final stage sets no USER"
+    uid, _, gid = final["user"].partition(":")
+    assert uid.isdigit() and int(uid) != 0, f"{name}: USER must be a non-root numeric UID, got {final['user']!r}"
+    assert not gid or (gid.isdigit() and int(gid) != 0), f"{name}: USER group must be numeric and not root"
+
+    assert final["entrypoint"] == entrypoint, f"{name}: ENTRYPOINT {final['entrypoint']}"
+    scripts = pyproject()["project"]["scripts"]
+    assert scripts.get("modelinit") == "modelinit.cli:main", "the `modelinit` console script the ENTRYPOINT runs"
+
+    # COPY sources exist in the build context and the Dockerfile's .dockerignore keeps them.
+    ignore = (DEPLOY / f"{name}.dockerignore")
+    assert ignore.is_file(), f"{name}: no {name}.dockerignore next to it (the whole repo would be the build context)"
+    patterns = [p.strip() for p in ignore.read_text().splitlines() if p.strip() and not p.strip().startswith("#")]
+    for word, rest in (c for st in stages for c in st["copies"]):
+        assert word == "COPY", f"{name}: use COPY, not ADD ({rest})"
+        if "--from=" in rest:
+            continue
+        for src in rest.split()[:-1]:
+            assert (ROOT / src).exists(), f"{name}: COPY source {src} does not exist"
+            included = True
+            for pat in patterns:
+                neg = pat.startswith("!")
+                if fnmatch.fnmatch(src.rstrip("/"), pat.lstrip("!").rstrip("/")):
+                    included = neg
+            assert included, f"{name}: {src} is excluded by {ignore.name}"
+
+    runs = " ".join(r for st in stages for r in st["runs"])
+    env = final["env"]
+    assert env.get("HOME", "").startswith("/tmp"), f"{name}: HOME must be writable with a read-only root (under /tmp)"
+    if device is None:
+        return
+
+    # The server images: caches under /tmp, the torch CI tests with, the right extra, the CMD.
+    assert env.get("NUMBA_CACHE_DIR", "").startswith("/tmp/"), f"{name}: NUMBA_CACHE_DIR must be under /tmp"
+    if device == "cuda":
+        assert env.get("TRITON_CACHE_DIR", "").startswith("/tmp/"), f"{name}: TRITON_CACHE_DIR must be under /tmp"
+        assert re.search(r"\bgcc\b", runs) and "python3-dev" in runs, \
+            f"{name}: Triton compiles its launcher at run time: gcc and Python headers are needed"
+    torch = readme_torch_pin()
+    torch_runs = [r for r in (r for st in stages for r in st["runs"]) if re.search(r"\btorch==", r)]
+    assert torch_runs, f"{name}: torch is not pinned"
+    for r in torch_runs:
+        assert f"torch=={torch}" in r, f"{name}: torch must be pinned to the README's CI version {torch}: {r}"
+    if device == "cpu":
+        assert any("--index-url https://download.pytorch.org/whl/cpu" in r for r in torch_runs), \
+            f"{name}: the CPU image must take torch from the PyTorch CPU index"
+    assert re.search(rf'/src\[{extra}\]', runs), f"{name}: the image must install the `{extra}` extra"
+    assert extra in pyproject()["project"]["optional-dependencies"]
+
+    cmd = final["cmd"]
+    assert isinstance(cmd, list)
+    cfg = server_config(parse_cli(["serve", *cmd]))
+    assert cfg.device == device
+    assert cfg.port == 50051 and cfg.metrics_port == 9090
+    assert {cfg.port, cfg.metrics_port} <= set(final["expose"]), f"{name}: EXPOSE {final['expose']}"
+
+
+def test_dockerfile_user_matches_pod_security_context():
+    uids = {parse_dockerfile(DEPLOY / n)[-1]["user"].split(":")[0] for n in DOCKERFILES}
+    assert len(uids) == 1
+    (uid,) = uids
+    objects = render.render(K8S / "overlays" / "gpu")
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert str(pod["securityContext"]["runAsUser"]) == uid
+    job = one(load_examples(), "Job")["spec"]["template"]["spec"]
+    assert str(job["securityContext"]["runAsUser"]) == uid
+
+
+# --- Kubernetes manifests ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    return {o: render.render(K8S / "overlays" / o) for o in OVERLAYS}
+
+
+def load_examples() -> list[dict]:
+    objects = []
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        objects += [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    return objects
+
+
+def test_schema_versions_available():
+    assert SCHEMA_VERSIONS, "kubernetes-validate ships no schema for Kubernetes >= 1.29"
+
+
+def test_every_overlay_is_checked():
+    assert {p.name for p in (K8S / "overlays").iterdir() if p.is_dir()} == set(OVERLAYS)
+
+
+def _kustomize_command() -> list[str] | None:
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    return None
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_renderer_matches_kustomize(overlay, rendered):
+    """Where a real kustomize exists (not in CI: nothing pip-installable), it must agree exactly."""
+    cmd = _kustomize_command()
+    if cmd is None:
+        pytest.skip("neither kustomize nor kubectl on PATH")
+    out = subprocess.run([*cmd, str(K8S / "overlays" / overlay)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+    def key(o):
+        return (o["apiVersion"], o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"])
+
+    theirs = {key(o): o for o in yaml.safe_load_all(out.stdout) if o}
+    ours = {key(o): o for o in rendered[overlay]}
+    assert ours.keys() == theirs.keys()
+    for k in ours:
+        assert ours[k] == theirs[k], f"{overlay}: {k} differs from {' '.join(cmd)}"
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_validates_against_kubernetes_schema(overlay, version, rendered):
+    objects = rendered[overlay]
+    assert {o["kind"] for o in objects} == {"Namespace", "ServiceAccount", "ConfigMap", "Deployment", "Service",
+                                            "PodDisruptionBudget", "NetworkPolicy"}
+    for obj in objects:
+        try:
+            used = kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            path = ".".join(str(p) for p in e.path)
+            pytest.fail(f"{overlay}: {obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {version}: {path}: {e.message}")
+        assert used == version
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+def test_examples_validate_against_kubernetes_schema(version):
+    core = [o for o in load_examples() if not o["apiVersion"].startswith("kueue.x-k8s.io/")]
+    assert {o["kind"] for o in core} == {"Namespace", "Job"}
+    for obj in core:
+        try:
+            assert kubernetes_validate.validate(obj, version, strict=True) == version
+        except kubernetes_validate.ValidationError as e:
+            path = ".".join(str(p) for p in e.path)
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {version}: {path}: {e.message}")
+
+
+def test_validation_is_strict():
+    """The validator really refuses unknown fields (so a typo in a manifest cannot pass)."""
+    dep = one(render.render(K8S / "overlays" / "cpu"), "Deployment")
+    container(dep["spec"]["template"]["spec"], SERVER_CONTAINER)["readinessProbe"]["grpc"]["servce"] = "x"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(dep, SCHEMA_VERSIONS[0], strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_deployment_matches_the_server(overlay, rendered):
+    objects = rendered[overlay]
+    dep, c, args, parsed, cfg = serve_args(objects)
+    pod = dep["spec"]["template"]["spec"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert selects(dep["spec"]["selector"], labels)
+    assert "command" not in c, "the image's ENTRYPOINT (`modelinit serve`) must run; set args only"
+
+    # Every ConfigMap key is a `serve` flag passed as --KEY=$(VAR) with VAR read from that key.
+    cm = one(objects, "ConfigMap", "modelinit-serve")
+    refs = {e["valueFrom"]["configMapKeyRef"]["key"]: e["name"] for e in c["env"]
+            if "configMapKeyRef" in (e.get("valueFrom") or {})}
+    assert set(refs) == set(cm["data"]), "every ConfigMap key is read into the container, and only those"
+    for key, var in refs.items():
+        assert f"--{key}=$({var})" in c["args"], f"ConfigMap key {key} is not passed as --{key}=$({var})"
+
+    # Lifecycle: the pod is killed only after the drain (shutdown delay + grace) can finish.
+    assert pod["terminationGracePeriodSeconds"] > cfg.grace + cfg.shutdown_delay
+    assert cfg.shutdown_delay > 0, "a shutdown delay lets endpoints drop the pod before calls are refused"
+    assert cfg.metrics_port is not None and cfg.port != cfg.metrics_port
+
+    # Container ports and probes.
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"grpc": cfg.port, "metrics": cfg.metrics_port}
+    tls = cfg.tls_cert is not None
+    for probe_name in ("startupProbe", "livenessProbe", "readinessProbe"):
+        probe = c[probe_name]
+        if tls:
+            # Kubelet's gRPC probe speaks plaintext only: it would fail against a TLS port.
+            assert "grpc" not in probe and probe["tcpSocket"]["port"] == cfg.port, f"{probe_name} with TLS"
+        else:
+            assert probe["grpc"]["port"] == cfg.port, f"{probe_name} must be a gRPC health probe on --port"
+    if not tls:
+        assert c["readinessProbe"]["grpc"].get("service") == SERVICE_NAME
+        assert c["livenessProbe"]["grpc"].get("service", "") == "", "liveness checks the server as a whole"
+    annotations = dep["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(cfg.metrics_port)
+    assert annotations["prometheus.io/path"] == "/metrics"
+
+    # The token and TLS files come from mounted Secrets.
+    assert parsed.token and parsed.token.startswith("@"), "the server must require a token (--token=@FILE)"
+    vol, key = mounted_file(pod, c, parsed.token[1:])
+    assert vol["secret"]["secretName"] == "modelinit-token" and key == "token"
+    if tls:
+        for path, k in ((cfg.tls_cert, "tls.crt"), (cfg.tls_key, "tls.key")):
+            vol, key = mounted_file(pod, c, path)
+            assert key == k, f"{path}: a kubernetes.io/tls Secret holds {k}"
+
+    # numba's thread count follows this container's CPU limit.
+    numba = [e for e in c["env"] if e["name"] == "NUMBA_NUM_THREADS"]
+    assert numba and numba[0]["valueFrom"]["resourceFieldRef"] == {"containerName": SERVER_CONTAINER, "resource": "limits.cpu"}
+    assert "cpu" in c["resources"]["limits"]
+
+    # Variant-specific resources and placement.
+    gpus = c["resources"].get("limits", {}).get("nvidia.com/gpu")
+    if overlay.startswith("gpu"):
+        assert cfg.device == "cuda" and gpus == 1
+        assert pod.get("tolerations") and pod.get("nodeSelector")
+        assert dep["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0, "GPU rollouts must not need a spare GPU"
+    else:
+        assert cfg.device == "cpu" and gpus is None
+    image = c["image"]
+    m = _PINNED.match(image)
+    assert m and m["tag"] and m["tag"] != "latest", f"{overlay}: image {image!r} must carry a version tag"
+    assert m["tag"].endswith("-cuda" if overlay.startswith("gpu") else "-cpu")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_pod_security(overlay, rendered):
+    """The "restricted" Pod Security Standard the namespace enforces, and a read-only root."""
+    objects = rendered[overlay]
+    dep, c, _, _, _ = serve_args(objects)
+    pod = dep["spec"]["template"]["spec"]
+    ns = one(objects, "Namespace")
+    assert ns["metadata"]["name"] == dep["metadata"]["namespace"]
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    psc, csc = pod["securityContext"], c["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] > 0
+    assert csc["runAsNonRoot"] is True and csc["runAsUser"] > 0
+    assert csc["readOnlyRootFilesystem"] is True
+    assert csc["allowPrivilegeEscalation"] is False
+    assert csc["capabilities"]["drop"] == ["ALL"] and not csc["capabilities"].get("add")
+    assert (csc.get("seccompProfile") or psc.get("seccompProfile")) == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    assert one(objects, "ServiceAccount")["metadata"]["name"] == pod["serviceAccountName"]
+    allowed = {"emptyDir", "secret", "configMap", "projected", "downwardAPI", "persistentVolumeClaim", "ephemeral", "csi"}
+    for v in pod["volumes"]:
+        assert set(v) - {"name"} <= allowed, f"volume {v['name']} has a type the restricted standard forbids"
+    # Writable paths: /tmp is an emptyDir, and the images' caches live there.
+    tmp = [m for m in c["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert tmp and "emptyDir" in next(v for v in pod["volumes"] if v["name"] == tmp[0]["name"])
+    image = "Dockerfile.cuda" if overlay.startswith("gpu") else "Dockerfile"
+    env = parse_dockerfile(DEPLOY / image)[-1]["env"]
+    for var in ("NUMBA_CACHE_DIR", "TRITON_CACHE_DIR", "HOME"):
+        if var in env:
+            assert env[var] == "/tmp" or env[var].startswith("/tmp/")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_service_pdb_and_network_policy_match(overlay, rendered):
+    objects = rendered[overlay]
+    dep, c, _, _, cfg = serve_args(objects)
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    ns = dep["metadata"]["namespace"]
+    for o in objects:
+        if o["kind"] != "Namespace":
+            assert o["metadata"]["namespace"] == ns
+
+    svc = one(objects, "Service", "modelinit")
+    assert svc["spec"]["clusterIP"] == "None", "headless: clients balance over the pods themselves"
+    assert selects({"matchLabels": svc["spec"]["selector"]}, labels)
+    container_ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    sports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert set(sports) == {"grpc", "metrics"}
+    for name, want in (("grpc", cfg.port), ("metrics", cfg.metrics_port)):
+        target = sports[name].get("targetPort", sports[name]["port"])
+        target = container_ports[target] if isinstance(target, str) else target
+        assert sports[name]["port"] == want and target == want, f"Service port {name}"
+
+    pdb = one(objects, "PodDisruptionBudget")
+    assert selects(pdb["spec"]["selector"], labels)
+    replicas = dep["spec"]["replicas"]
+    assert replicas >= 2
+    assert 1 <= pdb["spec"].get("maxUnavailable", 1) < replicas
+
+    np = one(objects, "NetworkPolicy")
+    assert selects(np["spec"]["podSelector"], labels)
+    assert np["spec"]["policyTypes"] == ["Ingress"]
+    admitted: dict[str, set[int]] = {}
+    for rule in np["spec"]["ingress"]:
+        (peer,) = rule["from"]
+        assert set(peer) == {"namespaceSelector"}
+        (nsname,) = peer["namespaceSelector"]["matchLabels"].items()
+        assert nsname[0] == "kubernetes.io/metadata.name"
+        admitted[nsname[1]] = {p["port"] for p in rule["ports"]} if all(p.get("protocol", "TCP") == "TCP" for p in rule["ports"]) else set()
+    assert admitted == {"training": {cfg.port}, "monitoring": {cfg.metrics_port}}
+    job = one(load_examples(), "Job")
+    assert job["metadata"]["namespace"] in admitted and cfg.port in admitted[job["metadata"]["namespace"]], \
+        "the example training Job's namespace must be admitted to the gRPC port"
+
+
+# --- examples: the training Job and Kueue -----------------------------------------------------
+
+_QUANTITY = re.compile(r"^([0-9.]+)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
+_UNITS = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def quantity(q) -> float:
+    m = _QUANTITY.match(str(q))
+    assert m, f"unsupported quantity {q!r}"
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def pod_requests(pod: dict) -> dict[str, float]:
+    """What Kueue (and the scheduler) count for a pod: max(any init container, sum of containers)."""
+    def req(c):
+        r = dict((c.get("resources") or {}).get("limits") or {})
+        r.update((c.get("resources") or {}).get("requests") or {})
+        return {k: quantity(v) for k, v in r.items()}
+
+    total: dict[str, float] = {}
+    for c in pod["containers"]:
+        for k, v in req(c).items():
+            total[k] = total.get(k, 0) + v
+    for c in pod.get("initContainers") or []:
+        for k, v in req(c).items():
+            total[k] = max(total.get(k, 0), v)
+    return total
+
+
+def test_training_job_init_container():
+    objects = load_examples()
+    job = one(objects, "Job")
+    pod = job["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    cmd = init["command"]
+    assert cmd[0] == "modelinit"
+    args = parse_cli(cmd[1:])
+    assert args.command == "init"
+    assert args.seed == 42 and args.out == "/ckpt" and args.quiet
+
+    # The target is the headless Service of the rendered server manifests, on its gRPC port.
+    server_objects = render.render(K8S / "overlays" / "gpu")
+    svc = one(server_objects, "Service", "modelinit")
+    grpc_port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc")
+    assert args.server == f"dns:///{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local:{grpc_port}"
+
+    # The token: MODELINIT_TOKEN from a Secret, which the CLI reads as --token's default.
+    (tok,) = [e for e in init["env"] if e["name"] == "MODELINIT_TOKEN"]
+    assert tok["valueFrom"]["secretKeyRef"] == {"name": "modelinit-token", "key": "token"}
+    assert "--token" not in cmd
+
+
+def test_cli_reads_the_token_from_the_environment(monkeypatch):
+    monkeypatch.setenv("MODELINIT_TOKEN", "s3cret")
+    cmd = one(load_examples(), "Job")["spec"]["template"]["spec"]["initContainers"][0]["command"]
+    assert parse_cli(cmd[1:]).token == "s3cret"
+
+
+def test_training_job_shares_the_weights_volume():
+    pod = one(load_examples(), "Job")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    args = parse_cli(init["command"][1:])
+
+    def volume_at(c, path):
+        ms = [m for m in c["volumeMounts"] if m["mountPath"] == path]
+        assert ms, f"{c['name']} mounts nothing at {path}"
+        return ms[0]
+
+    init_mount = volume_at(init, args.out)
+    assert not init_mount.get("readOnly")
+    (trainer,) = pod["containers"]
+    assert volume_at(trainer, args.out)["name"] == init_mount["name"]
+    assert args.out in " ".join(trainer["command"] + trainer.get("args", [])), "the trainer starts from the weights"
+    assert init_mount["name"] in {v["name"] for v in pod["volumes"]}
+    assert init["securityContext"]["readOnlyRootFilesystem"] is True
+    assert any(m["mountPath"] == "/tmp" for m in init["volumeMounts"])
+
+
+def test_kueue_objects():
+    objects = load_examples()
+    kueue = [o for o in objects if o["apiVersion"].startswith("kueue.x-k8s.io/")]
+    assert all(o["apiVersion"] == KUEUE_API for o in kueue)
+    assert sorted(o["kind"] for o in kueue) == ["ClusterQueue", "LocalQueue", "ResourceFlavor"]
+    flavor, cq, lq = (one(kueue, k) for k in ("ResourceFlavor", "ClusterQueue", "LocalQueue"))
+    for cluster_scoped in (flavor, cq):
+        assert "namespace" not in cluster_scoped["metadata"]
+    job = one(objects, "Job")
+
+    # Job -> LocalQueue -> ClusterQueue -> ResourceFlavor.
+    assert job["spec"]["suspend"] is True, "Kueue admits a Job by unsuspending it"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == lq["metadata"]["name"]
+    assert lq["metadata"]["namespace"] == job["metadata"]["namespace"]
+    assert lq["spec"]["clusterQueue"] == cq["metadata"]["name"]
+    ns = one(objects, "Namespace")
+    assert ns["metadata"]["name"] == job["metadata"]["namespace"]
+    ns_labels = {**ns["metadata"].get("labels", {}), "kubernetes.io/metadata.name": ns["metadata"]["name"]}
+    assert selects(cq["spec"]["namespaceSelector"], ns_labels), "the ClusterQueue must accept the training namespace"
+
+    # Resource groups: flavors exist, list exactly the covered resources (Kueue requires the same
+    # order), and cover what the Job's pod requests, with enough quota to admit it.
+    flavors = {flavor["metadata"]["name"]}
+    requests = pod_requests(job["spec"]["template"]["spec"])
+    covered_all = set()
+    for group in cq["spec"]["resourceGroups"]:
+        covered = group["coveredResources"]
+        covered_all |= set(covered)
+        for f in group["flavors"]:
+            assert f["name"] in flavors, f"ClusterQueue flavor {f['name']} has no ResourceFlavor"
+            assert [r["name"] for r in f["resources"]] == covered
+            for r in f["resources"]:
+                need = requests.get(r["name"], 0) * job["spec"].get("parallelism", 1)
+                assert quantity(r["nominalQuota"]) >= need, f"quota for {r['name']} cannot admit the example Job"
+    assert set(requests) <= covered_all, f"the Job requests {set(requests) - covered_all}, which no resource group covers"
+
+
+# --- docs -------------------------------------------------------------------------------------
+
+def test_docs_reference_existing_files():
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    for o in OVERLAYS:
+        assert f"deploy/k8s/overlays/{o}" in text
+    # Repository paths (not kubectl's `deploy/NAME` resource shorthand).
+    for path in set(re.findall(r"\b(deploy/(?:k8s|examples)/[\w./-]*\w|deploy/Dockerfile(?:\.\w+)*|deploy/render\.py)", text)):
+        assert (ROOT / path).exists(), f"docs/deploy.md names {path}, which does not exist"
+    assert "What was validated here" in text
+
+
+# --- the renderer -----------------------------------------------------------------------------
+
+def _write(tmp_path: pathlib.Path, files: dict[str, object]) -> None:
+    for name, content in files.items():
+        p = tmp_path / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(content if isinstance(content, str) else yaml.safe_dump_all(content, sort_keys=False))
+
+
+KUSTOMIZATION = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
+BASE_DEPLOYMENT = {
+    "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x", "namespace": "n"},
+    "spec": {"replicas": 1, "template": {"spec": {
+        "containers": [{"name": "a", "image": "reg:5000/team/app:1.0", "args": ["--x"],
+                        "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
+                        "ports": [{"containerPort": 1}]}],
+        "tolerations": [{"key": "k1", "operator": "Exists"}],
+        "volumes": [{"name": "v1", "emptyDir": {}}]}}},
+}
+BASE_SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x", "namespace": "n"},
+                "spec": {"ports": [{"name": "a", "port": 1}]}}
+
+
+def _overlay(tmp_path, patches=None, images=None, extra=None):
+    _write(tmp_path, {
+        "base/kustomization.yaml": [{**KUSTOMIZATION, "resources": ["objects.yaml"]}],
+        "base/objects.yaml": [BASE_DEPLOYMENT, BASE_SERVICE],
+        "ov/kustomization.yaml": [{**KUSTOMIZATION, "resources": ["../base"],
+                                   **({"patches": patches} if patches else {}),
+                                   **({"images": images} if images else {}), **(extra or {})}],
+    })
+    return {(o["kind"]): o for o in render.render(tmp_path / "ov")}
+
+
+def test_render_strategic_merge(tmp_path):
+    patch = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"},
+             "spec": {"replicas": None, "template": {"spec": {
+                 "containers": [{"name": "b", "image": "b"},
+                                {"name": "a", "args": ["--y"], "env": [{"name": "C", "value": "3"}, {"name": "A", "value": "9"}],
+                                 "ports": [{"containerPort": 2}]}],
+                 "tolerations": [{"key": "k2", "operator": "Exists"}],
+                 "volumes": [{"name": "v2", "emptyDir": {}}]}}}}
+    svc_patch = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x", "namespace": "n"},
+                 "spec": {"ports": [{"name": "b", "port": 2}]}}
+    out = _overlay(tmp_path, patches=[{"patch": yaml.safe_dump(patch)}, {"patch": yaml.safe_dump(svc_patch)}])
+    spec = out["Deployment"]["spec"]
+    assert "replicas" not in spec  # null deletes
+    b, a = spec["template"]["spec"]["containers"]  # kustomize's order: the patch's elements first
+    assert b == {"name": "b", "image": "b"}
+    assert a["image"] == "reg:5000/team/app:1.0"
+    assert a["args"] == ["--y"]  # no merge key: replaced
+    assert a["env"] == [{"name": "C", "value": "3"}, {"name": "A", "value": "9"}, {"name": "B", "value": "2"}]
+    assert [p["containerPort"] for p in a["ports"]] == [2, 1]
+    assert spec["template"]["spec"]["tolerations"] == [{"key": "k2", "operator": "Exists"}]
+    assert [v["name"] for v in spec["template"]["spec"]["volumes"]] == ["v2", "v1"]
+    assert [p["port"] for p in out["Service"]["spec"]["ports"]] == [2, 1]  # Service ports merge by port
+
+
+def test_render_json6902_and_images(tmp_path):
+    ops = [{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--z"},
+           {"op": "add", "path": "/spec/template/spec/containers/0/args/0", "value": "--first"},
+           {"op": "replace", "path": "/spec/replicas", "value": 3},
+           {"op": "test", "path": "/metadata/name", "value": "x"},
+           {"op": "add", "path": "/metadata/annotations", "value": {"a~b/c": "1"}},
+           {"op": "remove", "path": "/metadata/annotations/a~0b~1c"}]
+    out = _overlay(tmp_path, patches=[{"patch": yaml.safe_dump(ops), "target": {"kind": "Deployment", "name": "x"}}],
+                   images=[{"name": "reg:5000/team/app", "newName": "example.com/app", "newTag": "2.0"}])
+    dep = out["Deployment"]
+    assert dep["spec"]["replicas"] == 3
+    assert dep["metadata"]["annotations"] == {}
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"] == ["--first", "--x", "--z"]
+    assert c["image"] == "example.com/app:2.0"
+
+
+@pytest.mark.parametrize("image, entry, want", [
+    ("app", {"newTag": "1"}, "app:1"),
+    ("app:1", {"newName": "r/app"}, "r/app:1"),
+    ("app:1", {"digest": "sha256:" + "0" * 64}, "app@sha256:" + "0" * 64),
+    ("app@sha256:" + "1" * 64, {"newTag": "2"}, "app:2"),
+    ("other:1", {"newTag": "2"}, "other:1"),
+])
+def test_render_set_image(image, entry, want):
+    obj = {"spec": {"initContainers": [{"name": "i", "image": image}]}}
+    render.set_image(obj, "app", new_name=entry.get("newName"), new_tag=entry.get("newTag"), digest=entry.get("digest"))
+    assert obj["spec"]["initContainers"][0]["image"] == want
+
+
+@pytest.mark.parametrize("bad", [
+    {"extra": {"namePrefix": "p-"}},
+    {"extra": {"namespace": "other"}},
+    {"patches": [{"patch": "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: nope}\n"}]},
+    {"patches": [{"patch": "- {op: move, from: /a, path: /b}\n", "target": {"kind": "Deployment"}}]},
+    {"patches": [{"patch": "- {op: add, path: /spec/x, value: 1}\n"}]},  # JSON 6902 without target
+    {"patches": [{"patch": "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {$patch: replace}\n"}]},
+    {"patches": [{"patch": "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {template: {spec: "
+                           "{volumes: [{name: new, $patch: delete}]}}}\n"}]},
+    {"patches": [{"patch": "- {op: replace, path: /spec/nothing, value: 1}\n", "target": {"kind": "Deployment"}}]},
+    {"patches": [{"path": "p.yaml", "target": {"labelSelector": "a=b"}}]},
+])
+def test_render_refuses_what_it_does_not_implement(tmp_path, bad):
+    (tmp_path / "ov").mkdir()
+    (tmp_path / "ov" / "p.yaml").write_text("- {op: add, path: /spec/x, value: 1}\n")
+    with pytest.raises(render.KustomizeFeatureError):
+        _overlay(tmp_path, patches=bad.get("patches"), extra=bad.get("extra"))
+
+
+def test_render_refuses_duplicates(tmp_path):
+    _write(tmp_path, {"k/kustomization.yaml": [{**KUSTOMIZATION, "resources": ["a.yaml", "b.yaml"]}],
+                      "k/a.yaml": [BASE_SERVICE], "k/b.yaml": [BASE_SERVICE]})
+    with pytest.raises(render.KustomizeFeatureError, match="twice"):
+        render.render(tmp_path / "k")
+
+
+def test_render_cli(tmp_path, capsys):
+    assert render.main([str(K8S / "overlays" / "cpu")]) == 0
+    objects = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o]
+    assert objects == render.render(K8S / "overlays" / "cpu")
+    assert render.main([str(tmp_path)]) == 1
