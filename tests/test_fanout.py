@@ -39,7 +39,8 @@ def test_two_replicas_in_parallel_equal_one_server(two_servers, tmp_path, refere
         result = c.init_model(MEDIUM, seed=7, out_dir=tmp_path, max_shard_size="16MB", parallel=2)
         served = c.last_served
     assert read_folder(tmp_path) == reference
-    assert len(result.files) == 6 and all(n >= 1 for n in served.values()), served  # 4 shards, index, config
+    assert len(result.files) == len(reference) - 1  # every file but modelinit.json
+    assert all(n >= 1 for n in served.values()), served
     assert all(_files_served(s) >= 1 for s in two_servers)  # the servers' own count agrees
 
 

@@ -27,8 +27,10 @@ from modelinit_server.servicer import StreamPolicy
 
 from .conftest import TINY, ServerProcess, read_folder
 
-#: ~42 MB of float32 in 3 shards: long enough to interrupt, quick to make.
-MEDIUM = {**TINY["llama"], "vocab_size": 8192, "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2,
+#: ~99 MB of float32 in 16 MB shards: far more than a stream's buffers on both ends (~40 MB of
+#: segments, gRPC windows and socket buffers), so a stream interrupted after 20 MB really is
+#: interrupted; still quick to make.
+MEDIUM = {**TINY["llama"], "vocab_size": 16384, "hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 2,
           "num_attention_heads": 8, "num_key_value_heads": 4}
 FAST_RETRY = RetryPolicy(deadline=60, initial_backoff=0.05, max_backoff=0.5)
 
@@ -171,7 +173,10 @@ def test_sixteen_concurrent_clients_and_a_seventeenth_refused(tmp_path):
     gate = threading.Event()
     started = threading.Semaphore(0)
     results: dict[int, object] = {}
-    specs = [{**TINY["llama"], "hidden_size": 64 + 16 * (i % 4), "intermediate_size": 4096, "vocab_size": 4096 + i} for i in range(16)]
+    # ~70 MB each: more than a stalled stream's buffers (segments + gRPC window), so a held
+    # client really holds its stream open on the server.
+    specs = [{**TINY["llama"], "hidden_size": 256 + 64 * (i % 2), "intermediate_size": 8192, "vocab_size": 8192 + i}
+             for i in range(16)]
 
     def run(i: int) -> None:
         first = [True]
@@ -384,11 +389,21 @@ def test_malformed_request_bytes_get_a_status_not_a_crash(fuzz_server, raw, meth
     assert fuzz_server.running.servicer.inflight == 0
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_sigterm_past_the_grace_period_client_resumes_on_another_replica(tmp_path, reference, caplog):
     a = ServerProcess("--grace", "0.3")
-    b = ServerProcess()
-    ports = [s.target.rsplit(":", 1)[1] for s in (a, b)]
-    target = f"ipv4:127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}"  # two replicas behind one name
+    port_b = _free_port()
+    # Two replicas behind one name; the second comes up only as the first drains, so the
+    # stream surely starts on the first.
+    target = f"ipv4:127.0.0.1:{a.target.rsplit(':', 1)[1]},127.0.0.1:{port_b}"
+    servers = [a]
     signalled = threading.Event()
     seen = [0]
 
@@ -397,7 +412,7 @@ def test_sigterm_past_the_grace_period_client_resumes_on_another_replica(tmp_pat
         if seen[0] > 20_000_000 and not signalled.is_set():
             signalled.set()
             a.proc.send_signal(signal.SIGTERM)
-            time.sleep(1.0)  # a slow reader: the grace period runs out under this stream
+            servers.append(ServerProcess("--port", str(port_b)))  # takes longer than a's grace period
 
     try:
         with modelinit.Client(target, retry=FAST_RETRY) as c, caplog.at_level("WARNING", logger="modelinit.client"):
@@ -405,9 +420,9 @@ def test_sigterm_past_the_grace_period_client_resumes_on_another_replica(tmp_pat
         assert a.proc.wait(30) == 0
         assert any("resuming model-" in r.getMessage() for r in caplog.records)  # the stream was cut and resumed
     finally:
-        a.stop()
-        b.stop()
-    assert signalled.is_set()
+        for s in servers:
+            s.stop()
+    assert signalled.is_set() and len(servers) == 2
     assert read_folder(tmp_path) == reference
 
 
