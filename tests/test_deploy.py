@@ -80,19 +80,9 @@ def parse_cli(argv: list[str]):
 
 def server_config(args):
     """The ServerConfig `modelinit serve` would build from these args (validates ranges, TLS pairs)."""
-    from modelinit_server.limits import Limits
-    from modelinit_server.server import ServerConfig
-    from modelinit_server.servicer import StreamPolicy
+    from modelinit.cli import server_config as build
 
-    return ServerConfig(
-        host=args.host, port=args.port, device=args.device, workers=args.workers, grace=args.grace,
-        shutdown_delay=args.shutdown_delay,
-        limits=Limits(max_params=args.max_params, max_dim=args.max_dim, max_rank=args.max_rank,
-                      max_tensors=args.max_tensors, max_request_bytes=args.max_request_bytes),
-        streams=StreamPolicy(max_streams=args.max_streams, idle_timeout=args.idle_timeout),
-        tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, token=args.token or None,
-        metrics_port=args.metrics_port, metrics_host=args.metrics_host, reflection=args.reflection,
-    )
+    return build(args)
 
 
 def by_kind(objects: list[dict], kind: str) -> list[dict]:

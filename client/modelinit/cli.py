@@ -172,24 +172,31 @@ def connect(args: argparse.Namespace):
     return Client(args.server, tls=args.tls, ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, token=token or None, retry=retry)
 
 
+def server_config(args: argparse.Namespace):
+    """The ServerConfig of ``modelinit serve ARGS`` (ValueError naming the bad flag)."""
+    from modelinit_server.limits import Limits
+    from modelinit_server.server import ServerConfig
+    from modelinit_server.servicer import StreamPolicy
+
+    return ServerConfig(
+        host=args.host, port=args.port, device=args.device, workers=args.workers, grace=args.grace,
+        shutdown_delay=args.shutdown_delay,
+        limits=Limits(max_params=args.max_params, max_dim=args.max_dim, max_rank=args.max_rank,
+                      max_tensors=args.max_tensors, max_request_bytes=args.max_request_bytes),
+        streams=StreamPolicy(max_streams=args.max_streams, idle_timeout=args.idle_timeout),
+        tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, token=args.token or None,
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host, reflection=args.reflection,
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
-        from modelinit_server.limits import Limits
         from modelinit_server.observability import configure_logging
-        from modelinit_server.server import ServerConfig, serve
-        from modelinit_server.servicer import StreamPolicy
+        from modelinit_server.server import serve
     except ImportError as e:
         return _fail(f"serving needs the server extra ({e}); pip install 'modelinit[server]'", 1)
     try:
-        config = ServerConfig(
-            host=args.host, port=args.port, device=args.device, workers=args.workers, grace=args.grace,
-            shutdown_delay=args.shutdown_delay,
-            limits=Limits(max_params=args.max_params, max_dim=args.max_dim, max_rank=args.max_rank,
-                          max_tensors=args.max_tensors, max_request_bytes=args.max_request_bytes),
-            streams=StreamPolicy(max_streams=args.max_streams, idle_timeout=args.idle_timeout),
-            tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, token=args.token or None,
-            metrics_port=args.metrics_port, metrics_host=args.metrics_host, reflection=args.reflection,
-        )
+        config = server_config(args)
         configure_logging(args.log_format, args.log_level)
     except ValueError as e:
         return _fail(str(e), 2)

@@ -26,6 +26,13 @@ def _read_pem(arg: str, path: str | None) -> bytes | None:
     if path is None:
         return None
     marker, fix = _WHAT[arg]
+    return read_pem(arg, path, marker, fix)
+
+
+def read_pem(arg: str, path: str, marker: str, fix: str) -> bytes:
+    """The PEM file at ``path``; ValueError naming ``arg`` and saying ``fix`` when it cannot be
+    read or holds no ``marker`` block (``CERTIFICATE``, ``PRIVATE KEY``). The server's TLS
+    loader uses it too."""
     try:
         with open(path, "rb") as f:
             data = f.read()

@@ -22,6 +22,7 @@ import logging
 from typing import Callable, Iterable, Sequence
 
 import grpc
+from modelinit.credentials import read_pem
 
 log = logging.getLogger("modelinit.security")
 
@@ -53,14 +54,7 @@ def check_tls_args(cert: str | None, key: str | None, client_ca: str | None = No
 
 def _read_pem(flag: str, path: str) -> bytes:
     marker, fix = _WHAT[flag]
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ValueError(f"{flag}: cannot read {str(path)!r} ({e.strerror or e}); {fix}") from None
-    if b"-----BEGIN" not in data or marker.encode() not in data:
-        raise ValueError(f"{flag}: {str(path)!r} is not a PEM file (no '-----BEGIN ...{marker}-----' block); {fix}")
-    return data
+    return read_pem(flag, path, marker, fix)
 
 
 def load_server_credentials(cert: str, key: str, client_ca: str | None = None) -> grpc.ServerCredentials:
