@@ -192,11 +192,12 @@ class Client:
         retry: RetryPolicy | None = None,
     ) -> None:
         self._local = None
-        self._channel = None
         self._channels: list = []
         self.target = target
         self.targets: tuple[str, ...] = ()
         """Server targets (``target`` split at commas); empty when embedded."""
+        self.last_served: dict[str, int] = {}
+        """After a fanned-out ``init_model``: how many files each target finished."""
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         if target is None:
@@ -221,7 +222,6 @@ class Client:
                                   for t in self.targets]
             except ValueError as e:
                 raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-            self._channel = self._channels[0]
             self._stubs = [pb_grpc.ModelInitStub(ch) for ch in self._channels]
             self._stub = self._stubs[0]
 

@@ -94,11 +94,10 @@ class Running:
     """A started server: its port, its backend, metrics, and how to stop it."""
 
     def __init__(self, server: grpc.aio.Server, port: int, backend: Backend, health_servicer: health.aio.HealthServicer,
-                 executor: ThreadPoolExecutor, servicer: ModelInitServicer, metrics: Metrics, metrics_port: int | None,
-                 config: ServerConfig):
+                 executor: ThreadPoolExecutor, servicer: ModelInitServicer, metrics: Metrics, metrics_port: int | None):
         self.server, self.port, self.backend = server, port, backend
         self.servicer, self.metrics, self.metrics_port = servicer, metrics, metrics_port
-        self._health, self._executor, self._config = health_servicer, executor, config
+        self._health, self._executor = health_servicer, executor
 
     async def stop(self, grace: float | None, delay: float = 0.0) -> None:
         """Health -> NOT_SERVING, wait ``delay`` seconds (still serving), stop accepting calls,
@@ -144,7 +143,7 @@ async def start(config: ServerConfig) -> Running:
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return Running(server, port, backend, health_servicer, executor, servicer, metrics, metrics_port, config)
+    return Running(server, port, backend, health_servicer, executor, servicer, metrics, metrics_port)
 
 
 def serve(config: ServerConfig, ready=print) -> None:
