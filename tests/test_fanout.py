@@ -97,3 +97,15 @@ def test_split_targets():
     assert split_targets("ipv4:10.0.0.1:1,10.0.0.2:1") == ("ipv4:10.0.0.1:1,10.0.0.2:1",)
     with pytest.raises(ModelInitError, match="empty target"):
         split_targets("a:1,,b:2")
+
+
+def test_one_name_for_several_replicas_is_balanced_call_by_call(two_servers, tmp_path, reference):
+    """A name resolving to both replicas (what dns:/// gives in Kubernetes; ipv4: lists the same
+    addresses on loopback): one channel, round-robin, the files spread over both."""
+    ports = [s.target.rsplit(":", 1)[1] for s in two_servers]
+    target = f"ipv4:127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}"
+    with modelinit.Client(target) as c:
+        assert c.targets == (target,)
+        c.init_model(MEDIUM, seed=7, out_dir=tmp_path, max_shard_size="16MB", parallel=2)
+    assert read_folder(tmp_path) == reference
+    assert all(_files_served(s) >= 1 for s in two_servers)
