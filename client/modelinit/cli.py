@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = client.init_model(args.spec, out_dir=args.out, progress=not args.quiet and sys.stderr.isatty(),
                                            fsync=args.fsync, direct_io=not args.buffered_io, parallel=args.parallel, **kwargs)
                 shards = sum(f.name.endswith(".safetensors") for f in result.files)
-                print(f"wrote {result.total_params:,} parameters ({result.total_bytes / 1e9:.2f} GB) in {shards} shard(s) "
+                verb = "already complete (verified, nothing written):" if result.reused else "wrote"
+                print(f"{verb} {result.total_params:,} parameters ({result.total_bytes / 1e9:.2f} GB) in {shards} shard(s) "
                       f"to {result.path}; fingerprint {result.fingerprint[:16]}")
             elif args.command == "explain":
                 _print_explain(client.plan(args.spec, **kwargs), args.json)
