@@ -147,30 +147,21 @@ def main(argv: list[str] | None = None) -> int:
 def connect(args: argparse.Namespace):
     """The Client the command line asks for: embedded, or a server with its TLS, token and retry
     options. ModelInitError for a bad option."""
+    import grpc
+
     from .client import Client, RetryPolicy
+    from .credentials import load_token
+    from .errors import ModelInitError
 
     if args.server is None:
         return Client(device=args.device)
     try:
         retry = RetryPolicy(deadline=args.retry_deadline)
+        token = load_token(args.token or None)
     except ValueError as e:
-        import grpc
-
-        from .errors import ModelInitError
-
-        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"retry_{e}") from None
-    token = args.token
-    if token and token.startswith("@"):
-        try:
-            with open(token[1:], encoding="utf-8") as fh:
-                token = fh.read().strip()
-        except OSError as e:
-            import grpc
-
-            from .errors import ModelInitError
-
-            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"token: cannot read {token[1:]!r} ({e.strerror})") from None
-    return Client(args.server, tls=args.tls, ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, token=token or None, retry=retry)
+        message = str(e)
+        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, message if message.startswith("token") else f"retry_{message}") from None
+    return Client(args.server, tls=args.tls, ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, token=token, retry=retry)
 
 
 def server_config(args: argparse.Namespace):

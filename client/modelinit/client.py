@@ -7,10 +7,11 @@ import logging
 import os
 import pathlib
 import random
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Union
 
 import grpc
@@ -255,17 +256,19 @@ class Client:
             except grpc.RpcError as e:
                 backoff.wait_or_raise(ModelInitError.from_rpc(e))
 
-    def _events(self, request: pb.ModelRequest, plan: pb.PlanResponse | None = None):
-        """The files' events from the local engine or the server's stream (resumed after a lost
-        connection when ``plan`` is given); closing it stops the producer."""
+    def _events(self, request: pb.ModelRequest, plan: pb.PlanResponse):
+        """Every file's events from the local engine, or from the server's stream, resumed after
+        a lost connection; closing it stops the producer."""
         if self._local is not None:
             try:
                 return self._local.events(request)
             except ValueError as e:  # e.g. the requested device's engine is unavailable
                 raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        if plan is None:
-            return _RpcEvents(self._stub.Init(pb.InitRequest(request=request), timeout=self.timeout, metadata=_metadata()))
-        return _ResumingEvents(self, request, plan)
+        return _ResumingEvents(self._replicas(plan.fingerprint), request, plan, None, 0, self.retry, self.timeout)
+
+    def _replicas(self, fingerprint: str) -> "_Replicas":
+        """The servers, the first known to plan ``fingerprint`` (``_plan`` asked it)."""
+        return _Replicas(self._stubs, self.targets, fingerprint, self.timeout, checked={0})
 
     def init_model(
         self,
@@ -300,139 +303,140 @@ class Client:
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"parallel: must be an integer >= 1, got {parallel!r}")
         request = model_request(spec, seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size)
         plan = self._plan(request)
-        names = [check_file_name(f.name) for f in plan.files]
+        for f in plan.files:  # before anything is written
+            check_file_name(f.name)
         out = pathlib.Path(out_dir)
         reused = _reuse(out, plan)
         if reused is not None:
             return reused
         out.mkdir(parents=True, exist_ok=True)
         (out / MANIFEST_FILE).unlink(missing_ok=True)  # the folder is incomplete from here on
-        if self._local is None and (parallel > 1 or len(self._stubs) > 1):
-            written = self._fan_out(request, plan, out, names, progress, fsync, direct_io, parallel)
-        else:
-            written = self._stream(request, plan, out, names, progress, fsync, direct_io)
+        bar = _progress_bar(progress, sum(f.size for f in plan.files))
+        try:
+            if self._local is None and (parallel > 1 or len(self._stubs) > 1):
+                from .fanout import fetch
+
+                written, self.last_served = fetch(self, request, plan, out, parallel, bar, fsync, direct_io)
+            else:
+                written = write_files(self._events(request, plan), plan, out, range(len(plan.files)), bar, fsync, direct_io)
+        finally:
+            bar(None)
         manifest = _manifest(plan, written)
         _atomic_write(out / MANIFEST_FILE, manifest, fsync)
         return InitResult(out, plan.fingerprint, tuple(written), plan.total_params, plan.total_bytes, plan.algorithm_version)
 
-    def _fan_out(self, request, plan, out, names, progress, fsync, direct_io, parallel) -> list[FileResult]:
-        from .fanout import Fetcher
 
-        bar = _progress_bar(progress, sum(f.size for f in plan.files))
-        fetcher = Fetcher(self._stubs, self.targets, request, plan, parallel=parallel, retry=self.retry, timeout=self.timeout,
-                          progress=bar, fsync=fsync, direct_io=direct_io)
-        try:
-            written = fetcher.run(out, names)
-        finally:
-            bar(None)
-        self.last_served = dict(fetcher.served)
-        return written
-
-    def _stream(self, request, plan, out, names, progress, fsync, direct_io) -> list[FileResult]:
-        bar = _progress_bar(progress, sum(f.size for f in plan.files))
-        written: list[FileResult] = []
-        current = None  # (index, temp path, file object, hasher)
-        source = self._events(request, plan)
-        hasher = ThreadPoolExecutor(1, thread_name_prefix="modelinit-sha256")
-        try:
-            for event in source:
-                if isinstance(event, Data):
-                    if current is None:
-                        raise ModelInitError(grpc.StatusCode.DATA_LOSS, "stream: data before any file began")
-                    # Hash on a second thread while this one writes: both release the GIL.
-                    hashed = hasher.submit(current[3].update, event.data)
-                    current[2].write(event.data)
-                    hashed.result()
-                    bar(len(event.data))
-                elif isinstance(event, Begin):
-                    if event.index >= len(names) or event.name != names[event.index] or event.offset != 0 or current is not None:
-                        raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: unexpected file {event.name!r} (index {event.index})")
-                    tmp = out / f".{event.name}.partial"
-                    current = (event.index, tmp, DirectFile(tmp, direct_io), hashlib.sha256())
-                else:
-                    if current is None or event.index != current[0]:
-                        raise ModelInitError(grpc.StatusCode.DATA_LOSS, "stream: a file ended that never began")
-                    index, tmp, fh, digest = current
-                    size = fh.size
-                    fh.close(fsync)
-                    current = None
-                    expected = plan.files[index]
-                    got = digest.hexdigest()
-                    if size != expected.size or event.sha256 not in (None, got):
-                        tmp.unlink(missing_ok=True)
-                        raise ModelInitError(
-                            grpc.StatusCode.DATA_LOSS,
-                            f"{expected.name}: received {size} bytes with SHA-256 {got}, "
-                            f"server says {expected.size} bytes with {event.sha256}",
-                        )
-                    os.replace(tmp, out / expected.name)
-                    written.append(FileResult(expected.name, size, got))
-        finally:
-            source.close()  # a no-op after a complete stream; otherwise the producer stops now
-            hasher.shutdown()
-            if current is not None:  # interrupted mid-file: leave nothing half-written behind
-                current[2].abort()
-                current[1].unlink(missing_ok=True)
-            bar(None)
-        if [w.name for w in written] != names:
-            raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: ended after {len(written)} of {len(names)} files")
-        return written
+def write_files(source, plan: pb.PlanResponse, out: pathlib.Path, indices, progress: Callable[[int], None],
+                fsync: bool, direct_io: bool) -> list[FileResult]:
+    """Write the files ``indices`` (in that order) from ``source``'s events into ``out``: each to
+    a hidden temp file (``O_DIRECT`` where allowed), hashed on a second thread while it is
+    written, checked against the producer's size and SHA-256, then renamed into place. Closes
+    ``source``; an interrupted file is deleted."""
+    indices = list(indices)
+    written: list[FileResult] = []
+    current = None  # (index, temp path, file object, hasher)
+    hasher = ThreadPoolExecutor(1, thread_name_prefix="modelinit-sha256")
+    try:
+        for event in source:
+            if isinstance(event, Data):
+                if current is None:
+                    raise ModelInitError(grpc.StatusCode.DATA_LOSS, "stream: data before any file began")
+                # Hash on a second thread while this one writes: both release the GIL.
+                hashed = hasher.submit(current[3].update, event.data)
+                current[2].write(event.data)
+                hashed.result()
+                progress(len(event.data))
+            elif isinstance(event, Begin):
+                expected_index = indices[len(written)] if len(written) < len(indices) else None
+                if event.index != expected_index or event.name != plan.files[event.index].name or event.offset != 0 or current is not None:
+                    raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: unexpected file {event.name!r} (index {event.index})")
+                tmp = out / f".{event.name}.partial"
+                current = (event.index, tmp, DirectFile(tmp, direct_io), hashlib.sha256())
+            else:
+                if current is None or event.index != current[0]:
+                    raise ModelInitError(grpc.StatusCode.DATA_LOSS, "stream: a file ended that never began")
+                index, tmp, fh, digest = current
+                size = fh.size
+                fh.close(fsync)
+                current = None
+                expected = plan.files[index]
+                got = digest.hexdigest()
+                if size != expected.size or event.sha256 not in (None, got):
+                    tmp.unlink(missing_ok=True)
+                    raise ModelInitError(
+                        grpc.StatusCode.DATA_LOSS,
+                        f"{expected.name}: received {size} bytes with SHA-256 {got}, "
+                        f"server says {expected.size} bytes with {event.sha256}",
+                    )
+                os.replace(tmp, out / expected.name)
+                written.append(FileResult(expected.name, size, got))
+    finally:
+        source.close()  # a no-op after a complete stream; otherwise the producer stops now
+        hasher.shutdown()
+        if current is not None:  # interrupted mid-file: leave nothing half-written behind
+            current[2].abort()
+            current[1].unlink(missing_ok=True)
+    if len(written) != len(indices):
+        raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: ended after {len(written)} of {len(indices)} files")
+    return written
 
 
-class _RpcEvents:
-    """A gRPC Init stream as events; RpcError becomes ModelInitError; close() cancels the call."""
+class _Replicas:
+    """The servers of one client and the plan they must agree on: a replica serves only after
+    it planned the same fingerprint (asked on first use, and again after it failed: a restarted
+    server may run another version)."""
 
-    def __init__(self, call) -> None:
-        self._call = call
+    def __init__(self, stubs: list, targets: tuple[str, ...], fingerprint: str, timeout: float | None,
+                 checked: set[int] | None = None) -> None:
+        self.stubs, self.targets, self._fingerprint, self._timeout = stubs, targets, fingerprint, timeout
+        self._checked: set[int] = set(checked or ())
+        self._lock = threading.Lock()
 
-    def __iter__(self):
-        try:
-            for msg in self._call:
-                kind = msg.WhichOneof("event")
-                if kind == "data":
-                    yield Data(msg.data)
-                elif kind == "begin":
-                    b = msg.begin
-                    yield Begin(b.index, b.name, b.size, b.offset)
-                elif kind == "end":
-                    yield End(msg.end.index, msg.end.sha256)
-        except grpc.RpcError as e:
-            raise ModelInitError.from_rpc(e) from None
+    def check(self, k: int, request: pb.ModelRequest) -> None:
+        with self._lock:
+            if k in self._checked:
+                return
+        plan = self.stubs[k].Plan(pb.PlanRequest(request=request), timeout=self._timeout, metadata=_metadata())
+        if plan.fingerprint != self._fingerprint:
+            raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"replica {self.targets[k]} plans different weights (fingerprint {plan.fingerprint[:16]}, "
+                                 f"expected {self._fingerprint[:16]}): are all replicas the same version?")
+        with self._lock:
+            self._checked.add(k)
 
-    def close(self) -> None:
-        self._call.cancel()
+    def failed(self, k: int) -> None:
+        with self._lock:
+            self._checked.discard(k)
 
 
 class _ResumingEvents:
-    """The Init stream of a whole plan, resumed after a lost connection: it waits (backoff),
-    plans again (the fingerprint must not have changed: another server may answer), and asks
-    for the files not yet ended, the current one from the byte it has reached. The writer sees
-    one continuous stream; the resumed file's End carries the SHA-256 of the whole file."""
+    """The Init stream of some of a plan's files, resumed after a lost connection: it waits
+    (backoff), moves to the next replica, checks its plan, and asks for the files not yet ended,
+    the current one from the byte it has reached. The writer sees one continuous stream; a
+    resumed file's End carries the SHA-256 of the whole file. ``replica`` says which server
+    served the last file."""
 
-    def __init__(self, client: "Client", request: pb.ModelRequest, plan: pb.PlanResponse) -> None:
-        self._client, self._request, self._plan = client, request, plan
+    def __init__(self, replicas: _Replicas, request: pb.ModelRequest, plan: pb.PlanResponse, files: list[int] | None,
+                 replica: int, retry: RetryPolicy, timeout: float | None) -> None:
+        self._replicas, self._request, self._plan, self._files = replicas, request, plan, files
+        self.replica = replica % len(replicas.stubs)
+        self._retry, self._timeout = retry, timeout
         self._call = None
         self._closed = False
 
     def __iter__(self):
-        client, plan = self._client, self._plan
-        backoff = _Backoff(client.retry)
-        ended: list[int] = []  # files whose End was passed on
+        plan, replicas = self._plan, self._replicas
+        backoff = _Backoff(self._retry)
+        todo = list(range(len(plan.files))) if self._files is None else list(self._files)
         current, offset = None, 0  # the file being received and its bytes so far
         resumed = False
-        while not self._closed:
-            remaining = [i for i in range(len(plan.files)) if i not in ended]
-            if not remaining:
-                return
-            init = pb.InitRequest(request=self._request)
-            if resumed:
-                init.files.extend(remaining)
-                init.offset = offset if current is not None else 0
+        while not self._closed and todo:
+            init = pb.InitRequest(request=self._request, offset=offset if current is not None else 0)
+            if resumed or self._files is not None:
+                init.files.extend(todo)
             try:
-                if resumed and client._plan(self._request).fingerprint != plan.fingerprint:
-                    raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
-                                         "the server that answered the resumed stream plans different weights (another version?)")
-                self._call = client._stub.Init(init, timeout=client.timeout, metadata=_metadata())
+                replicas.check(self.replica, self._request)
+                self._call = replicas.stubs[self.replica].Init(init, timeout=self._timeout, metadata=_metadata())
                 for msg in self._call:
                     kind = msg.WhichOneof("event")
                     if kind == "data":
@@ -449,7 +453,8 @@ class _ResumingEvents:
                         current, offset = b.index, b.offset
                         yield Begin(b.index, b.name, b.size, b.offset)
                     elif kind == "end":
-                        ended.append(msg.end.index)
+                        if msg.end.index in todo:
+                            todo.remove(msg.end.index)
                         current, offset = None, 0
                         yield End(msg.end.index, msg.end.sha256)
                 return
@@ -457,9 +462,11 @@ class _ResumingEvents:
                 error = ModelInitError.from_rpc(e)
             if self._closed:
                 return
+            replicas.failed(self.replica)
             backoff.wait_or_raise(error)
+            self.replica = (self.replica + 1) % len(replicas.stubs)
             where = f"{plan.files[current].name} at byte {offset}" if current is not None else "the next file"
-            log.warning("resuming %s", where)
+            log.warning("resuming %s on %s", where, replicas.targets[self.replica])
             resumed = True
 
     def close(self) -> None:

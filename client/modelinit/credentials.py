@@ -64,6 +64,34 @@ class _CallDetails(
     pass
 
 
+def load_token(value: str | None) -> str | None:
+    """The bearer token from a setting: the value itself, or with ``@path`` the content of that
+    file, whitespace stripped (e.g. a Kubernetes secret mount). None/unset means no token."""
+    if value is None:
+        return None
+    token = value
+    if value.startswith("@"):
+        path = value[1:]
+        try:
+            with open(path, encoding="utf-8") as f:
+                token = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise ValueError(f"token: cannot read token file {path!r} ({reason}); pass @<path to a file holding the token>") from None
+        if not token.strip():
+            raise ValueError(f"token: token file {path!r} is empty; put the token in it")
+    token = token.strip()
+    _check_token(token)
+    return token
+
+
+def _check_token(token: str) -> None:
+    if not token:
+        raise ValueError("token: empty token; pass a non-empty token or @<file>, or leave it unset to disable auth")
+    if not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
+        raise ValueError("token: must be printable ASCII without whitespace (it travels in the 'authorization' header)")
+
+
 class BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
                   grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
     """Adds ``authorization: Bearer <token>`` to the metadata of every call.
@@ -73,8 +101,7 @@ class BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterc
     """
 
     def __init__(self, token: str) -> None:
-        if not token or not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
-            raise ValueError("token: must be a non-empty printable ASCII string without whitespace")
+        _check_token(token)
         self._header = ("authorization", f"Bearer {token}")
 
     def __repr__(self) -> str:  # never show the token

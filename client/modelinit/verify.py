@@ -437,7 +437,7 @@ def _regenerate(client, manifest: dict, file_problems: dict[str, list[str]], pro
     expected = {e["name"]: e["sha256"] for e in manifest["files"]}
     done: list[str] = []
     current = None  # (name, hasher, size)
-    source = client._events(request)
+    source = client._events(request, plan)
     try:
         for event in source:
             if isinstance(event, Data):

@@ -22,7 +22,7 @@ import logging
 from typing import Callable, Iterable, Sequence
 
 import grpc
-from modelinit.credentials import read_pem
+from modelinit.credentials import load_token, read_pem  # noqa: F401 - load_token: the server's too
 
 log = logging.getLogger("modelinit.security")
 
@@ -69,32 +69,6 @@ def load_server_credentials(cert: str, key: str, client_ca: str | None = None) -
         root_certificates=roots,
         require_client_auth=roots is not None,
     )
-
-
-def load_token(value: str | None) -> str | None:
-    """The bearer token from a setting: the value itself, or with ``@path`` the content of that
-    file, whitespace stripped (e.g. a Kubernetes secret mount). None/unset means no token."""
-    if value is None:
-        return None
-    token = value
-    if value.startswith("@"):
-        path = value[1:]
-        try:
-            with open(path, encoding="utf-8") as f:
-                token = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            raise ValueError(f"token: cannot read token file {path!r} ({reason}); pass @<path to a file holding the token>") from None
-        token = token.strip()
-        if not token:
-            raise ValueError(f"token: token file {path!r} is empty; put the token in it")
-    else:
-        token = token.strip()
-        if not token:
-            raise ValueError("token: empty token; pass a non-empty token or @<file>, or leave it unset to disable auth")
-    if not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
-        raise ValueError("token: must be printable ASCII without whitespace (it travels in the 'authorization' header)")
-    return token
 
 
 def _digest(value: bytes) -> bytes:

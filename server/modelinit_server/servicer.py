@@ -61,6 +61,7 @@ class _ClientGone(Exception):
 
 
 async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str):
+    # Recorded on the context too, so that _observed reads the final status with context.code().
     context.set_code(code)
     context.set_details(message)
     await context.abort(code, message)
@@ -107,7 +108,7 @@ def _observed(method):
             raise
         finally:
             if not recorded:
-                record(context.code() or grpc.StatusCode.OK if code is grpc.StatusCode.OK else code)
+                record(code)
             request_id.reset(token)
 
     return wrapper
@@ -242,14 +243,13 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         # and a reader that takes nothing for idle_timeout seconds ends the stream.
         try:
             await asyncio.wait_for(context.write(message), self._streams.idle_timeout)
-        except Exception as e:
-            if not isinstance(e, asyncio.TimeoutError):
-                # grpc fails a write only when the call is over: cancelled, or its connection gone
-                raise _ClientGone() from None
+        except asyncio.TimeoutError:
             log.warning("Init: the client took nothing for %gs; ending the stream", self._streams.idle_timeout)
             raise _Stalled(
                 f"the client read nothing for {self._streams.idle_timeout:g}s (--idle-timeout); resume with files and offset"
             ) from None
+        except Exception:  # grpc fails a write only when the call is over: cancelled, or its connection gone
+            raise _ClientGone() from None
 
 
 def _describe(msg: pb.ModelRequest) -> str:
