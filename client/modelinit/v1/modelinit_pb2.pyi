@@ -24,26 +24,30 @@ BOUNDS_SIGMA: Bounds
 BOUNDS_ABSOLUTE: Bounds
 
 class ModelRequest(_message.Message):
-    __slots__ = ("spec", "policy", "seed", "dtype", "max_shard_size")
+    __slots__ = ("spec", "policy", "seed", "dtype", "max_shard_size", "algorithm_version")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     MAX_SHARD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_VERSION_FIELD_NUMBER: _ClassVar[int]
     spec: ModelSpec
     policy: Policy
     seed: int
     dtype: str
     max_shard_size: str
-    def __init__(self, spec: _Optional[_Union[ModelSpec, _Mapping]] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., seed: _Optional[int] = ..., dtype: _Optional[str] = ..., max_shard_size: _Optional[str] = ...) -> None: ...
+    algorithm_version: int
+    def __init__(self, spec: _Optional[_Union[ModelSpec, _Mapping]] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., seed: _Optional[int] = ..., dtype: _Optional[str] = ..., max_shard_size: _Optional[str] = ..., algorithm_version: _Optional[int] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
-    __slots__ = ("preset", "config_json")
+    __slots__ = ("preset", "config_json", "architecture")
     PRESET_FIELD_NUMBER: _ClassVar[int]
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     preset: str
     config_json: str
-    def __init__(self, preset: _Optional[str] = ..., config_json: _Optional[str] = ...) -> None: ...
+    architecture: str
+    def __init__(self, preset: _Optional[str] = ..., config_json: _Optional[str] = ..., architecture: _Optional[str] = ...) -> None: ...
 
 class Policy(_message.Message):
     __slots__ = ("preset", "rules")
@@ -156,13 +160,17 @@ class FanScaled(_message.Message):
     def __init__(self, gain: _Optional[float] = ..., negative_slope: _Optional[float] = ..., mode: _Optional[str] = ..., nonlinearity: _Optional[str] = ...) -> None: ...
 
 class PlanRequest(_message.Message):
-    __slots__ = ("request",)
+    __slots__ = ("request", "page_size", "page_token")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     request: ModelRequest
-    def __init__(self, request: _Optional[_Union[ModelRequest, _Mapping]] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, request: _Optional[_Union[ModelRequest, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class PlanResponse(_message.Message):
-    __slots__ = ("algorithm_version", "fingerprint", "request", "family", "architecture", "total_params", "total_bytes", "tensors", "files", "tied", "groups")
+    __slots__ = ("algorithm_version", "fingerprint", "request", "family", "architecture", "total_params", "total_bytes", "tensors", "files", "tied", "groups", "tensor_count", "next_page_token", "base_model_prefix", "transformers_version")
     class TiedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +189,10 @@ class PlanResponse(_message.Message):
     FILES_FIELD_NUMBER: _ClassVar[int]
     TIED_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BASE_MODEL_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    TRANSFORMERS_VERSION_FIELD_NUMBER: _ClassVar[int]
     algorithm_version: int
     fingerprint: str
     request: ModelRequest
@@ -192,7 +204,11 @@ class PlanResponse(_message.Message):
     files: _containers.RepeatedCompositeFieldContainer[FilePlan]
     tied: _containers.ScalarMap[str, str]
     groups: _containers.RepeatedCompositeFieldContainer[TensorGroup]
-    def __init__(self, algorithm_version: _Optional[int] = ..., fingerprint: _Optional[str] = ..., request: _Optional[_Union[ModelRequest, _Mapping]] = ..., family: _Optional[str] = ..., architecture: _Optional[str] = ..., total_params: _Optional[int] = ..., total_bytes: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorPlan, _Mapping]]] = ..., files: _Optional[_Iterable[_Union[FilePlan, _Mapping]]] = ..., tied: _Optional[_Mapping[str, str]] = ..., groups: _Optional[_Iterable[_Union[TensorGroup, _Mapping]]] = ...) -> None: ...
+    tensor_count: int
+    next_page_token: str
+    base_model_prefix: str
+    transformers_version: str
+    def __init__(self, algorithm_version: _Optional[int] = ..., fingerprint: _Optional[str] = ..., request: _Optional[_Union[ModelRequest, _Mapping]] = ..., family: _Optional[str] = ..., architecture: _Optional[str] = ..., total_params: _Optional[int] = ..., total_bytes: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorPlan, _Mapping]]] = ..., files: _Optional[_Iterable[_Union[FilePlan, _Mapping]]] = ..., tied: _Optional[_Mapping[str, str]] = ..., groups: _Optional[_Iterable[_Union[TensorGroup, _Mapping]]] = ..., tensor_count: _Optional[int] = ..., next_page_token: _Optional[str] = ..., base_model_prefix: _Optional[str] = ..., transformers_version: _Optional[str] = ...) -> None: ...
 
 class TensorGroup(_message.Message):
     __slots__ = ("rule", "init", "kind", "param", "roles", "shape", "example", "count", "params", "std", "effective_std", "mean", "fan_in", "fan_out", "xavier_std", "lecun_std", "ratio_xavier", "ratio_lecun", "warnings")
