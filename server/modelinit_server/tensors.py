@@ -8,8 +8,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-#: Module kinds a tensor can belong to.
-KINDS = ("linear", "embedding", "norm")
+#: Module kinds a tensor can belong to (docs/policies.md, "Kinds and roles", maps module types to them).
+KINDS = (
+    "linear",  # nn.Linear and GPT-2's Conv1D
+    "embedding",  # nn.Embedding
+    "norm",  # LayerNorm, RMSNorm and their per-family variants
+    "expert",  # one MoE expert's projection (stored per expert, as the hub holds it)
+    "router",  # an MoE router / gate (and its score-correction bias)
+    "conv",  # nn.Conv1d/2d/3d (e.g. ViT's patch projection)
+    "other",  # anything else: bare parameters (ViT cls_token), persistent buffers
+)
 
 #: Roles a tensor can play in a transformer. Policies target these (e.g. depth-scale
 #: ``attn_out`` and ``mlp_out``); ``other`` is for anything without a better name.
@@ -18,13 +26,18 @@ ROLES = (
     "attn_out",  # attention output projection (writes into the residual stream)
     "mlp_in",  # MLP input / gate / up projections
     "mlp_out",  # MLP output projection (writes into the residual stream)
+    "router",  # MoE router / expert gate
     "token_embedding",
     "position_embedding",
     "token_type_embedding",
+    "patch_embedding",  # vision patch projection
     "lm_head",  # output projection to the vocabulary (and its bias)
     "head_transform",  # the dense layer of an MLM head before the decoder
+    "classifier",  # task heads: sequence/token classification, QA, next-sentence
+    "pooler",  # BERT-style pooler dense layer
     "attn_norm",
     "mlp_norm",
+    "qk_norm",  # per-head query/key norms (Qwen3, OLMo 2, Gemma 3)
     "embedding_norm",
     "final_norm",
     "head_norm",
@@ -32,6 +45,32 @@ ROLES = (
 )
 
 PARAMS = ("weight", "bias")
+
+
+@dataclass(frozen=True)
+class HfInit:
+    """One tensor's init as transformers performs it, as concrete numbers (fans already applied).
+
+    ``kind`` is ``normal`` (mean, std), ``trunc_normal`` (mean, std, absolute bounds a, b as
+    ``torch.nn.init.trunc_normal_`` takes them), ``uniform`` (low, high) or ``constant`` (value).
+    ``zero_row``: the padding row is zeroed afterwards (``padding_idx``).
+    """
+
+    kind: str
+    mean: float = 0.0
+    std: float = 0.0
+    a: float = 0.0
+    b: float = 0.0
+    low: float = 0.0
+    high: float = 0.0
+    value: float = 0.0
+    zero_row: bool = False
+    source: str = ""
+    """The call that set it, for plans and errors, e.g. ``init.normal_(std=0.02)``."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("normal", "trunc_normal", "uniform", "constant"):
+            raise ValueError(f"hf_init: unknown kind {self.kind!r}")
 
 
 @dataclass(frozen=True)
@@ -57,6 +96,9 @@ class TensorSpec:
     """Output features of the module (``out_features`` of a Linear, ``num_embeddings`` of an Embedding)."""
     padding_idx: int | None = None
     """Row that HF zeroes at init (Embedding ``padding_idx``), ``None`` if there is none."""
+    hf_init: "HfInit | None" = None
+    """What transformers' own initialization does to this tensor, recorded from the model class
+    (generic specs); ``None`` for built-in specs, whose hf-default rules are written by family."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -99,6 +141,11 @@ class ModelSpec:
     """``config.initializer_range`` (GPT-2/BERT/Llama default 0.02)."""
     tied: Mapping[str, str] = field(default_factory=dict)
     """Tied names that are not stored, mapped to the stored tensor they share (e.g. ``lm_head.weight``)."""
+    base_model_prefix: str = ""
+    """The base-model attribute of the class (``bert``, ``model``, ``transformer``), empty for a
+    base class. Algorithm version 2 keys each tensor by its name with ``<prefix>.`` removed."""
+    transformers_version: str = ""
+    """transformers version that resolved the spec (generic path); empty for built-in specs."""
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tensors]

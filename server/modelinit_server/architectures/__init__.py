@@ -27,20 +27,24 @@ def preset_names() -> list[str]:
     return list(PRESETS)
 
 
-def from_preset(name: str) -> ModelSpec:
-    """The spec of a preset architecture; an unknown name is a ``ValueError`` listing the presets."""
+def from_preset(name: str, architecture: str = "") -> ModelSpec:
+    """The spec of a preset architecture; an unknown name is a ``ValueError`` listing the presets.
+    ``architecture`` (a class name) overrides the preset's class."""
     if not isinstance(name, str) or name not in PRESETS:
         raise ValueError(f"spec.preset: unknown preset {name!r}; use one of: {', '.join(PRESETS)}")
-    return from_config(PRESETS[name])  # from_config works on a copy
+    return from_config(PRESETS[name], architecture)  # from_config works on a copy
 
 
-def from_config(config: Mapping[str, Any] | str) -> ModelSpec:
+def from_config(config: Mapping[str, Any] | str, architecture: str = "") -> ModelSpec:
     """The spec of an HF config, given as a mapping or as ``config.json`` text.
 
-    ``model_type`` picks the family; ``architectures[0]`` the model class (the family's
-    default when absent). Bad input is a ``ValueError`` starting with ``spec.config.<field>:``.
+    ``model_type`` picks the family; ``architecture`` or else ``architectures[0]`` the model
+    class (the family's default when absent). Bad input is a ``ValueError`` starting with
+    ``spec.config.<field>:`` (or ``spec.architecture:``).
     """
     document = load_document(config)
+    if architecture:
+        document["architectures"] = [architecture]
     family = _family(document)
     architecture = _architecture(document, family)
     document["architectures"] = [architecture]
