@@ -23,6 +23,7 @@ DISTRIBUTIONS = (
     "xavier_normal",
     "kaiming_uniform",
     "kaiming_normal",
+    "recorded",
 )
 DEPTH_SCALINGS = ("none", "n_layers", "layer")
 _NONLINEARITY_GAIN = {"linear": 1.0, "sigmoid": 1.0, "relu": math.sqrt(2.0), "tanh": 5.0 / 3.0, "selu": 0.75}
@@ -84,7 +85,8 @@ class Distribution:
     """
 
     kind: str
-    """One of :data:`DISTRIBUTIONS`."""
+    """One of :data:`DISTRIBUTIONS`. ``recorded``: the tensor's own transformers rule
+    (``TensorSpec.hf_init``, learned from the model class; see docs/policies.md)."""
     mean: float = 0.0
     """normal / trunc_normal mean."""
     std: float = 0.0
@@ -161,7 +163,7 @@ class Rule:
     def __post_init__(self) -> None:
         if self.depth_scaling not in DEPTH_SCALINGS:
             raise ValueError(f"rule {self.name!r}: depth_scaling {self.depth_scaling!r} is not one of {', '.join(DEPTH_SCALINGS)}")
-        if self.depth_scaling != "none" and self.init.kind == "constant":
+        if self.depth_scaling != "none" and self.init.kind in ("constant", "recorded"):
             raise ValueError(f"rule {self.name!r}: depth_scaling does not apply to a constant")
 
 
@@ -211,8 +213,19 @@ def _norms_and_biases() -> list[Rule]:
     ]
 
 
+#: Every tensor's own recorded transformers rule (generic specs).
+_RECORDED = Distribution("recorded")
+
+
+def _recorded(model: ModelSpec) -> bool:
+    return any(t.hf_init is not None for t in model.tensors)
+
+
 def _hf_default(model: ModelSpec) -> list[Rule]:
-    """What transformers' ``_init_weights`` does for the family (see docs/policies.md)."""
+    """What transformers' ``_init_weights`` does for the family (see docs/policies.md): the rule
+    recorded from the model class itself, or for the built-in families the same rules written out."""
+    if _recorded(model):
+        return [Rule(Match(), _RECORDED, name="hf-default")]
     normal = Distribution("normal", std=model.initializer_range)
     rules = _norms_and_biases()
     if model.family == "gpt2":
@@ -231,12 +244,15 @@ def _bert_tf(model: ModelSpec) -> list[Rule]:
     trunc = Distribution("trunc_normal", std=model.initializer_range, a=-2.0, b=2.0, bounds="sigma")
     return [
         *_norms_and_biases(),
-        Rule(Match(kinds=("embedding", "linear"), params=("weight",)), trunc, name="weight"),
+        Rule(_WEIGHTS, trunc, name="weight"),
     ]
 
 
-_WEIGHTS = Match(kinds=("linear", "embedding"), params=("weight",))
-_RESIDUAL_OUT = Match(kinds=("linear",), roles=("attn_out", "mlp_out"), params=("weight",))
+#: Kinds whose weights are matrices a preset draws: projections (and MoE experts and routers), tables, convolutions.
+_MATRIX_KINDS = ("linear", "expert", "router", "conv")
+_WEIGHTS = Match(kinds=(*_MATRIX_KINDS, "embedding"), params=("weight",))
+_RESIDUAL_OUT = Match(kinds=("linear", "expert"), roles=("attn_out", "mlp_out"), params=("weight",))
+_MATRICES = Match(kinds=_MATRIX_KINDS, params=("weight",))
 
 
 def _gpt2(model: ModelSpec) -> list[Rule]:
@@ -294,11 +310,11 @@ def _torchtitan_llama3(model: ModelSpec) -> list[Rule]:
         Rule(Match(kinds=("embedding",), params=("weight",)), Distribution("normal", std=1.0), name="embedding (tok_embeddings)"),
         Rule(Match(kinds=("linear",), roles=("lm_head",), params=("weight",)), final, name="output"),
         Rule(
-            Match(kinds=("linear",), params=("weight",), names=("*.mlp.up_proj.weight",)),
+            Match(kinds=("linear", "expert"), params=("weight",), names=("*.mlp.up_proj.weight", "*.experts.*.w3.weight", "*.experts.*.up_proj.weight")),
             trunc, depth_scaling="layer", name="w3 depth init",
         ),
         Rule(_RESIDUAL_OUT, trunc, depth_scaling="layer", name="wo/w2 depth init"),
-        Rule(Match(kinds=("linear",), params=("weight",)), trunc, name="wq/wk/wv/w1"),
+        Rule(_MATRICES, trunc, name="wq/wk/wv/w1"),
     ]
 
 
@@ -314,7 +330,7 @@ def _xavier(model: ModelSpec) -> list[Rule]:
     return [
         *_norms_and_biases(),
         Rule(Match(kinds=("embedding",), params=("weight",)), Distribution("xavier_normal", gain=1.0), name="embedding xavier_normal"),
-        Rule(Match(kinds=("linear",), params=("weight",)), Distribution("xavier_uniform", gain=1.0), name="linear xavier_uniform"),
+        Rule(_MATRICES, Distribution("xavier_uniform", gain=1.0), name="linear xavier_uniform"),
     ]
 
 
@@ -362,11 +378,18 @@ PRESETS = {
 # --- resolution -------------------------------------------------------------------------------
 
 
+#: Presets other than hf-default leave tensors of kind ``other`` (ViT's cls_token, bare position
+#: tables) to their recorded transformers rule, by this named rule, listed last.
+_OTHER_RECORDED = Rule(Match(kinds=("other",)), _RECORDED, name="other: hf-default")
+
+
 def rules_for(policy: Policy, model: ModelSpec) -> list[Rule]:
     """The full ordered rule list: the policy's own, then its preset's."""
     rules = list(policy.rules)
     if policy.effective_preset:
         rules += PRESETS[policy.effective_preset](model)
+        if policy.effective_preset != "hf-default" and _recorded(model):
+            rules.append(_OTHER_RECORDED)
     return [r if r.name else Rule(r.match, r.init, r.depth_scaling, r.zero_padding_row, f"rule[{i}]") for i, r in enumerate(rules)]
 
 
@@ -407,7 +430,29 @@ def _fans(rule: Rule, t: TensorSpec) -> tuple[int, int]:
     return t.fan_in, t.fan_out
 
 
+def _from_recorded(rule: Rule, t: TensorSpec) -> Rule:
+    """The rule transformers applies to ``t``, as recorded (a ``recorded`` rule resolved for one tensor)."""
+    h = t.hf_init
+    if h is None:
+        raise ValueError(
+            f"rule {rule.name!r}: tensor {t.name!r} has no recorded transformers rule (built-in families write "
+            "hf-default out as rules); give it a distribution of its own"
+        )
+    if h.kind == "normal":
+        d = Distribution("normal", mean=h.mean, std=h.std)
+    elif h.kind == "trunc_normal":
+        d = Distribution("trunc_normal", mean=h.mean, std=h.std, a=h.a, b=h.b, bounds="absolute")
+    elif h.kind == "uniform":
+        d = Distribution("uniform", low=h.low, high=h.high)
+    else:
+        d = Distribution("constant", value=h.value)
+    name = rule.name if rule.name != "hf-default" else f"hf-default: {h.source}"
+    return Rule(rule.match, d, zero_padding_row=h.zero_row, name=name)
+
+
 def _resolve_one(rule: Rule, t: TensorSpec, model: ModelSpec) -> Resolved:
+    if rule.init.kind == "recorded":
+        rule = _from_recorded(rule, t)
     d = rule.init
     div = _depth_divisor(rule, t, model)
     zero_row = t.padding_idx if rule.zero_padding_row else None

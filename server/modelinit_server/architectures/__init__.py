@@ -8,13 +8,14 @@ derivations filled in) to write as ``config.json``; it carries no dtype.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 from ..tensors import ModelSpec
 from . import bert, gpt2, llama
 from ._family import Family
-from ._fields import invalid, load_document
-from .presets import PRESETS
+from ._fields import invalid, load_document  # noqa: F401
+from .presets import PRESET_EXTRAS, PRESETS
 
 __all__ = ["PRESETS", "FAMILIES", "preset_names", "from_preset", "from_config"]
 
@@ -32,7 +33,39 @@ def from_preset(name: str, architecture: str = "") -> ModelSpec:
     ``architecture`` (a class name) overrides the preset's class."""
     if not isinstance(name, str) or name not in PRESETS:
         raise ValueError(f"spec.preset: unknown preset {name!r}; use one of: {', '.join(PRESETS)}")
-    return from_config(PRESETS[name], architecture)  # from_config works on a copy
+    spec = from_config(PRESETS[name], architecture)  # from_config works on a copy
+    if architecture:
+        return spec  # exactly the class asked for
+    for extra in PRESET_EXTRAS.get(name, ()):
+        spec = with_extra_tensors(spec, from_config(PRESETS[name], extra))
+    return spec
+
+
+def with_extra_tensors(spec: ModelSpec, extra: ModelSpec) -> ModelSpec:
+    """``spec`` plus the tensors of ``extra`` (another class of the family) that it lacks, named as
+    ``spec``'s class would name them: backbone tensors under its base-model prefix, heads as they are.
+    Backbone additions follow the backbone, head additions come last."""
+    def canonical(name: str, prefix: str) -> tuple[str, bool]:
+        if prefix and name.startswith(prefix + "."):
+            return name[len(prefix) + 1:], True
+        return name, not prefix  # a base class's tensors are all backbone
+
+    def full(name: str) -> str:
+        return f"{spec.base_model_prefix}.{name}" if spec.base_model_prefix else name
+
+    have = {canonical(t.name, spec.base_model_prefix)[0] for t in spec.tensors} | set(spec.tied)
+    backbone, heads = [], []
+    for t in extra.tensors:
+        name, in_backbone = canonical(t.name, extra.base_model_prefix)
+        if name in have or (not in_backbone and t.name in have):
+            continue
+        (backbone if in_backbone else heads).append(dataclasses.replace(t, name=full(name) if in_backbone else name))
+    if not backbone and not heads:
+        return spec
+    tensors = list(spec.tensors)
+    last = max((i for i, t in enumerate(tensors) if canonical(t.name, spec.base_model_prefix)[1]), default=-1)
+    tensors[last + 1:last + 1] = backbone
+    return dataclasses.replace(spec, tensors=tuple(tensors + heads))
 
 
 def from_config(config: Mapping[str, Any] | str, architecture: str = "") -> ModelSpec:
@@ -43,12 +76,20 @@ def from_config(config: Mapping[str, Any] | str, architecture: str = "") -> Mode
     ``spec.config.<field>:`` (or ``spec.architecture:``).
     """
     document = load_document(config)
+    if not isinstance(architecture, str):
+        raise ValueError(f"spec.architecture: must be a class name, got {architecture!r}")
     if architecture:
         document["architectures"] = [architecture]
-    family = _family(document)
-    architecture = _architecture(document, family)
-    document["architectures"] = [architecture]
-    return family.build(document, architecture)
+    family = FAMILIES.get(document.get("model_type"))  # type: ignore[arg-type]
+    names = document.get("architectures")
+    if family is not None and (names is None or (isinstance(names, list) and names and names[0] in family.architectures)):
+        # the built-in fast path: no transformers import (tests/test_generic.py proves it equal)
+        architecture = _architecture(document, family)
+        document["architectures"] = [architecture]
+        return family.build(document, architecture)
+    from . import hf, spec_cache
+
+    return spec_cache.cached(document, architecture, hf.transformers_version(), hf.build)
 
 
 def _family(document: Mapping[str, Any]) -> Family:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .hub_configs import HUB_CONFIGS
+
 
 def _bert(hidden: int, layers: int, heads: int, intermediate: int) -> dict[str, Any]:
     """google-bert/bert-{base,large}-uncased."""
@@ -202,4 +204,15 @@ PRESETS: dict[str, dict[str, Any]] = {
         "use_sliding_window": False,
         "vocab_size": 152064,
     },
+    **HUB_CONFIGS,
+}
+
+#: Classes whose extra tensors a hub checkpoint holds beyond its config's class: the hub files of
+#: bert-base/large-uncased were saved from BertForPreTraining (pooler and next-sentence head) and
+#: roberta-base's carries RobertaModel's pooler. Their tensors are added, so that every class of
+#: the family finds what the hub checkpoint would give it (docs/policies.md, "Presets").
+PRESET_EXTRAS: dict[str, tuple[str, ...]] = {
+    "bert-base-uncased": ("BertForPreTraining",),
+    "bert-large-uncased": ("BertForPreTraining",),
+    "roberta-base": ("RobertaModel",),
 }

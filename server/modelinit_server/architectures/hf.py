@@ -1,0 +1,349 @@
+"""Any transformers architecture: built on the meta device, its own init recorded, laid out as the hub holds it.
+
+The generic path behind every spec the built-in families do not cover:
+
+1. the config class of ``model_type`` reads the document, and the model class (``architectures[0]``
+   or the requested override) is built on the meta device: no memory, milliseconds;
+2. the class's own ``initialize_weights()`` runs with the functions of ``transformers.initialization``
+   replaced by recorders (:mod:`.recorder`): every write to a stored tensor becomes a distribution
+   (never values); a tensor nothing writes, or that is computed rather than drawn, is refused by name;
+3. the stored tensors are what ``save_pretrained`` writes: tied weights once, and transformers' own
+   reverse weight conversion applied (MoE experts fused in memory are stored per expert, as the hub,
+   transformers 4 and vLLM read them); each stored tensor keeps the rule of the tensor it came from;
+4. each tensor gets a module kind, a role, a layer index and fans (:mod:`.roles`) so that every
+   policy, not only hf-default, applies to any family.
+
+transformers is imported only here, and only when a spec needs it.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import io
+import logging
+import math
+import warnings
+from typing import Any
+
+from ..tensors import HfInit, ModelSpec, TensorSpec
+from ._fields import DROPPED_KEYS, MAX_DIM, invalid
+from .recorder import Record, record_init
+from .roles import ModuleInfo, describe
+
+#: Auto mappings tried, in order, for the class of a config without ``architectures``.
+DEFAULT_CLASS_MAPPINGS = (
+    "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_MAPPING_NAMES",
+)
+
+
+def transformers_version() -> str:
+    """The installed transformers version, without importing it; empty when it is missing."""
+    try:
+        return importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def _transformers():
+    try:
+        with _quiet():
+            import torch  # noqa: F401
+            import transformers
+    except ImportError as e:
+        raise ValueError(
+            f"spec: this architecture needs transformers on the server ({e}); install 'modelinit[server]'"
+        ) from None
+    return transformers
+
+
+@contextlib.contextmanager
+def _quiet():
+    """transformers warns about configs on stderr and through logging; a plan is not the place."""
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def model_types() -> list[str]:
+    """Every ``model_type`` transformers knows."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return sorted(CONFIG_MAPPING_NAMES)
+
+
+def classes_for(model_type: str) -> list[str]:
+    """The model classes transformers has for ``model_type`` (heads and base), sorted."""
+    from transformers.models.auto import modeling_auto
+
+    names: set[str] = set()
+    for attr in dir(modeling_auto):
+        mapping = getattr(modeling_auto, attr)
+        if attr.endswith("_MAPPING_NAMES") and isinstance(mapping, dict):
+            value = mapping.get(model_type)
+            for v in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(v, str):
+                    names.add(v)
+    tf = _transformers()
+    return sorted(n for n in names if _model_class(tf, n) is not None)
+
+
+def _model_class(tf, name: str):
+    try:
+        cls = getattr(tf, name, None)
+    except Exception:  # a lazily imported class whose module needs something missing
+        return None
+    return cls if isinstance(cls, type) and issubclass(cls, tf.PreTrainedModel) else None
+
+
+def default_class(model_type: str) -> str | None:
+    """The usual head of a family: masked LM, seq2seq LM, causal LM, image classification, base."""
+    from transformers.models.auto import modeling_auto
+
+    for attr in DEFAULT_CLASS_MAPPINGS:
+        name = getattr(modeling_auto, attr).get(model_type)
+        if isinstance(name, (list, tuple)):
+            name = name[0] if name else None
+        if name:
+            return name
+    return None
+
+
+def _config(tf, document: dict[str, Any]):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = document.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise invalid("model_type", f"missing or not a string ({model_type!r})", "set the HF model_type, e.g. \"llama\"")
+    if model_type not in CONFIG_MAPPING:
+        raise invalid(
+            "model_type",
+            f"unsupported model type {model_type!r}: transformers {tf.__version__} does not know it",
+            "use a model_type transformers has (e.g. llama, mixtral, bert, t5, vit); custom-code models are not run",
+        )
+    fields = {k: v for k, v in document.items() if k not in DROPPED_KEYS and k != "auto_map"}
+    try:
+        with _quiet():
+            return CONFIG_MAPPING[model_type].from_dict(fields)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise invalid("", f"transformers rejects this {model_type} config: {_one_line(e)}", "fix the field it names") from None
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _class(tf, config, architecture: str):
+    classes = classes_for(config.model_type)
+    cls = _model_class(tf, architecture)
+    if cls is None or architecture not in classes:
+        raise ValueError(
+            f"spec.architecture: {architecture!r} is not a transformers class of model_type {config.model_type!r}; "
+            f"use one of: {', '.join(classes)}"
+        )
+    return cls
+
+
+def _meta_model(tf, cls, config):
+    import torch
+
+    from transformers.initialization import no_tie_weights
+
+    try:
+        with _quiet(), torch.device("meta"), no_tie_weights():
+            return cls(config)
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, ZeroDivisionError, RuntimeError, AssertionError) as e:
+        raise invalid(
+            "", f"transformers cannot build {cls.__name__} from this config: {_one_line(e)}", "fix the sizes it names"
+        ) from None
+
+
+def build(document: dict[str, Any], architecture: str = "") -> ModelSpec:
+    """The spec of ``document`` (a config.json object) as class ``architecture`` (empty: the
+    config's ``architectures[0]``, else the family's usual head)."""
+    tf = _transformers()
+    config = _config(tf, document)
+    if not architecture:
+        names = document.get("architectures")
+        if names is not None and not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
+            raise invalid("architectures", f"must be a non-empty list of class names, got {names!r}", "use e.g. [\"LlamaForCausalLM\"]")
+        architecture = names[0] if names else (default_class(config.model_type) or "")
+    cls = _class(tf, config, architecture)
+    model = _meta_model(tf, cls, config)
+    records = record_init(model)  # before tying, as transformers initializes then ties
+    with _quiet():
+        model.tie_weights()
+    stored, tied = _stored(tf, model)
+    tensors = [_tensor_spec(name, shape, info, records, model) for name, shape, info in _hub_layout(tf, model, stored)]
+    _check_sizes(tensors)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n_layers = _int_attr(text, "num_hidden_layers", 1)
+    hidden = _int_attr(text, "hidden_size", 0) or _int_attr(text, "d_model", 0) or 1
+    std = getattr(text, "initializer_range", None) or 0.02
+    out_config = {k: v for k, v in document.items() if k not in DROPPED_KEYS}
+    out_config["architectures"] = [architecture]
+    return ModelSpec(
+        family=config.model_type,
+        architecture=architecture,
+        config=dict(sorted(out_config.items())),
+        tensors=tuple(tensors),
+        n_layers=n_layers,
+        hidden_size=hidden,
+        initializer_range=float(std) if isinstance(std, (int, float)) and 0 < std <= 1 else 0.02,
+        tied=tied,
+        base_model_prefix=_prefix(model),
+        transformers_version=tf.__version__,
+    )
+
+
+def _int_attr(obj, name: str, default: int) -> int:
+    v = getattr(obj, name, None)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else default
+
+
+def _prefix(model) -> str:
+    """``base_model_prefix`` when the class wraps its base model under it (a head class), else ''."""
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    return prefix if prefix and hasattr(model, prefix) and getattr(model, prefix) is not model else ""
+
+
+def _stored(tf, model) -> tuple[dict[str, Any], dict[str, str]]:
+    """The state_dict save_pretrained keeps (tied names dropped), and the dropped names -> kept name."""
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    full = model.state_dict()
+    with _quiet():
+        kept = remove_tied_weights_from_state_dict(dict(full), model)
+    for key in getattr(model, "_keys_to_ignore_on_save", None) or ():
+        kept.pop(key, None)
+    owner = {id(model.get_parameter_or_buffer(k)): k for k in kept}
+    tied = {}
+    for name in full:
+        if name not in kept:
+            target = owner.get(id(model.get_parameter_or_buffer(name)))
+            if target is not None:
+                tied[name] = target
+    return kept, tied
+
+
+def _hub_layout(tf, model, stored: dict[str, Any]):
+    """(disk name, disk shape, ModuleInfo of its in-memory source) in canonical order.
+
+    State_dict order; a tensor that transformers' reverse conversion turns into several (fused
+    experts -> one tensor per expert and projection) is replaced in place by its outputs, sorted
+    as transformers sorts names (numbers by value)."""
+    sources = {name: ModuleInfo.of(model, name) for name in stored}
+    groups = _reverse_conversion(tf, model, stored)
+    emitted = set()
+    for name, tensor in stored.items():
+        group = groups.get(name)
+        if group is None:
+            yield name, tuple(tensor.shape), sources[name]
+            continue
+        key, outputs = group
+        if key in emitted:
+            continue
+        emitted.add(key)
+        for out_name, (shape, src) in outputs:
+            yield out_name, shape, sources[src].for_output(shape, out_name)
+
+
+def _reverse_conversion(tf, model, stored: dict[str, Any]):
+    """Run save_pretrained's reverse weight conversion on meta tensors, keeping which in-memory
+    tensor each output comes from. Returns {in-memory name: (group key, [(disk name, (shape, source))])}
+    for the tensors it renames or converts; others are stored as they are."""
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, apply_converters, apply_renamings, dot_natural_key
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import PrefixChange
+
+    with _quiet():
+        conversions = get_model_conversion_mapping(model, add_legacy=False)
+    conversions = [c for c in conversions if not isinstance(c, PrefixChange)]
+    if not conversions:
+        return {}
+    reverse = [c.reverse_transform() for c in conversions[::-1]]
+    renamings = [c for c in reverse if isinstance(c, WeightRenaming)]
+    converters = [c for c in reverse if isinstance(c, WeightConverter)]
+    by_pattern = {p: c for c in converters for p in c.source_patterns}
+    import copy
+
+    pending: dict[str, tuple[Any, list[str]]] = {}
+    renamed: dict[str, str] = {}
+    for name in sorted(stored, key=dot_natural_key):
+        target, pattern = apply_converters(name, converters)
+        if pattern is None:
+            new = apply_renamings(name, renamings)
+            if new != name:
+                renamed[name] = new
+            continue
+        converter, names = pending.setdefault(target, (copy.deepcopy(by_pattern[pattern]), []))
+        converter.add_tensor(target, name, pattern, stored[name])
+        names.append(name)
+    groups: dict[str, tuple[Any, list]] = {}
+    for name, new in renamed.items():
+        groups[name] = (name, [(new, (tuple(stored[name].shape), name))])
+    for target, (converter, names) in pending.items():
+        with _quiet():
+            outputs = converter.convert(target, model=model, config=model.config)
+        listed = []
+        for out_name, tensor in outputs.items():
+            tensor = tensor[0] if isinstance(tensor, list) else tensor
+            out_name = apply_renamings(out_name, renamings)
+            listed.append((out_name, (tuple(tensor.shape), names)))
+        listed.sort(key=lambda item: dot_natural_key(item[0]))
+        key = f"group:{target}"
+        resolved = [(n, (shape, _single_source(n, srcs))) for n, (shape, srcs) in listed]
+        for name in names:
+            groups[name] = (key, resolved)
+    return groups
+
+
+def _single_source(out_name: str, sources: list[str]) -> str:
+    """The in-memory tensor an output was cut from; several sources must share one rule (checked later)."""
+    if len(sources) == 1:
+        return sources[0]
+    # a concatenation of several in-memory tensors: keep them all, the caller checks their rules agree
+    return "\x00".join(sources)
+
+
+def _tensor_spec(name: str, shape: tuple[int, ...], info: "ModuleInfo", records: dict[str, Record], model) -> TensorSpec:
+    recs = [records.get(src) for src in info.sources]
+    if any(r is None for r in recs):
+        missing = info.sources[recs.index(None)]
+        raise ValueError(
+            f"spec: transformers' initialization of {model.__class__.__name__} never writes {missing!r} "
+            f"(stored as {name!r}); there is no hf-default rule to reproduce, so this architecture is not supported"
+        )
+    if any(r.refusal for r in recs):
+        bad = next(r for r in recs if r.refusal)
+        raise ValueError(f"spec: {name!r}: {bad.refusal}; this architecture is not supported")
+    if len({r.init for r in recs}) > 1:
+        raise ValueError(f"spec: {name!r} is stored from in-memory tensors with different init rules; not supported")
+    kind, role, param, layer, fan_in, fan_out, padding_idx = describe(name, shape, info)
+    init = recs[0].init
+    if init.zero_row and padding_idx is None:
+        init = HfInit(**{**init.__dict__, "zero_row": False})
+    if padding_idx is not None and not init.zero_row:
+        padding_idx = padding_idx  # the module has one; hf-default leaves the row drawn
+    return TensorSpec(
+        name, tuple(int(d) for d in shape), kind=kind, role=role, param=param, layer=layer,
+        fan_in=fan_in, fan_out=fan_out, padding_idx=padding_idx, hf_init=init,
+    )
+
+
+def _check_sizes(tensors: list[TensorSpec]) -> None:
+    for t in tensors:
+        if any(d > MAX_DIM for d in t.shape):
+            raise invalid("", f"tensor {t.name!r} has a dimension above {MAX_DIM}", "use smaller sizes")
+        if t.numel > 2**62:
+            raise invalid("", f"tensor {t.name!r} is too large ({math.prod(t.shape)} elements)", "use smaller sizes")

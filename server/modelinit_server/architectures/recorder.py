@@ -1,0 +1,271 @@
+"""Learn a model's hf-default rules by running its own initialization against recorders.
+
+``PreTrainedModel.initialize_weights()`` runs on the meta-device model with every function of
+``transformers.initialization`` replaced by a recorder, and a torch function mode watching for
+anything else that writes a stored tensor in place (``weight.data.normal_()``, ``fill_``, ...).
+Each write becomes a distribution with concrete numbers (fan-based ones resolved the way torch
+resolves them for the in-memory tensor); values are never computed. The last write to a tensor
+wins, as it does in transformers; a zeroed padding row is kept beside the write it follows.
+Writes that cannot be reproduced bit for bit (``orthogonal_``, values computed by ``copy_``) are
+recorded as refusals, reported by name if such a tensor is stored.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from ..tensors import HfInit
+
+#: The functions of ``transformers.initialization`` that write a tensor and are replaced here.
+#: ``lecun_normal_`` / ``default_flax_embed_init_`` resolve to ``normal_`` / ``trunc_normal_`` /
+#: ``uniform_`` through the module's globals, so they are recorded through those.
+RECORDED = (
+    "uniform_", "normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_", "xavier_uniform_", "xavier_normal_",
+    "kaiming_uniform_", "kaiming_normal_", "trunc_normal_", "orthogonal_", "sparse_", "copy_",
+)
+
+
+@dataclass(frozen=True)
+class Record:
+    """The final state of one in-memory tensor after the model's initialization."""
+
+    init: HfInit | None = None
+    refusal: str = ""
+    """Why the tensor's values cannot be reproduced (set instead of ``init``)."""
+    zero_row_index: int | None = None
+
+
+def _g(x: Any) -> str:
+    return f"{float(x):g}"
+
+
+class _Recorder:
+    def __init__(self, model) -> None:
+        self.names: dict[int, list[str]] = {}
+        self.objects: dict[int, Any] = {}
+        for name, t in model.state_dict(keep_vars=True).items():
+            self.names.setdefault(id(t), []).append(name)
+            self.objects[id(t)] = t
+        self.aliases: dict[int, tuple[int, Any]] = {}
+        """id of a ``.data`` alias -> (id of the stored tensor, the alias, kept alive so its id stays unique)."""
+        self.state: dict[int, Record] = {}
+        self.active = 0  # >0 while a recorder function runs (its own torch calls are not writes)
+
+    def _stored(self, tensor) -> tuple[int | None, Any]:
+        """The stored tensor that ``tensor`` is, views or is a ``.data`` alias of, and the object whose layout it shares."""
+        base = tensor
+        while getattr(base, "_base", None) is not None:
+            base = base._base
+        if id(base) in self.names:
+            return id(base), base
+        if id(base) in self.aliases:
+            key, alias = self.aliases[id(base)]
+            return key, alias
+        return None, None
+
+    def alias(self, alias, of) -> None:
+        key, _ = self._stored(of)
+        if key is not None and alias is not of:
+            self.aliases[id(alias)] = (key, alias)
+
+    def _target(self, tensor) -> tuple[int | None, int | None, bool]:
+        """(id of the stored tensor, row index if a single dim-0 row of it is written, whole)."""
+        key, base = self._stored(tensor)
+        if key is None:
+            return None, None, False
+        if base is tensor or (tuple(tensor.shape) == tuple(base.shape) and tensor.storage_offset() == base.storage_offset()):
+            return key, None, True
+        if base.dim() >= 1 and base.shape[0] > 0:
+            row = base.numel() // base.shape[0]
+            offset = tensor.storage_offset() - base.storage_offset()
+            if tensor.numel() == row and tensor.is_contiguous() and offset % row == 0:
+                return key, offset // row, False
+        return key, None, False
+
+    def write(self, tensor, init: HfInit | None, refusal: str = "") -> None:
+        if getattr(tensor, "_is_hf_initialized", False):
+            return  # transformers' own functions skip flagged tensors
+        key, row, whole = self._target(tensor)
+        if key is None:
+            return
+        if whole:
+            self.state[key] = Record(init, refusal)
+            return
+        previous = self.state.get(key)
+        zero = init is not None and init.kind == "constant" and init.value == 0.0
+        if row is not None and zero and previous is not None and previous.init is not None:
+            self.state[key] = replace(previous, init=replace(previous.init, zero_row=True), zero_row_index=row)
+            return
+        what = init.source if init is not None else refusal
+        self.state[key] = Record(None, f"transformers writes only part of it ({what})")
+
+    def records(self) -> dict[str, Record]:
+        out = {}
+        for key, names in self.names.items():
+            for name in names:
+                if key in self.state:
+                    out[name] = self.state[key]
+        return out
+
+
+def _functions(rec: _Recorder) -> dict[str, Callable]:
+    import torch
+
+    def fans(t):
+        return torch.nn.init._calculate_fan_in_and_fan_out(t)
+
+    def uniform_(tensor, a=0.0, b=1.0, generator=None):
+        rec.write(tensor, HfInit("uniform", low=float(a), high=float(b), source=f"init.uniform_(a={_g(a)}, b={_g(b)})"))
+        return tensor
+
+    def normal_(tensor, mean=0.0, std=1.0, generator=None):
+        rec.write(tensor, HfInit("normal", mean=float(mean), std=float(std), source=f"init.normal_(mean={_g(mean)}, std={_g(std)})"))
+        return tensor
+
+    def constant_(tensor, val):
+        rec.write(tensor, HfInit("constant", value=float(val), source=f"init.constant_({_g(val)})"))
+        return tensor
+
+    def ones_(tensor):
+        rec.write(tensor, HfInit("constant", value=1.0, source="init.ones_"))
+        return tensor
+
+    def zeros_(tensor):
+        rec.write(tensor, HfInit("constant", value=0.0, source="init.zeros_"))
+        return tensor
+
+    def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
+        rec.write(tensor, HfInit("trunc_normal", mean=float(mean), std=float(std), a=float(a), b=float(b),
+                                 source=f"init.trunc_normal_(mean={_g(mean)}, std={_g(std)}, a={_g(a)}, b={_g(b)})"))
+        return tensor
+
+    # Fan-based functions resolve exactly as torch.nn.init does for the in-memory tensor.
+    def xavier_uniform_(tensor, gain=1.0, generator=None):
+        fan_in, fan_out = fans(tensor)
+        std = gain * math.sqrt(2.0 / float(fan_in + fan_out))
+        bound = math.sqrt(3.0) * std
+        rec.write(tensor, HfInit("uniform", low=-bound, high=bound, source=f"init.xavier_uniform_(gain={_g(gain)})"))
+        return tensor
+
+    def xavier_normal_(tensor, gain=1.0, generator=None):
+        fan_in, fan_out = fans(tensor)
+        std = gain * math.sqrt(2.0 / float(fan_in + fan_out))
+        rec.write(tensor, HfInit("normal", std=std, source=f"init.xavier_normal_(gain={_g(gain)})"))
+        return tensor
+
+    def _kaiming_std(tensor, a, mode, nonlinearity):
+        fan_in, fan_out = fans(tensor)
+        fan = fan_in if mode == "fan_in" else fan_out
+        return torch.nn.init.calculate_gain(nonlinearity, a) / math.sqrt(fan)
+
+    def kaiming_uniform_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
+        bound = math.sqrt(3.0) * _kaiming_std(tensor, a, mode, nonlinearity)
+        rec.write(tensor, HfInit("uniform", low=-bound, high=bound,
+                                 source=f"init.kaiming_uniform_(a={_g(a)}, mode={mode}, nonlinearity={nonlinearity})"))
+        return tensor
+
+    def kaiming_normal_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
+        std = _kaiming_std(tensor, a, mode, nonlinearity)
+        rec.write(tensor, HfInit("normal", std=std, source=f"init.kaiming_normal_(a={_g(a)}, mode={mode}, nonlinearity={nonlinearity})"))
+        return tensor
+
+    def refuse(fname: str, why: str):
+        def refused(tensor, *args, **kwargs):
+            rec.write(tensor, None, f"init.{fname} {why}")
+            return tensor
+
+        return refused
+
+    not_portable = "has no bit-reproducible equivalent in the engine"
+    out = dict(
+        uniform_=uniform_, normal_=normal_, constant_=constant_, ones_=ones_, zeros_=zeros_, trunc_normal_=trunc_normal_,
+        xavier_uniform_=xavier_uniform_, xavier_normal_=xavier_normal_, kaiming_uniform_=kaiming_uniform_,
+        kaiming_normal_=kaiming_normal_,
+        eye_=refuse("eye_", not_portable), dirac_=refuse("dirac_", not_portable),
+        orthogonal_=refuse("orthogonal_", not_portable + " (QR)"), sparse_=refuse("sparse_", not_portable),
+        copy_=refuse("copy_", "computes its values instead of drawing them; the engine has no formula for it"),
+    )
+
+    def guarded(fn):
+        def call(*args, **kwargs):
+            rec.active += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                rec.active -= 1
+
+        return call
+
+    return {name: guarded(fn) for name, fn in out.items()}
+
+
+def _direct_writes(rec: _Recorder):
+    """A torch function mode that records in-place writes made outside transformers.initialization."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    data_get = torch.Tensor.data.__get__
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            result = func(*args, **kwargs)
+            if rec.active or not args or not isinstance(args[0], torch.Tensor):
+                return result
+            if func is data_get:
+                if isinstance(result, torch.Tensor):
+                    rec.alias(result, args[0])
+                return result
+            name = getattr(func, "__name__", "")
+            if name.endswith("_") and not name.startswith("_"):
+                record = _direct_record(name, args[1:], kwargs)
+                rec.write(args[0], record.init, record.refusal)
+            return result
+
+    return Watch()
+
+
+def _direct_record(op: str, args: tuple, kwargs: dict) -> Record:
+    def arg(i: int, name: str, default: float) -> float:
+        return float(args[i]) if len(args) > i else float(kwargs.get(name, default))
+
+    if op == "normal_":
+        mean, std = arg(0, "mean", 0.0), arg(1, "std", 1.0)
+        return Record(HfInit("normal", mean=mean, std=std, source=f"tensor.normal_(mean={_g(mean)}, std={_g(std)})"))
+    if op == "uniform_":
+        lo, hi = arg(0, "from", 0.0), arg(1, "to", 1.0)
+        return Record(HfInit("uniform", low=lo, high=hi, source=f"tensor.uniform_({_g(lo)}, {_g(hi)})"))
+    value = args[0] if args else kwargs.get("value")
+    if op == "fill_" and isinstance(value, (int, float)):
+        v = arg(0, "value", 0.0)
+        return Record(HfInit("constant", value=v, source=f"tensor.fill_({_g(v)})"))
+    if op == "zero_":
+        return Record(HfInit("constant", value=0.0, source="tensor.zero_()"))
+    return Record(None, f"written by tensor.{op}, which the engine cannot reproduce")
+
+
+def record_init(model) -> dict[str, Record]:
+    """Run ``model.initialize_weights()`` against recorders; the final record of each stored tensor (by state_dict name)."""
+    import transformers.initialization as init_module
+
+    rec = _Recorder(model)
+    replacements = _functions(rec)
+    originals = {name: getattr(init_module, name) for name in replacements}
+    with contextlib.ExitStack() as stack:
+        for name, fn in replacements.items():
+            setattr(init_module, name, fn)
+        stack.callback(lambda: [setattr(init_module, n, f) for n, f in originals.items()])
+        stack.enter_context(_direct_writes(rec))
+        _clear_flags(model)
+        model.initialize_weights()
+    _clear_flags(model)
+    return rec.records()
+
+
+def _clear_flags(model) -> None:
+    """Building the model may mark modules initialized; the recording must see every write."""
+    for module in model.modules():
+        if getattr(module, "_is_hf_initialized", False):
+            module._is_hf_initialized = False
