@@ -58,7 +58,7 @@ def round_to(x: float, dtype: str) -> float:
 
 
 def test_public_constants():
-    assert ALGORITHM_VERSION == 1
+    assert ALGORITHM_VERSION == 2 and engine.ALGORITHM_VERSIONS == (1, 2)
     assert DTYPES == ("float32", "bfloat16", "float16")
     assert DTYPE_ITEMSIZE == {"float32": 4, "bfloat16": 2, "float16": 2}
     assert SAFETENSORS_DTYPE == {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}

@@ -27,7 +27,7 @@ def test_bert_tf_is_about_half_the_fan_in_references():
     assert len(square) == 1
     g = square[0]
     assert g.example == "bert.encoder.layer.0.attention.self.query.weight"
-    assert {"qkv", "attn_out"} <= set(g.roles) and g.count == 12 * 4 + 1  # + the MLM head transform
+    assert {"qkv", "attn_out"} <= set(g.roles) and g.count == 12 * 4 + 2  # + the MLM head transform and the pooler (the hub checkpoint holds it)
     assert g.effective_std == pytest.approx(0.0176, abs=1e-4) and g.std == 0.02 and g.mean == 0.0
     assert g.xavier_std == pytest.approx(math.sqrt(2 / 1536)) == pytest.approx(0.0361, abs=1e-4)
     assert g.lecun_std == pytest.approx(1 / math.sqrt(768)) == pytest.approx(0.0361, abs=1e-4)
@@ -103,7 +103,7 @@ def test_plan_response_carries_the_groups(client):
     plan = client.plan("bert-base-uncased", policy="bert-tf")
     g = next(g for g in plan.groups if g.kind == "linear" and list(g.shape) == [768, 768])
     assert g.effective_std == pytest.approx(0.0176, abs=1e-4) and g.ratio_lecun == pytest.approx(0.4875, abs=1e-3)
-    assert sum(g.count for g in plan.groups) == len(plan.tensors)
+    assert sum(g.count for g in plan.groups) == plan.tensor_count
     bad = client.plan(TINY["gpt2"], policy={"rules": [{"match": {}, "init": {"uniform": {"low": 0, "high": 1}}}]})
     assert any(g.warnings for g in bad.groups)
 

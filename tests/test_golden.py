@@ -1,10 +1,14 @@
-"""Golden vectors: they freeze algorithm version 1 forever.
+"""Golden vectors: they freeze algorithm versions 1 and 2 forever.
 
 Every SHA-256 below was computed once by the numpy reference engine after it passed all other tests.
 They must NEVER be edited to make a test pass: a mismatch means the bytes of version 1 changed,
 which breaks every checkpoint anyone has generated. A deliberate change of the algorithm needs a new
 ALGORITHM_VERSION (and a new table next to this one), never an edit of this one. The later CPU
 (numba) and GPU (Triton) kernels must reproduce these exact bytes too.
+
+``GOLDEN`` is version 1's table (keys from full names, ``tensor_key(seed, name, 1)``);
+``GOLDEN_V2`` is version 2's (keys from canonical names under the v2 domain). ``PLAN_PINS`` pin
+whole requests (fingerprint and every file's SHA-256) of both versions end to end.
 """
 from __future__ import annotations
 
@@ -12,7 +16,15 @@ import hashlib
 
 import pytest
 
-from modelinit_server.engine import ALGORITHM_VERSION, Sampler, generate, generate_array, tensor_key
+from modelinit_server.engine import (
+    ALGORITHM_VERSION,
+    ALGORITHM_VERSIONS,
+    Sampler,
+    canonical_name,
+    generate,
+    generate_array,
+    tensor_key,
+)
 
 
 # (id, seed, tensor name, Sampler kwargs, dtype, start, count, sha256 of generate(...) bytes)
@@ -46,28 +58,113 @@ GOLDEN = [
 ]
 
 
+# Version 2: (id, seed, full tensor name, base_model_prefix, Sampler kwargs, dtype, start, count, sha256).
+# The key is tensor_key(seed, canonical_name(name, prefix), 2). The first two cases are one tensor
+# (BertForMaskedLM's and BertModel's query weight): one digest.
+GOLDEN_V2 = [
+    ("bert-query-bf16", 0, "bert.encoder.layer.0.attention.self.query.weight", "bert", dict(kind="normal", std=0.02),
+     "bfloat16", 0, 1000, "f8ddc193f325f5d824a038c1a4d3e8d7659492efbb3427f1e4831871f32d2be7"),
+    ("bert-base-query-bf16", 0, "encoder.layer.0.attention.self.query.weight", "", dict(kind="normal", std=0.02),
+     "bfloat16", 0, 1000, "f8ddc193f325f5d824a038c1a4d3e8d7659492efbb3427f1e4831871f32d2be7"),
+    ("mlm-head-dense-f32", 0, "cls.predictions.transform.dense.weight", "bert",
+     dict(kind="trunc_normal", std=0.02, a=-2.0, b=2.0),
+     "float32", 3, 777, "845e56eccfaabef328bfdfc5489cbe963641ce6796cd0791cc4a6c23636ead2c"),
+    ("llama-embed-f16-offset", 42, "model.embed_tokens.weight", "model", dict(kind="normal", std=0.02, zero_row=1, row_size=64),
+     "float16", 1_000_001, 513, "da00de03e1dd56cdd4b62c3878c8a19766f9d7e5af0678dcc22afb9961b182f5"),
+    ("lm-head-uniform-bf16", 3, "lm_head.weight", "model", dict(kind="uniform", low=-0.05, high=0.05),
+     "bfloat16", 7, 999, "547b6a182a0d180c1a8522e72fe93f99d98870b17c897b06211a37c78e6ad505"),
+    ("gpt2-far-f32", 7, "transformer.h.0.attn.c_attn.weight", "transformer",
+     dict(kind="trunc_normal", mean=0.5, std=3.0, a=-0.5, b=3.0),
+     "float32", 2**34 + 1, 64, "27946152c782fe0f8ccd69ff0b94eac3126ab472475cd65fee1a9ad12fcd9e99"),
+    ("prefix-not-component", 9, "modelx.w", "model", dict(kind="trunc_normal", std=1.0, a=5.0),
+     "float16", 0, 256, "766ae4464e576bc1d5260d733ae85485d675ace845708e4268b062b28056be3f"),
+    ("max-seed-unicode", 2**64 - 1, "ünïcødé.weight", "", dict(kind="normal", mean=-1.0, std=0.5),
+     "float32", 1, 33, "570a21d916bf59f3d46ca6721443554af52db5e70ba0f3b6bf351f58271d9abf"),
+]
+
+# Whole requests: TINY config, seed 3, max_shard_size "300KB" -> (fingerprint, SHA-256 of every
+# safetensors shard in order; the JSON files are not the algorithm's). The version-1 pins were computed with the code from before version 2 existed.
+PLAN_PINS = {
+    (1, "gpt2", "bfloat16"): ("d149cb5833b9707a633b2be046b2d132a414e5a8d436eebfadfab01e757d78e5", [
+        "2195549d8e24f62ed8fe62b5c76a9855e7903144a153248eff7fbc8a2c5f3804",
+        "e2cccffce835e3300097ebb1dc3ef5e38e1578a60bfd95c31e9afc15502ead97"]),
+    (1, "llama", "float32"): ("f11c9f12da46830d28705e542d9e8668106c1b3ec4ebea9ded34fa21f70358d5", [
+        "71b0d76593e249860a991aed22d69848b716d258a704caa30edec8ed8b54980c",
+        "483700c53f74fc98acb7be24961ca8b6c699562283666c5e58681247e07072c4",
+        "422b5e7a47f35cb4adc0a3b73c39d398ccc81d4bd08dd876e4087841f7e70fe3"]),
+    (1, "bert", "float16"): ("fe1770a3b72f880b17d9dd36640b6e7b4a034025256f656f7ad18a250e8ff0b1", [
+        "a411b191c7c2952fafe9c4b85245ced02cc0c430931ee77e0841af529b3514cd"]),
+    (2, "gpt2", "bfloat16"): ("e292e66e0a81ed99a5c23adbe607cdfc26087ca2a33c29e4750f87edc42e66d6", [
+        "f811f138518f608afec3e24af473f644d1172abb6d18a4d51a3b96cc832e735e",
+        "03e203bc387cda09b24f53c30bf1d5ce97cc45d6a3d14778456392cc9726ea5b"]),
+    (2, "llama", "float32"): ("c9e1e0d4be9ec7251b8cbb80a044cb2fd5eeb739a73b2dd28499120cb69e94d1", [
+        "a15684bc8a375f34dbd3da375032644e43ff0076c00e921278b891bcc9a03393",
+        "1abb1f6f13da062dafacf21f17b1113bf7407527fe1264e6f0482a04d351a8f2",
+        "22203da47618730dff2e58cb2b66072999052b41264aa655bcd8fceda8444ac0"]),
+    (2, "bert", "float16"): ("6b7f12480e278ee43c0c614340247585aa9699a9a86bf6d49b4fd77ce52ccd8b", [
+        "02130588cfe50411d7c91050cea81130ae976a37869ac050444427034be56b87"]),
+}
+
+
 def test_algorithm_version():
-    assert ALGORITHM_VERSION == 1  # this table is version 1's
+    assert ALGORITHM_VERSIONS == (1, 2)  # GOLDEN is version 1's table, GOLDEN_V2 version 2's
+    assert ALGORITHM_VERSION == 2  # the newest
 
 
 @pytest.mark.parametrize("case", GOLDEN, ids=[c[0] for c in GOLDEN])
 def test_golden_sha256(case):
     _, seed, name, kwargs, dtype, start, count, digest = case
-    data = generate(Sampler(**kwargs), tensor_key(seed, name), start, count, dtype)
+    data = generate(Sampler(**kwargs), tensor_key(seed, name, 1), start, count, dtype)
     assert hashlib.sha256(data).hexdigest() == digest
+
+
+@pytest.mark.parametrize("case", GOLDEN_V2, ids=[c[0] for c in GOLDEN_V2])
+def test_golden_v2_sha256(case):
+    _, seed, name, prefix, kwargs, dtype, start, count, digest = case
+    data = generate(Sampler(**kwargs), tensor_key(seed, canonical_name(name, prefix), 2), start, count, dtype)
+    assert hashlib.sha256(data).hexdigest() == digest
+
+
+def test_v2_keys_pinned():
+    """The v2 key: SHA-256 over b"modelinit-v2\\x00" + seed (8 bytes LE) + canonical name (UTF-8)."""
+    assert tensor_key(0, "w", 2) == (0x914348E0, 0xAF4BBCFA)
+    assert tensor_key(2**64 - 1, "embed_tokens.weight", 2) == (0xCA3F5591, 0x61B79342)
+    assert tensor_key(0, "encoder.layer.0.attention.self.query.weight", 2) == (0xA939B4AA, 0xE3BA25D5)
+    first = generate_array(Sampler("normal", std=0.02), tensor_key(0, "encoder.layer.0.attention.self.query.weight", 2),
+                           0, 8, "bfloat16")
+    assert [int(v) for v in first] == [0xBBDD, 0xBC13, 0xBC95, 0x3C81, 0xBBBB, 0x3C94, 0xBC3F, 0x3C5D]
+
+
+@pytest.mark.parametrize("pin", sorted(PLAN_PINS), ids=lambda p: f"v{p[0]}-{p[1]}-{p[2]}")
+def test_plan_pins(pin):
+    """A whole request of each version still gives the pinned fingerprint and file bytes."""
+    import modelinit.client as mc
+    from modelinit_server import files
+    from modelinit_server.convert import request_from_pb
+    from modelinit_server.planner import build_plan
+
+    from .conftest import TINY
+
+    version, family, dtype = pin
+    request = mc.model_request(TINY[family], seed=3, dtype=dtype, max_shard_size="300KB", algorithm_version=version)
+    plan = build_plan(request_from_pb(request))
+    assert plan.algorithm_version == version
+    fingerprint, shas = PLAN_PINS[pin]
+    assert plan.fingerprint == fingerprint
+    assert [hashlib.sha256(files.read(plan, f, 0, f.size)).hexdigest() for f in plan.files if f.shard] == shas
 
 
 def test_golden_first_values():
     """The first values of three cases as bit patterns, for debugging a kernel element by element."""
     bf16 = generate_array(
-        Sampler("normal", std=0.02), tensor_key(0, "model.layers.0.self_attn.q_proj.weight"), 0, 8, "bfloat16"
+        Sampler("normal", std=0.02), tensor_key(0, "model.layers.0.self_attn.q_proj.weight", 1), 0, 8, "bfloat16"
     )
     assert [int(v) for v in bf16] == [0x3C14, 0x3C88, 0xBA22, 0x3CD4, 0x3BB0, 0xBA5B, 0x3BE9, 0x3CAA]
-    f32 = generate_array(Sampler("normal", mean=0.1, std=1.5), tensor_key(1, "h.0.mlp.c_fc.weight"), 3, 6, "float32")
+    f32 = generate_array(Sampler("normal", mean=0.1, std=1.5), tensor_key(1, "h.0.mlp.c_fc.weight", 1), 3, 6, "float32")
     assert [int(v) for v in f32.view("<u4")] == [
         0xBF066D00, 0x3F1A30FF, 0x400B205D, 0x3F12EA3E, 0xBCF546D3, 0xBF68A133,
     ]  # -0.5251007, 0.6023101, 2.1738503, 0.57388675, -0.029941, -0.9087097
-    tail = generate_array(Sampler("trunc_normal", std=1.0, b=-6.0), tensor_key(9, "t.low"), 5, 4, "float32")
+    tail = generate_array(Sampler("trunc_normal", std=1.0, b=-6.0), tensor_key(9, "t.low", 1), 5, 4, "float32")
     assert [int(v) for v in tail.view("<u4")] == [0xC0C6900C, 0xC0C91315, 0xC0C6111F, 0xC0C21B7C]
     # -6.205084, -6.2835793, -6.18959, -6.065855
 

@@ -37,7 +37,7 @@ def constant_value(name: str) -> float:
 def test_tiny_model_loads_and_matches_hf_init(client, tmp_path, family, dtype):
     cfg = TINY[family]
     res = client.init_model(cfg, seed=0, out_dir=tmp_path, dtype=dtype)
-    plan = client.plan(cfg, seed=0, dtype=dtype)
+    plan = client.plan(cfg, seed=0, dtype=dtype, tensors=True)
     arch = plan.architecture
     cls = getattr(transformers, arch)
     model, info = cls.from_pretrained(tmp_path, output_loading_info=True, dtype=torch.float32)
@@ -73,7 +73,7 @@ def test_tiny_model_loads_and_matches_hf_init(client, tmp_path, family, dtype):
 
 
 def test_bert_tf_is_two_sigma_truncated(client, tmp_path):
-    plan = client.plan(TINY["bert"], policy="bert-tf", dtype="float32")
+    plan = client.plan(TINY["bert"], policy="bert-tf", dtype="float32", tensors=True)
     client.init_model(TINY["bert"], seed=0, policy="bert-tf", out_dir=tmp_path, dtype="float32")
     model = transformers.BertForMaskedLM.from_pretrained(tmp_path)
     sd = model.state_dict()

@@ -23,9 +23,9 @@ import pytest
 
 numba = pytest.importorskip("numba")
 
-from modelinit_server.engine import DTYPE_ITEMSIZE, DTYPES, Sampler, core, cpu, tensor_key  # noqa: E402
+from modelinit_server.engine import DTYPE_ITEMSIZE, DTYPES, Sampler, canonical_name, core, cpu, tensor_key  # noqa: E402
 
-from .test_golden import GOLDEN  # noqa: E402
+from .test_golden import GOLDEN, GOLDEN_V2  # noqa: E402
 
 SERVER_DIR = str(pathlib.Path(cpu.__file__).resolve().parents[2])
 
@@ -72,6 +72,14 @@ def test_golden(case):
     assert hashlib.sha256(cpu.generate(s, key, start, count, dtype)).hexdigest() == digest
     for threads in (1, 2):
         assert hashlib.sha256(kernel_into(s, key, start, count, dtype, threads=threads)).hexdigest() == digest
+
+
+@pytest.mark.parametrize("case", GOLDEN_V2, ids=[c[0] for c in GOLDEN_V2])
+def test_golden_v2(case):
+    """Version 2 differs only in the key: the kernel, given the v2 key, makes the pinned bytes."""
+    _, seed, name, prefix, kwargs, dtype, start, count, digest = case
+    s, key = Sampler(**kwargs), tensor_key(seed, canonical_name(name, prefix), 2)
+    assert hashlib.sha256(cpu.generate(s, key, start, count, dtype)).hexdigest() == digest
 
 
 def test_golden_cases_also_through_the_parallel_kernel():

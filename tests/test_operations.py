@@ -304,7 +304,7 @@ def test_metrics_count_requests_bytes_and_tensors(embedded, tmp_path):
     assert m.value("modelinit_requests_total", method="Plan", code="INVALID_ARGUMENT") == 1
     assert m.value("modelinit_stream_bytes_total") == sum(f.size for f in result.files)
     plan = modelinit.Client().plan(TINY["bert"], seed=1)
-    assert m.value("modelinit_stream_tensors_total") == len(plan.tensors)
+    assert m.value("modelinit_stream_tensors_total") == plan.tensor_count
     assert m.value("modelinit_generated_bytes_total") > 0
     text = _metrics(server.running.metrics_port)
     assert "modelinit_inflight_streams 0.0" in text

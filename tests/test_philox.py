@@ -1,4 +1,4 @@
-"""Philox4x32-10 known answers, the counter/lane mapping, and the per-tensor key (algorithm version 1)."""
+"""Philox4x32-10 known answers, the counter/lane mapping, and the per-tensor key (algorithm versions 1 and 2)."""
 from __future__ import annotations
 
 import hashlib
@@ -6,7 +6,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from modelinit_server.engine import philox4x32_10, tensor_key
+from modelinit_server.engine import canonical_name, philox4x32_10, tensor_key
 from modelinit_server.engine.philox import random_bits
 
 M32 = 0xFFFFFFFF
@@ -93,8 +93,30 @@ def test_bad_inputs():
 
 def test_tensor_key_definition():
     for seed, name in [(0, "w"), (2**64 - 1, "model.layers.0.mlp.up_proj.weight"), (42, "é∂"), (7, "")]:
-        d = hashlib.sha256(b"modelinit-v1\x00" + seed.to_bytes(8, "little") + name.encode("utf-8")).digest()
-        assert tensor_key(seed, name) == (int.from_bytes(d[0:4], "little"), int.from_bytes(d[4:8], "little"))
+        for version in (1, 2):
+            domain = b"modelinit-v%d\x00" % version
+            d = hashlib.sha256(domain + seed.to_bytes(8, "little") + name.encode("utf-8")).digest()
+            assert tensor_key(seed, name, version) == (int.from_bytes(d[0:4], "little"), int.from_bytes(d[4:8], "little"))
+        assert tensor_key(seed, name) == tensor_key(seed, name, 1)  # the low-level default is version 1
+        assert tensor_key(seed, name, 2) != tensor_key(seed, name, 1)
+
+
+@pytest.mark.parametrize("version", [0, 3, -1, True, 1.0, "2", None])
+def test_tensor_key_version(version):
+    with pytest.raises(ValueError, match="^algorithm_version: "):
+        tensor_key(0, "w", version)
+
+
+def test_canonical_name():
+    assert canonical_name("bert.encoder.layer.0.attention.self.query.weight", "bert") == "encoder.layer.0.attention.self.query.weight"
+    assert canonical_name("model.layers.0.mlp.up_proj.weight", "model") == "layers.0.mlp.up_proj.weight"
+    assert canonical_name("transformer.wte.weight", "transformer") == "wte.weight"
+    assert canonical_name("lm_head.weight", "model") == "lm_head.weight"  # heads keep their names
+    assert canonical_name("cls.predictions.bias", "bert") == "cls.predictions.bias"
+    assert canonical_name("modelx.w", "model") == "modelx.w"  # a whole leading component only
+    assert canonical_name("model", "model") == "model"
+    assert canonical_name("model.model.w", "model") == "model.w"  # removed once
+    assert canonical_name("bert.pooler.dense.weight", "") == "bert.pooler.dense.weight"  # base class: no prefix
 
 
 def test_tensor_key_pinned():

@@ -81,7 +81,7 @@ def test_fan_based_kinds():
     (lambda: Distribution("normal", std=float("nan")), "std"),
     (lambda: Distribution("trunc_normal", std=1, a=1, b=-1), "a=1"),
     (lambda: Distribution("uniform", low=1, high=0), "low"),
-    (lambda: Match(kinds=("conv",)), "match.kinds"),
+    (lambda: Match(kinds=("convolution",)), "match.kinds"),
     (lambda: Rule(Match(), Distribution("constant"), depth_scaling="layer"), "depth_scaling"),
     (lambda: Policy(preset="nope"), "policy.preset"),
 ])

@@ -28,7 +28,7 @@ rules:
 def test_yaml_file_drives_the_plan(client, tmp_path):
     path = tmp_path / "policy.yaml"
     path.write_text(YAML)
-    plan = client.plan(TINY["llama"], policy=str(path))
+    plan = client.plan(TINY["llama"], policy=str(path), tensors=True)
     by = {t.name: t for t in plan.tensors}
     down = by["model.layers.1.mlp.down_proj.weight"]
     assert down.rule == "residual" and down.std == pytest.approx(0.02 / math.sqrt(2 * 2))
@@ -105,6 +105,6 @@ def test_typed_policy_objects(client):
         modelinit.Rule(name="lecun", match=modelinit.Match(kinds=["linear"], params=["weight"]),
                        init=modelinit.Distribution(lecun_normal=modelinit.FanScaled())),
     ])
-    plan = client.plan(TINY["llama"], policy=policy)
+    plan = client.plan(TINY["llama"], policy=policy, tensors=True)
     up = next(t for t in plan.tensors if t.name == "model.layers.0.mlp.up_proj.weight")  # fan_in 64
     assert up.rule == "lecun" and up.std == pytest.approx(1 / 8) and up.init.startswith("kaiming_normal")

@@ -12,6 +12,7 @@ import sys
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda", "reference")
+ALGORITHM_VERSIONS = (1, 2)  # what --algorithm-version accepts (docs/determinism.md)
 
 
 def _add_request_args(p: argparse.ArgumentParser) -> None:
@@ -22,6 +23,11 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
                         "kaiming, small-init, torch-trunc-normal) or a JSON/YAML policy file")
     p.add_argument("--dtype", default="float32", help=f"output dtype: {', '.join(DTYPES)} (default float32)")
     p.add_argument("--max-shard-size", default="5GB", help="largest shard, e.g. 5GB (10^9 bytes), 500MB, 2GiB (default 5GB)")
+    p.add_argument("--architecture", default=None, metavar="CLASS",
+                   help="model class overriding the spec's architectures[0], e.g. BertModel, LlamaForCausalLM")
+    p.add_argument("--algorithm-version", type=int, default=None, choices=ALGORITHM_VERSIONS, metavar="{1,2}",
+                   help="generation algorithm (default: the newest, 2: one backbone per seed whatever the head class; "
+                        "1: keys from full HF names, reproduces version-1 weights)")
     p.add_argument("--server", default=None, metavar="TARGET",
                    help="server address (host:port, dns:///name:port) or several, comma-separated; default: embedded")
     p.add_argument("--device", default="auto", choices=DEVICES, help="embedded engine (default auto: CUDA, else the CPU kernel)")
@@ -88,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="show every tensor's rule, std and shard without generating anything")
     _add_request_args(plan)
     plan.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    plan.add_argument("--tensors", action=argparse.BooleanOptionalAction, default=True,
+                      help="list every tensor (the default; fetched page by page, any model size); "
+                           "--no-tensors: only the totals and files")
 
     explain = sub.add_parser("explain", help="tensor groups with their std against the Xavier/LeCun references, and warnings")
     _add_request_args(explain)
@@ -125,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with connect(args) as client:
-            kwargs = dict(seed=args.seed, policy=args.policy, dtype=args.dtype, max_shard_size=args.max_shard_size)
+            kwargs = dict(seed=args.seed, policy=args.policy, dtype=args.dtype, max_shard_size=args.max_shard_size,
+                          algorithm_version=args.algorithm_version, architecture=args.architecture)
             if args.command == "init":
                 result = client.init_model(args.spec, out_dir=args.out, progress=not args.quiet and sys.stderr.isatty(),
                                            fsync=args.fsync, direct_io=not args.buffered_io, parallel=args.parallel, **kwargs)
@@ -136,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             elif args.command == "explain":
                 _print_explain(client.plan(args.spec, **kwargs), args.json)
             else:
-                _print_plan(client.plan(args.spec, **kwargs), args.json)
+                _print_plan(client.plan(args.spec, tensors=args.tensors, **kwargs), args.json, args.tensors)
     except ModelInitError as e:
         return _fail(e.details, 2 if e.code == grpc.StatusCode.INVALID_ARGUMENT else 1)
     except KeyboardInterrupt:
@@ -201,7 +211,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_plan(plan, as_json: bool) -> None:
+def _print_plan(plan, as_json: bool, tensors: bool = True) -> None:
     if as_json:
         from google.protobuf import json_format
 
@@ -209,6 +219,11 @@ def _print_plan(plan, as_json: bool) -> None:
         return
     print(f"{plan.architecture} ({plan.family}): {plan.total_params:,} parameters, {plan.total_bytes:,} bytes, "
           f"{sum(f.shard for f in plan.files)} shard(s); algorithm v{plan.algorithm_version}; fingerprint {plan.fingerprint}")
+    if not tensors:
+        rows = [(f.name, f"{f.size:,}", str(f.tensors) if f.shard else "-") for f in plan.files]
+        _print_table(("file", "bytes", "tensors"), rows)
+        print(f"\n{plan.tensor_count:,} tensors in {len(plan.groups)} groups (--tensors lists them, `modelinit explain` shows the groups)")
+        return
     rows = [(t.name, "x".join(map(str, t.shape)), t.init, f"{t.effective_std:.4g}", t.rule, plan.files[t.shard].name) for t in plan.tensors]
     _print_table(("tensor", "shape", "init", "eff. std", "rule", "file"), rows)
 

@@ -29,6 +29,9 @@ _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 << 20)]
 #: Status codes after which a call is retried (and a stream resumed): the server went away or
 #: could not be reached. Everything else is an answer and is raised.
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+#: Tensors per Plan page when a caller wants them all (the server allows up to 10,000; 5,000
+#: TensorPlans are ~1 MB).
+PLAN_PAGE_SIZE = 5000
 
 log = logging.getLogger("modelinit.client")
 
@@ -143,17 +146,37 @@ def model_policy(policy: PolicyArg) -> pb.Policy:
 
 
 def model_request(
-    spec: Spec, *, seed: int, policy: PolicyArg = None, dtype: str | None = None, max_shard_size: str | int | None = None
+    spec: Spec,
+    *,
+    seed: int,
+    policy: PolicyArg = None,
+    dtype: str | None = None,
+    max_shard_size: str | int | None = None,
+    algorithm_version: int | None = None,
+    architecture: str | None = None,
 ) -> pb.ModelRequest:
+    """The request message. ``algorithm_version`` None (or 0) asks for the server's newest;
+    ``architecture`` (a model class name, e.g. ``"BertModel"``) overrides the spec's class."""
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
         raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"seed: must be an integer in [0, 2^64), got {seed!r}")
-    return pb.ModelRequest(
+    if algorithm_version is not None and (
+        isinstance(algorithm_version, bool) or not isinstance(algorithm_version, int) or not 0 <= algorithm_version < 2**32
+    ):
+        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"algorithm_version: must be a version number (1, 2; 0 or None: the newest), got {algorithm_version!r}")
+    if architecture is not None and not isinstance(architecture, str):
+        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"architecture: must be a class name, got {architecture!r}")
+    msg = pb.ModelRequest(
         spec=model_spec(spec),
         policy=model_policy(policy),
         seed=seed,
         dtype=dtype or "",
         max_shard_size="" if max_shard_size is None else str(max_shard_size),
+        algorithm_version=algorithm_version or 0,
     )
+    if architecture:
+        msg.spec.architecture = architecture
+    return msg
 
 
 def check_file_name(name: str) -> str:
@@ -237,24 +260,68 @@ class Client:
         self.close()
 
     def plan(
-        self, spec: Spec, *, seed: int = 0, policy: PolicyArg = None, dtype: str | None = None, max_shard_size: str | int | None = None
+        self,
+        spec: Spec,
+        *,
+        seed: int = 0,
+        policy: PolicyArg = None,
+        dtype: str | None = None,
+        max_shard_size: str | int | None = None,
+        algorithm_version: int | None = None,
+        architecture: str | None = None,
+        tensors: bool = False,
     ) -> pb.PlanResponse:
-        """The manifest: every tensor with its rule, std and shard; every file; the fingerprint."""
-        request = model_request(spec, seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size)
-        return self._plan(request)
+        """The manifest: totals, every file, the tensor groups (``explain``), the fingerprint;
+        with ``tensors=True`` also every tensor with its rule, std and shard (``tensors``, fetched
+        page by page: a model of any size, under gRPC's default message limit).
+        ``algorithm_version``: None for the newest, 1 to reproduce version-1 weights;
+        ``architecture``: a model class overriding the spec's (``"LlamaModel"``)."""
+        request = model_request(spec, seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size,
+                                algorithm_version=algorithm_version, architecture=architecture)
+        return self._plan(request, tensors=tensors)
 
-    def _plan(self, request: pb.ModelRequest) -> pb.PlanResponse:
+    def _plan(self, request: pb.ModelRequest, tensors: bool = False) -> pb.PlanResponse:
+        """The summary (no tensors listed), or with ``tensors`` every page merged into one
+        response (``next_page_token`` empty)."""
+        if not tensors:
+            return self._plan_page(request)
+        plan = self._plan_page(request, PLAN_PAGE_SIZE)
+        if not plan.tensor_count and plan.tensors:  # a server from before paging lists them all
+            return plan
+        token = plan.next_page_token
+        while token:
+            page = self._plan_page(request, PLAN_PAGE_SIZE, token)
+            if page.fingerprint != plan.fingerprint or page.tensor_count != plan.tensor_count:
+                raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                                     f"plan: a page came from a server planning other weights (fingerprint "
+                                     f"{page.fingerprint[:16]}, expected {plan.fingerprint[:16]}): are all replicas the same version?")
+            if not page.tensors or len(plan.tensors) + len(page.tensors) > plan.tensor_count:
+                break  # reported below
+            plan.tensors.extend(page.tensors)
+            token = page.next_page_token
+        if len(plan.tensors) != plan.tensor_count:
+            raise ModelInitError(grpc.StatusCode.DATA_LOSS,
+                                 f"plan: the server's pages do not add up to its tensor_count {plan.tensor_count} "
+                                 f"(stopped after {len(plan.tensors)} tensors)")
+        plan.next_page_token = ""
+        return plan
+
+    def _plan_page(self, request: pb.ModelRequest, page_size: int = 0, page_token: str = "") -> pb.PlanResponse:
+        """One Plan call (retried like any call): ``page_size`` tensors from ``page_token`` on."""
         if self._local is not None:
             try:
-                return self._local.plan(request)
+                return _check_version(request, self._local.plan(request, page_size, page_token))
             except ValueError as e:  # the same field-named message the server sends
                 raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         backoff = _Backoff(self.retry)
         while True:
             try:
-                return self._stub.Plan(pb.PlanRequest(request=request), timeout=self.timeout, metadata=_metadata())
+                plan = self._stub.Plan(pb.PlanRequest(request=request, page_size=page_size, page_token=page_token),
+                                       timeout=self.timeout, metadata=_metadata())
             except grpc.RpcError as e:
                 backoff.wait_or_raise(ModelInitError.from_rpc(e))
+            else:
+                return _check_version(request, plan)
 
     def _events(self, request: pb.ModelRequest, plan: pb.PlanResponse):
         """Every file's events from the local engine, or from the server's stream, resumed after
@@ -279,6 +346,8 @@ class Client:
         policy: PolicyArg = None,
         dtype: str | None = None,
         max_shard_size: str | int | None = None,
+        algorithm_version: int | None = None,
+        architecture: str | None = None,
         progress: bool | Callable[[int], None] = False,
         fsync: bool = False,
         direct_io: bool = True,
@@ -295,13 +364,16 @@ class Client:
         every file to stable storage before its rename (safe against power loss, at disk speed;
         without it a killed process is still safe, the page cache keeps what was written).
         ``parallel`` (servers only): files fetched at once, spread over the replicas; each file
-        resumes on the next replica if its server goes away. ``progress`` callables are then
+        resumes on the next replica if its server goes away. ``algorithm_version`` (None: the
+        newest) and ``architecture`` (a class overriding the spec's) as in :meth:`plan`;
+        ``modelinit.json`` records both. ``progress`` callables are then
         called from several threads. ``direct_io`` writes shards with ``O_DIRECT`` where the OS and filesystem allow it (no
         page-cache copy: faster, and no dirty pages charged to a container); False writes buffered.
         """
         if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"parallel: must be an integer >= 1, got {parallel!r}")
-        request = model_request(spec, seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size)
+        request = model_request(spec, seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size,
+                                algorithm_version=algorithm_version, architecture=architecture)
         plan = self._plan(request)
         for f in plan.files:  # before anything is written
             check_file_name(f.name)
@@ -516,10 +588,31 @@ def _reuse(out: pathlib.Path, plan: pb.PlanResponse) -> "InitResult | None":
     return InitResult(out, plan.fingerprint, written, plan.total_params, plan.total_bytes, plan.algorithm_version, reused=True)
 
 
+def _check_version(request: pb.ModelRequest, plan: pb.PlanResponse) -> pb.PlanResponse:
+    """A server older than the requested algorithm version ignores the field: refuse its plan."""
+    if request.algorithm_version and plan.algorithm_version != request.algorithm_version:
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"algorithm_version: asked for version {request.algorithm_version}, the server plans version "
+                             f"{plan.algorithm_version} (it predates version {request.algorithm_version}; upgrade it)")
+    return plan
+
+
 def _manifest(plan: pb.PlanResponse, written: list[FileResult]) -> bytes:
-    """modelinit.json: what was asked, what algorithm made it, and every file's hash."""
+    """modelinit.json: what was asked, what algorithm made it, and every file's hash.
+    ``request`` holds what replays the request exactly: its ``algorithm_version`` (the plan's,
+    never 0) and the ``architecture`` override when one was given."""
     r = plan.request
     spec: dict[str, Any] = {"preset": r.spec.preset} if r.spec.HasField("preset") else {"config": json.loads(r.spec.config_json)}
+    request: dict[str, Any] = {
+        "spec": spec,
+        "policy": json_format.MessageToDict(r.policy, preserving_proto_field_name=True),
+        "seed": r.seed,
+        "dtype": r.dtype,
+        "max_shard_size": int(r.max_shard_size),
+        "algorithm_version": plan.algorithm_version,
+    }
+    if r.spec.architecture:
+        request["architecture"] = r.spec.architecture
     doc = {
         "algorithm_version": plan.algorithm_version,
         "fingerprint": plan.fingerprint,
@@ -527,13 +620,8 @@ def _manifest(plan: pb.PlanResponse, written: list[FileResult]) -> bytes:
         "architecture": plan.architecture,
         "total_params": plan.total_params,
         "total_bytes": plan.total_bytes,
-        "request": {
-            "spec": spec,
-            "policy": json_format.MessageToDict(r.policy, preserving_proto_field_name=True),
-            "seed": r.seed,
-            "dtype": r.dtype,
-            "max_shard_size": int(r.max_shard_size),
-        },
+        "transformers_version": plan.transformers_version,
+        "request": request,
         "files": [{"name": w.name, "size": w.size, "sha256": w.sha256} for w in written],
     }
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()

@@ -187,7 +187,19 @@ def manifest_request(manifest: dict) -> pb.ModelRequest:
     shard = r.get("max_shard_size")
     if not _is_int(shard) or shard <= 0:
         raise ValueError("request.max_shard_size: missing or not a positive integer")
-    return pb.ModelRequest(spec=model_spec, policy=policy_msg, seed=seed, dtype=dtype, max_shard_size=str(shard))
+    # Manifests older than algorithm version 2 record the version only at the top level.
+    version = r.get("algorithm_version", manifest.get("algorithm_version"))
+    if not _is_int(version) or not 1 <= version < 2**32:
+        raise ValueError("request.algorithm_version: missing or not a version number (>= 1)")
+    if _is_int(manifest.get("algorithm_version")) and version != manifest["algorithm_version"]:
+        raise ValueError(f"request.algorithm_version: {version}, but the top-level algorithm_version is "
+                         f"{manifest['algorithm_version']}")
+    architecture = r.get("architecture", "")
+    if not isinstance(architecture, str):
+        raise ValueError("request.architecture: not a string (a model class name)")
+    model_spec.architecture = architecture
+    return pb.ModelRequest(spec=model_spec, policy=policy_msg, seed=seed, dtype=dtype, max_shard_size=str(shard),
+                           algorithm_version=version)
 
 
 def _sha256_file(path: pathlib.Path, tick: Callable[[int], None] = lambda n: None) -> str:
@@ -412,7 +424,9 @@ def _regenerate(client, manifest: dict, file_problems: dict[str, list[str]], pro
     try:
         plan = client._plan(request)
     except ModelInitError as e:
-        if e.code != grpc.StatusCode.INVALID_ARGUMENT:
+        # INVALID_ARGUMENT, or a server too old for the recorded algorithm version (it plans another).
+        if not (e.code == grpc.StatusCode.INVALID_ARGUMENT
+                or (e.code == grpc.StatusCode.FAILED_PRECONDITION and e.details.startswith("algorithm_version:"))):
             raise
         problems.append(f"{MANIFEST_FILE}: the server rejects the recorded request: {e.details}")
         return False

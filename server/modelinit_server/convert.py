@@ -5,6 +5,8 @@ the field's path; the servicer turns those into INVALID_ARGUMENT.
 """
 from __future__ import annotations
 
+import hashlib
+
 from modelinit.v1 import modelinit_pb2 as pb
 
 from . import architectures, explain, layout
@@ -18,9 +20,9 @@ _DEPTH = {pb.DEPTH_SCALING_NONE: "none", pb.DEPTH_SCALING_N_LAYERS: "n_layers", 
 def request_from_pb(msg: pb.ModelRequest) -> Request:
     source = msg.spec.WhichOneof("source")
     if source == "preset":
-        model = architectures.from_preset(msg.spec.preset)
+        model = architectures.from_preset(msg.spec.preset, msg.spec.architecture)
     elif source == "config_json":
-        model = architectures.from_config(msg.spec.config_json)
+        model = architectures.from_config(msg.spec.config_json, msg.spec.architecture)
     else:
         raise ValueError("spec: missing; give a preset name (e.g. 'bert-base-uncased') or the text of a config.json")
     return Request(
@@ -29,6 +31,7 @@ def request_from_pb(msg: pb.ModelRequest) -> Request:
         seed=msg.seed,
         dtype=msg.dtype or "float32",
         max_shard_size=layout.parse_size(msg.max_shard_size),
+        algorithm_version=msg.algorithm_version or ALGORITHM_VERSION,  # 0: the newest
     )
 
 
@@ -85,16 +88,23 @@ def _distribution_from_pb(msg: pb.Distribution) -> Distribution:
     )
 
 
-def plan_to_pb(plan: Plan, request: pb.ModelRequest) -> pb.PlanResponse:
+def plan_to_pb(plan: Plan, request: pb.ModelRequest, page_size: int = 0, page_token: str = "") -> pb.PlanResponse:
+    """The plan as a PlanResponse listing the tensors of one page (``page_size`` from
+    ``page_token`` on; 0: none, a summary). Files, groups and totals are always complete.
+    ValueError (naming page_size or page_token) for a page that cannot be served."""
+    check_page_size(page_size)
+    start = page_start(plan, page_token)
+    stop = min(start + page_size, len(plan.tensors))
     r = plan.request
     echo = pb.ModelRequest()
     echo.CopyFrom(request)
     echo.dtype = r.dtype
     echo.max_shard_size = str(r.max_shard_size)
+    echo.algorithm_version = r.algorithm_version
     if not echo.policy.preset and not echo.policy.rules:
         echo.policy.preset = "hf-default"
     out = pb.PlanResponse(
-        algorithm_version=ALGORITHM_VERSION,
+        algorithm_version=r.algorithm_version,
         fingerprint=plan.fingerprint,
         request=echo,
         family=r.model.family,
@@ -102,8 +112,13 @@ def plan_to_pb(plan: Plan, request: pb.ModelRequest) -> pb.PlanResponse:
         total_params=plan.total_params,
         total_bytes=plan.total_bytes,
         tied=dict(r.model.tied),
+        base_model_prefix=r.model.base_model_prefix,
+        transformers_version=r.model.transformers_version,
     )
-    for t in plan.tensors:
+    out.tensor_count = len(plan.tensors)
+    if page_size and stop < len(plan.tensors):
+        out.next_page_token = _page_token(plan, stop)
+    for t in plan.tensors[start:stop]:
         s, res = t.spec, t.resolved
         tp = out.tensors.add(
             name=s.name,
@@ -130,6 +145,44 @@ def plan_to_pb(plan: Plan, request: pb.ModelRequest) -> pb.PlanResponse:
         out.files.add(name=f.name, size=f.size, shard=f.shard, tensors=len(f.tensors))
     out.groups.extend(_group_to_pb(g) for g in explain.explain(plan))
     return out
+
+
+#: Most tensors one Plan lists (PlanRequest.page_size): ~2 MB of TensorPlans, well under gRPC's
+#: 4 MiB default receive limit.
+MAX_PAGE_SIZE = 10_000
+
+
+def check_page_size(page_size: int) -> None:
+    if not 0 <= page_size <= MAX_PAGE_SIZE:
+        raise ValueError(f"page_size: at most {MAX_PAGE_SIZE} tensors per page, got {page_size}; "
+                         "page through with next_page_token (0: a summary without tensors)")
+
+
+def _page_check(plan: Plan, offset: int) -> str:
+    # Binds a token to its plan (fingerprint: seed, dtype, algorithm version, every tensor; the
+    # shard size, which moves shards and offsets) and to its offset. Stateless, so any replica of
+    # the same version accepts a token another one issued.
+    doc = f"modelinit-page\0{plan.fingerprint}\0{plan.request.max_shard_size}\0{offset}"
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+def _page_token(plan: Plan, offset: int) -> str:
+    """``"<offset>.<check>"``: the index of the page's first tensor and 16 hex digits of
+    SHA-256 over the plan's identity and that offset."""
+    return f"{offset}.{_page_check(plan, offset)}"
+
+
+def page_start(plan: Plan, token: str) -> int:
+    """The index of the first tensor of the page ``token`` names (0 for an empty token)."""
+    if not token:
+        return 0
+    offset, _, check = token.partition(".")
+    if (len(token) <= 64 and offset.isascii() and offset.isdigit() and 0 < int(offset) < len(plan.tensors)
+            and check == _page_check(plan, int(offset))):
+        return int(offset)
+    shown = token if len(token) <= 40 else token[:40] + "..."
+    raise ValueError(f"page_token: {shown!r} is not a page of this request; pass the next_page_token of a Plan of "
+                     "this same request, or empty")
 
 
 def _group_to_pb(g: explain.Group) -> pb.TensorGroup:

@@ -11,7 +11,7 @@ from modelinit.events import Event
 from modelinit.v1 import modelinit_pb2 as pb
 
 from . import files
-from .convert import plan_to_pb, request_from_pb
+from .convert import check_page_size, plan_to_pb, request_from_pb
 from .engine.backends import DEVICES, Backend, select
 from .planner import Plan, build_plan
 
@@ -39,8 +39,10 @@ class LocalEngine:
             self._last = (key, build_plan(request_from_pb(msg)))
         return self._last[1]
 
-    def plan(self, msg: pb.ModelRequest) -> pb.PlanResponse:
-        return plan_to_pb(self._build(msg), msg)
+    def plan(self, msg: pb.ModelRequest, page_size: int = 0, page_token: str = "") -> pb.PlanResponse:
+        """One page of the plan, as the server's Plan (0: a summary without tensors)."""
+        check_page_size(page_size)
+        return plan_to_pb(self._build(msg), msg, page_size, page_token)
 
     def events(self, msg: pb.ModelRequest) -> "files.Prefetch":
         """Every file's events, produced on a background thread a couple of segments ahead of the

@@ -10,7 +10,16 @@ import json
 from dataclasses import asdict, dataclass
 
 from . import layout
-from .engine import ALGORITHM_VERSION, DTYPE_ITEMSIZE, DTYPES, Sampler, check_dtype, tensor_key
+from .engine import (
+    ALGORITHM_VERSION,
+    ALGORITHM_VERSIONS,
+    DTYPE_ITEMSIZE,
+    DTYPES,
+    Sampler,
+    canonical_name,
+    check_dtype,
+    tensor_key,
+)
 from .policies import Policy, Resolved, resolve
 from .tensors import ModelSpec, TensorSpec
 
@@ -33,8 +42,16 @@ class Request:
     """Output dtype, one of ``engine.DTYPES``."""
     max_shard_size: int = layout.DEFAULT_MAX_SHARD_SIZE
     """Largest total of tensor bytes in one shard (bytes, > 0)."""
+    algorithm_version: int = ALGORITHM_VERSION
+    """Generation algorithm, one of ``engine.ALGORITHM_VERSIONS`` (the wire's 0, "newest", is
+    mapped to ``ALGORITHM_VERSION`` before this). 1 keys tensors by full HF name, 2 by canonical
+    name (``model.base_model_prefix`` removed)."""
 
     def __post_init__(self) -> None:
+        v = self.algorithm_version
+        if isinstance(v, bool) or not isinstance(v, int) or v not in ALGORITHM_VERSIONS:
+            use = " or ".join(str(x) for x in ALGORITHM_VERSIONS)
+            raise ValueError(f"algorithm_version: unknown version {v!r}; use {use} (0 means the newest)")
         if not (isinstance(self.seed, int) and 0 <= self.seed < 2**64):
             raise ValueError(f"seed: must be an integer in [0, 2^64), got {self.seed!r}")
         if self.dtype not in DTYPES:
@@ -52,7 +69,7 @@ class TensorPlan:
     spec: TensorSpec
     resolved: Resolved
     key: tuple[int, int]
-    """Philox key from (seed, name)."""
+    """Philox key from (seed, name) in the request's algorithm version (version 2: canonical name)."""
     file: int
     """Index of the shard file holding it."""
     offset: int
@@ -88,6 +105,11 @@ class Plan:
     """SHA-256 hex of the weights' definition (independent of max_shard_size)."""
 
     @property
+    def algorithm_version(self) -> int:
+        """The generation algorithm the plan's bytes follow (the request's)."""
+        return self.request.algorithm_version
+
+    @property
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
 
@@ -96,10 +118,37 @@ class Plan:
         return sum(t.spec.numel for t in self.tensors)
 
 
+def key_name(request: Request, name: str) -> str:
+    """The name tensor ``name`` is keyed by in ``request``'s algorithm version: the full name in
+    version 1, the canonical name (``base_model_prefix.`` removed) from version 2 on."""
+    if request.algorithm_version == 1:
+        return name
+    return canonical_name(name, request.model.base_model_prefix)
+
+
+def tensor_keys(request: Request) -> list[tuple[int, int]]:
+    """The Philox key of each of the model's tensors, in order. Two stored tensors with one key
+    (a head named like a backbone tensor once the prefix is removed) would have equal bytes: refused."""
+    names = [key_name(request, t.name) for t in request.model.tensors]
+    if len(set(names)) != len(names):
+        seen: dict[str, str] = {}
+        for t, n in zip(request.model.tensors, names):
+            if n in seen:
+                raise ValueError(
+                    f"algorithm_version: tensors {seen[n]!r} and {t.name!r} share the canonical name {n!r} under "
+                    f"version {request.algorithm_version}; request algorithm_version=1 (full names)"
+                )
+            seen[n] = t.name
+    return [tensor_key(request.seed, n, request.algorithm_version) for n in names]
+
+
 def fingerprint(request: Request, resolved: list[Resolved]) -> str:
-    """SHA-256 over a canonical JSON of everything the bytes depend on (floats as exact reprs)."""
-    doc = {
-        "algorithm_version": ALGORITHM_VERSION,
+    """SHA-256 over a canonical JSON of everything the bytes depend on (floats as exact reprs).
+
+    From version 2 on the keys also depend on ``base_model_prefix``, so the document names it;
+    version 1's document is unchanged (its fingerprints stay what they were)."""
+    doc: dict = {
+        "algorithm_version": request.algorithm_version,
         "seed": request.seed,
         "dtype": request.dtype,
         "tensors": [
@@ -107,6 +156,8 @@ def fingerprint(request: Request, resolved: list[Resolved]) -> str:
             for t, r in zip(request.model.tensors, resolved)
         ],
     }
+    if request.algorithm_version >= 2:
+        doc["base_model_prefix"] = request.model.base_model_prefix
     return hashlib.sha256(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()).hexdigest()
 
 
@@ -118,13 +169,14 @@ def build_plan(request: Request) -> Plan:
             check_dtype(r.sampler, request.dtype)  # overflow is a bad request, not a broken stream
         except ValueError as e:
             raise ValueError(f"dtype: {request.dtype} cannot hold {t.name!r} ({r.init}): {e}") from None
+    keys = tensor_keys(request)
     fp = fingerprint(request, resolved)
     itemsize = DTYPE_ITEMSIZE[request.dtype]
     nbytes = [t.numel * itemsize for t in model.tensors]
     groups = layout.pack_shards(nbytes, request.max_shard_size)
     metadata = {
         "format": "pt",
-        "modelinit.algorithm_version": str(ALGORITHM_VERSION),
+        "modelinit.algorithm_version": str(request.algorithm_version),
         "modelinit.seed": str(request.seed),
         "modelinit.fingerprint": fp,
     }
@@ -137,7 +189,7 @@ def build_plan(request: Request) -> Plan:
         offset = 0
         for i in group:
             t = model.tensors[i]
-            tensors[i] = TensorPlan(t, resolved[i], tensor_key(request.seed, t.name), f, offset, nbytes[i])
+            tensors[i] = TensorPlan(t, resolved[i], keys[i], f, offset, nbytes[i])
             offset += nbytes[i]
             weight_map[t.name] = name
         header = layout.safetensors_header(

@@ -8,6 +8,7 @@ line, and is counted in the metrics with its final status.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import threading
@@ -21,7 +22,7 @@ from modelinit.v1 import modelinit_pb2 as pb
 from modelinit.v1 import modelinit_pb2_grpc as pb_grpc
 
 from . import files
-from .convert import plan_to_pb, request_from_pb
+from .convert import check_page_size, plan_to_pb, request_from_pb
 from .engine.backends import Backend
 from .limits import Limits
 from .observability import Metrics, request_id, request_id_from
@@ -31,6 +32,9 @@ log = logging.getLogger("modelinit.server")
 
 DEFAULT_CHUNK = 1 << 20
 MAX_CHUNK = 3 << 20
+#: Plans kept for the next call of the same request (a client paging through a Plan, then Init):
+#: a 90,000-tensor plan takes seconds to build and some 100 MB to hold.
+PLAN_CACHE = 2
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,7 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         self._streams = streams or StreamPolicy()
         self._metrics = metrics or Metrics()
         self._inflight = 0
+        self._plans: collections.OrderedDict[bytes, Plan] = collections.OrderedDict()  # PLAN_CACHE latest
 
     @property
     def inflight(self) -> int:
@@ -137,6 +142,10 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         return self._inflight
 
     async def _plan(self, msg: pb.ModelRequest, context: grpc.aio.ServicerContext) -> Plan:
+        key = msg.SerializeToString(deterministic=True)
+        if key in self._plans:  # only this event loop's thread touches the cache
+            self._plans.move_to_end(key)
+            return self._plans[key]
         loop = asyncio.get_running_loop()
 
         def build() -> Plan:
@@ -145,15 +154,28 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
             return plan
 
         try:
-            return await loop.run_in_executor(None, build)
+            plan = await loop.run_in_executor(None, build)
         except ValueError as e:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
             raise  # unreachable: abort raises
+        self._plans[key] = plan
+        while len(self._plans) > PLAN_CACHE:
+            self._plans.popitem(last=False)
+        return plan
 
     @_observed
     async def Plan(self, request: pb.PlanRequest, context: grpc.aio.ServicerContext) -> pb.PlanResponse:
+        try:
+            check_page_size(request.page_size)  # before the plan is built
+        except ValueError as e:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         plan = await self._plan(request.request, context)
-        return plan_to_pb(plan, request.request)
+        page = functools.partial(plan_to_pb, plan, request.request, request.page_size, request.page_token)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, page)
+        except ValueError as e:  # page_token
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            raise  # unreachable: abort raises
 
     @_observed
     async def Init(self, request: pb.InitRequest, context: grpc.aio.ServicerContext) -> None:

@@ -78,18 +78,21 @@ def from_config(config: Mapping[str, Any] | str, architecture: str = "") -> Mode
     document = load_document(config)
     if not isinstance(architecture, str):
         raise ValueError(f"spec.architecture: must be a class name, got {architecture!r}")
+    override = architecture
     if architecture:
         document["architectures"] = [architecture]
-    family = FAMILIES.get(document.get("model_type"))  # type: ignore[arg-type]
+    model_type = document.get("model_type")
+    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     names = document.get("architectures")
-    if family is not None and (names is None or (isinstance(names, list) and names and names[0] in family.architectures)):
+    well_formed = isinstance(names, list) and names and all(isinstance(n, str) for n in names)
+    if family is not None and (not well_formed or names[0] in family.architectures):
         # the built-in fast path: no transformers import (tests/test_generic.py proves it equal)
         architecture = _architecture(document, family)
         document["architectures"] = [architecture]
         return family.build(document, architecture)
     from . import hf, spec_cache
 
-    return spec_cache.cached(document, architecture, hf.transformers_version(), hf.build)
+    return spec_cache.cached(document, override, hf.transformers_version(), hf.build)
 
 
 def _family(document: Mapping[str, Any]) -> Family:

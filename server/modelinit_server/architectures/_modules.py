@@ -71,12 +71,15 @@ def assemble(
     tied: Mapping[str, str],
     n_layers: int,
     hidden_size: int,
+    base_model_prefix: str = "",
 ) -> ModelSpec:
     """Build the spec from the model's full ``state_dict()`` listing.
 
     ``tied`` maps each tied name to the tensor it shares (HF ``_tied_weights_keys``, already
     emptied when ``tie_word_embeddings`` is false). ``save_pretrained`` drops the tied names, so
     they are left out of the stored tensors and recorded in ``ModelSpec.tied``.
+    ``base_model_prefix`` is the HF class's base-model attribute when the class wraps the base
+    model (``bert``, ``transformer``, ``model``), empty for a base class.
     """
     return ModelSpec(
         family=family,
@@ -87,4 +90,5 @@ def assemble(
         hidden_size=hidden_size,
         initializer_range=config["initializer_range"],
         tied=dict(tied),
+        base_model_prefix=base_model_prefix,
     )

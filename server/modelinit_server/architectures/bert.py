@@ -1,7 +1,8 @@
 """BERT and RoBERTa (transformers ``modeling_bert.py`` / ``modeling_roberta.py``).
 
-Supported classes: ``BertForMaskedLM`` / ``RobertaForMaskedLM`` (encoder without pooler + MLM
-head) and ``BertModel`` / ``RobertaModel`` (encoder with pooler).
+Built-in classes (the fast path; any other class goes through transformers): ``BertForMaskedLM`` /
+``RobertaForMaskedLM`` (encoder without pooler + MLM head), ``BertModel`` / ``RobertaModel``
+(encoder with pooler) and ``BertForPreTraining`` (encoder with pooler, MLM and next-sentence heads).
 """
 from __future__ import annotations
 
@@ -76,6 +77,8 @@ class _Flavor:
     """MLM head module path (``cls.predictions`` / ``lm_head``)."""
     head_dense: str
     head_norm: str
+    pretraining: str
+    """The pre-training class (MLM + next-sentence heads, encoder with pooler); empty if none."""
     roberta_positions: bool
     """RoBERTa gives its position table ``padding_idx=pad_token_id`` and registers it last."""
 
@@ -89,6 +92,7 @@ _BERT = _Flavor(
     head="cls.predictions",
     head_dense="transform.dense",
     head_norm="transform.LayerNorm",
+    pretraining="BertForPreTraining",
     roberta_positions=False,
 )
 _ROBERTA = _Flavor(
@@ -100,6 +104,7 @@ _ROBERTA = _Flavor(
     head="lm_head",
     head_dense="dense",
     head_norm="layer_norm",
+    pretraining="",
     roberta_positions=True,
 )
 
@@ -147,7 +152,7 @@ def _encoder(flavor: _Flavor, prefix: str, cfg: dict[str, Any], pooler: bool) ->
     for i in range(cfg["num_hidden_layers"]):
         tensors += _layer(prefix, i, h, cfg["intermediate_size"])
     if pooler:
-        tensors += linear(f"{prefix}pooler.dense", h, h, "other")
+        tensors += linear(f"{prefix}pooler.dense", h, h, "pooler")
     return tensors
 
 
@@ -173,14 +178,18 @@ def _builder(flavor: _Flavor):
         cfg = fill(document, flavor.schema)
         _check(cfg)
         if architecture == flavor.base:
-            state_dict, tied = _encoder(flavor, "", cfg, pooler=True), {}
+            state_dict, tied, base_model_prefix = _encoder(flavor, "", cfg, pooler=True), {}, ""
         else:
-            state_dict = _encoder(flavor, f"{flavor.prefix}.", cfg, pooler=False) + _mlm_head(flavor, cfg)
+            pretraining = architecture == flavor.pretraining
+            state_dict = _encoder(flavor, f"{flavor.prefix}.", cfg, pooler=pretraining) + _mlm_head(flavor, cfg)
+            if pretraining:  # BertPreTrainingHeads: the MLM head, then the next-sentence classifier
+                state_dict += linear("cls.seq_relationship", cfg["hidden_size"], 2, "classifier")
             # HF `_tied_weights_keys`, applied only when tie_word_embeddings is true.
             tied = {
                 f"{flavor.head}.decoder.weight": f"{flavor.prefix}.embeddings.word_embeddings.weight",
                 f"{flavor.head}.decoder.bias": f"{flavor.head}.bias",
             } if cfg["tie_word_embeddings"] else {}
+            base_model_prefix = flavor.prefix
         return assemble(
             family=flavor.model_type,
             architecture=architecture,
@@ -189,12 +198,13 @@ def _builder(flavor: _Flavor):
             tied=tied,
             n_layers=cfg["num_hidden_layers"],
             hidden_size=cfg["hidden_size"],
+            base_model_prefix=base_model_prefix,
         )
 
     return build
 
 
 FAMILIES = (
-    Family("bert", (_BERT.mlm, _BERT.base), _builder(_BERT)),
+    Family("bert", (_BERT.mlm, _BERT.base, _BERT.pretraining), _builder(_BERT)),
     Family("roberta", (_ROBERTA.mlm, _ROBERTA.base), _builder(_ROBERTA)),
 )

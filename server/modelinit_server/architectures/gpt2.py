@@ -121,6 +121,7 @@ def build(document: dict[str, Any], architecture: str) -> ModelSpec:
         tied=tied,
         n_layers=cfg["n_layer"],
         hidden_size=cfg["n_embd"],
+        base_model_prefix="" if architecture == BASE else "transformer",
     )
 
 

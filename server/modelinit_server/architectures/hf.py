@@ -134,7 +134,7 @@ def _config(tf, document: dict[str, Any]):
     try:
         with _quiet():
             return CONFIG_MAPPING[model_type].from_dict(fields)
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
+    except Exception as e:  # noqa: BLE001 - whatever the config class raises is about the document
         raise invalid("", f"transformers rejects this {model_type} config: {_one_line(e)}", "fix the field it names") from None
 
 
@@ -143,12 +143,12 @@ def _one_line(e: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _class(tf, config, architecture: str):
+def _class(tf, config, architecture: str, field: str):
     classes = classes_for(config.model_type)
     cls = _model_class(tf, architecture)
     if cls is None or architecture not in classes:
         raise ValueError(
-            f"spec.architecture: {architecture!r} is not a transformers class of model_type {config.model_type!r}; "
+            f"{field}: {architecture!r} is not a transformers class of model_type {config.model_type!r}; "
             f"use one of: {', '.join(classes)}"
         )
     return cls
@@ -162,7 +162,7 @@ def _meta_model(tf, cls, config):
     try:
         with _quiet(), torch.device("meta"), no_tie_weights():
             return cls(config)
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError, ZeroDivisionError, RuntimeError, AssertionError) as e:
+    except Exception as e:  # noqa: BLE001 - a model class that cannot be built from the config is bad input
         raise invalid(
             "", f"transformers cannot build {cls.__name__} from this config: {_one_line(e)}", "fix the sizes it names"
         ) from None
@@ -173,18 +173,19 @@ def build(document: dict[str, Any], architecture: str = "") -> ModelSpec:
     config's ``architectures[0]``, else the family's usual head)."""
     tf = _transformers()
     config = _config(tf, document)
+    override = bool(architecture)
     if not architecture:
         names = document.get("architectures")
         if names is not None and not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
             raise invalid("architectures", f"must be a non-empty list of class names, got {names!r}", "use e.g. [\"LlamaForCausalLM\"]")
         architecture = names[0] if names else (default_class(config.model_type) or "")
-    cls = _class(tf, config, architecture)
+    cls = _class(tf, config, architecture, "spec.architecture" if override else "spec.config.architectures")
     model = _meta_model(tf, cls, config)
     records = record_init(model)  # before tying, as transformers initializes then ties
     with _quiet():
         model.tie_weights()
     stored, tied = _stored(tf, model)
-    tensors = [_tensor_spec(name, shape, info, records, model) for name, shape, info in _hub_layout(tf, model, stored)]
+    tensors = [_tensor_spec(name, shape, info, records, model) for name, shape, info in list(_hub_layout(tf, model, stored))]
     _check_sizes(tensors)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     n_layers = _int_attr(text, "num_hidden_layers", 1)
@@ -243,7 +244,11 @@ def _hub_layout(tf, model, stored: dict[str, Any]):
     experts -> one tensor per expert and projection) is replaced in place by its outputs, sorted
     as transformers sorts names (numbers by value)."""
     sources = {name: ModuleInfo.of(model, name) for name in stored}
-    groups = _reverse_conversion(tf, model, stored)
+    try:
+        groups = _reverse_conversion(tf, model, stored)
+    except Exception as e:  # noqa: BLE001 - sizes the conversion cannot split (e.g. zero experts) are bad input
+        raise invalid("", f"transformers cannot lay out {type(model).__name__}'s tensors as the hub does: {_one_line(e)}",
+                      "fix the sizes it names") from None
     emitted = set()
     for name, tensor in stored.items():
         group = groups.get(name)

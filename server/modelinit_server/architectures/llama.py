@@ -119,6 +119,23 @@ def _standardize_rope(cfg: dict[str, Any]) -> None:
     cfg["rope_parameters"] = params
 
 
+#: RoPE keys of transformers 4 configs; transformers 5 folds them into ``rope_parameters``.
+_LEGACY_ROPE_KEYS = ("rope_scaling", "rope_theta", "partial_rotary_factor")
+
+
+def _written_rope(document: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config to write: a config that states RoPE the transformers 4 way (``rope_scaling``,
+    ``rope_theta``) keeps those keys as given, because transformers 4.57 reads only them and would
+    silently drop scaling stated as ``rope_parameters``; transformers 5 folds them on load."""
+    if not any(k in document for k in _LEGACY_ROPE_KEYS):
+        return cfg
+    written = {k: v for k, v in cfg.items() if k != "rope_parameters"}
+    for k in _LEGACY_ROPE_KEYS:
+        if k in document:
+            written[k] = document[k]
+    return written
+
+
 def _complete_llama(cfg: dict[str, Any]) -> None:
     """``LlamaConfig.__post_init__`` (also ``MistralConfig``'s): derive head_dim and kv heads."""
     if cfg["head_dim"] is None:
@@ -257,11 +274,12 @@ def _builder(variant: _Variant):
         return assemble(
             family=variant.model_type,
             architecture=architecture,
-            config=cfg,
+            config=_written_rope(document, cfg),
             state_dict=state_dict,
             tied=tied,
             n_layers=cfg["num_hidden_layers"],
             hidden_size=cfg["hidden_size"],
+            base_model_prefix="" if architecture == variant.base else "model",
         )
 
     return build

@@ -1,4 +1,4 @@
-"""Philox4x32-10 counter-based generator and the per-tensor key derivation (algorithm version 1).
+"""Philox4x32-10 counter-based generator and the per-tensor key derivation (algorithm versions 1 and 2).
 
 Philox4x32-10 is the generator of Salmon, Moraes, Dror and Shaw, "Parallel random numbers: as
 easy as 1, 2, 3" (SC 2011), as implemented in Random123: a bijection of a 128-bit counter under
@@ -15,10 +15,31 @@ import operator
 
 import numpy as np
 
-__all__ = ["KEY_DOMAIN", "philox4x32_10", "philox_lanes", "tensor_key", "random_bits"]
+__all__ = [
+    "ALGORITHM_VERSION",
+    "ALGORITHM_VERSIONS",
+    "KEY_DOMAIN",
+    "KEY_DOMAINS",
+    "canonical_name",
+    "philox4x32_10",
+    "philox_lanes",
+    "tensor_key",
+    "random_bits",
+]
 
 #: Domain-separation prefix of the key hash (version 1). Never change it: it is part of every byte.
 KEY_DOMAIN = b"modelinit-v1\x00"
+
+#: The key-hash prefix of each algorithm version. Versions differ only in the key derivation:
+#: version 2 hashes the *canonical* tensor name (see :func:`canonical_name`) under its own domain.
+#: Never change an entry: each is part of every byte of its version.
+KEY_DOMAINS: dict[int, bytes] = {1: KEY_DOMAIN, 2: b"modelinit-v2\x00"}
+
+#: Every algorithm version this engine can produce, oldest first; all stay available forever.
+ALGORITHM_VERSIONS: tuple[int, ...] = tuple(KEY_DOMAINS)
+
+#: The newest algorithm version (what a request that names none gets).
+ALGORITHM_VERSION: int = ALGORITHM_VERSIONS[-1]
 
 PHILOX_M0 = 0xD2511F53
 PHILOX_M1 = 0xCD9E8D57
@@ -124,12 +145,34 @@ def random_bits(key: tuple[int, int], start: int, count: int) -> np.ndarray:
     return block.reshape(-1)[off : off + count]
 
 
-def tensor_key(seed: int, name: str) -> tuple[int, int]:
-    """The Philox key of tensor ``name`` under ``seed``.
+def canonical_name(name: str, base_model_prefix: str) -> str:
+    """The name version 2 keys a tensor by: ``name`` without a leading ``base_model_prefix + "."``.
 
-    ``d = sha256(b"modelinit-v1\\x00" + seed.to_bytes(8, "little") + name.encode("utf-8"))``;
-    ``k0`` and ``k1`` are the little-endian ``uint32`` of ``d[0:4]`` and ``d[4:8]``.
+    ``canonical_name("bert.encoder.layer.0.output.dense.weight", "bert")`` is
+    ``"encoder.layer.0.output.dense.weight"``, the name the same tensor has in ``BertModel``. Names
+    outside the base model (heads: ``cls.predictions.bias``, ``lm_head.weight``) and every name
+    when the prefix is empty (a base class) are kept whole. Only a whole leading component is
+    removed: ``"bertx.w"`` keeps its name under prefix ``"bert"``.
     """
+    if base_model_prefix and name.startswith(base_model_prefix + "."):
+        return name[len(base_model_prefix) + 1 :]
+    return name
+
+
+def tensor_key(seed: int, name: str, version: int = 1) -> tuple[int, int]:
+    """The Philox key of the tensor named ``name`` under ``seed``, in algorithm ``version``.
+
+    ``d = sha256(KEY_DOMAINS[version] + seed.to_bytes(8, "little") + name.encode("utf-8"))``;
+    ``k0`` and ``k1`` are the little-endian ``uint32`` of ``d[0:4]`` and ``d[4:8]``. The domain is
+    ``b"modelinit-v1\\x00"`` for version 1 and ``b"modelinit-v2\\x00"`` for version 2.
+
+    ``name`` is hashed as given: version 1 hashes the full HF name, version 2 the canonical name,
+    which the caller derives with :func:`canonical_name` (the planner does). ``version`` defaults
+    to 1 only for the engine's own low-level uses (kernel tests, benchmarks, where any key will do);
+    code that makes a model's tensors always passes the request's version.
+    """
+    if isinstance(version, bool) or not isinstance(version, int) or version not in KEY_DOMAINS:
+        raise ValueError(f"algorithm_version: unknown version {version!r}; use one of {list(ALGORITHM_VERSIONS)}")
     if isinstance(seed, bool):
         raise ValueError(f"seed: must be an integer in [0, 2**64), got {seed!r}")
     try:
@@ -144,5 +187,5 @@ def tensor_key(seed: int, name: str) -> tuple[int, int]:
         encoded = name.encode("utf-8")
     except UnicodeEncodeError as e:
         raise ValueError(f"name: not encodable as UTF-8 ({e.reason})") from None
-    d = hashlib.sha256(KEY_DOMAIN + s.to_bytes(8, "little") + encoded).digest()
+    d = hashlib.sha256(KEY_DOMAINS[version] + s.to_bytes(8, "little") + encoded).digest()
     return int.from_bytes(d[0:4], "little"), int.from_bytes(d[4:8], "little")
