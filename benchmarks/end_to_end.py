@@ -3,9 +3,12 @@
     python benchmarks/end_to_end.py [--model tinyllama-1.1b] [--reps 3] [--hf-reps 2] [--dir D] [--memory-7b]
 
 1. the embedded default (`modelinit init`, in-process engine) vs transformers `from_config` +
-   `save_pretrained` (../shared/bench/hf_baseline.py, TinyLlama shape, bf16);
+   `save_pretrained` (benchmarks/baselines/hf_init_save.py, same preset, bf16), and the strongest
+   plain PyTorch loop (benchmarks/baselines/torch_loop.py: `torch.empty(shape, bf16).normal_()`
+   per tensor + `safetensors.torch.save_file`);
 2. a separately started server + the CLI client vs the raw gRPC loopback ceiling for the same
-   bytes, 1 MiB messages, written to a file (../shared/bench/grpc_ceiling.py);
+   bytes, 1 MiB messages, into the same O_DIRECT file writer and into a discard sink
+   (benchmarks/baselines/grpc_ceiling.py);
 3. (--memory-7b) llama-2-7b bf16 through a separately started server to disk: peak RSS of server
    and client.
 Every command runs as its own process, after a sync; peak RSS is sampled from /proc (VmHWM).
@@ -27,7 +30,7 @@ import threading
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "bench"
+BASELINES = REPO / "benchmarks" / "baselines"
 PY = sys.executable
 
 
@@ -110,12 +113,21 @@ def main() -> None:
         hf = []
         for _ in range(args.hf_reps):
             os.sync()
-            out = subprocess.run([PY, str(SHARED / "hf_baseline.py"), "llama-1b"], capture_output=True, text=True,
+            out = subprocess.run([PY, str(BASELINES / "hf_init_save.py"), args.model], capture_output=True, text=True,
                                  env=env_tmp, check=True).stdout
             hf.append(float(re.search(r"total ([\d.]+)s", out).group(1)))
         print(f"transformers:         {best_median(hf)}  ({out.strip()})")
         print(f"  -> embedded / transformers: {min(hf) / min(emb):.1f}x (best vs best), "
               f"{statistics.median(hf) / statistics.median(emb):.1f}x (median vs median); goal >= 5x")
+        loop = []
+        for _ in range(args.hf_reps):
+            os.sync()
+            out = subprocess.run([PY, str(BASELINES / "torch_loop.py"), args.model], capture_output=True, text=True,
+                                 env=env_tmp, check=True).stdout
+            loop.append(float(re.search(r"total ([\d.]+)s", out).group(1)))
+        print(f"plain PyTorch loop:   {best_median(loop)}  ({out.strip()})")
+        print(f"  -> embedded / PyTorch loop: {min(loop) / min(emb):.1f}x (best vs best), "
+              f"{statistics.median(loop) / statistics.median(emb):.1f}x (median vs median); goal >= 3x")
 
     server = Server()
     srv = []
@@ -125,15 +137,17 @@ def main() -> None:
             shutil.rmtree(work / "srv")
     finally:
         server.stop()
-    ceil = []
+    ceil, discard = [], []
     for _ in range(args.reps):
-        os.sync()
-        out = subprocess.run([PY, str(SHARED / "grpc_ceiling.py"), str(1 << 20), str(nbytes), "file"],
-                             capture_output=True, text=True, env=env_tmp, check=True).stdout
-        ceil.append(float(re.search(r"([\d.]+) GB/s", out).group(1)))
+        for sink, into in (("direct", ceil), ("discard", discard)):
+            os.sync()
+            out = subprocess.run([PY, str(BASELINES / "grpc_ceiling.py"), str(1 << 20), str(nbytes), sink],
+                                 capture_output=True, text=True, env=env_tmp, check=True).stdout
+            into.append(float(re.search(r"([\d.]+) GB/s", out).group(1)))
     served = [nbytes / t / 1e9 for t in srv]
     print(f"served + CLI client:  {best_median(srv)}  ({max(served):.2f} GB/s best; server peak RSS {server.peak / 1e9:.2f} GB)")
-    print(f"raw gRPC ceiling:     best {max(ceil):.2f} GB/s, median {statistics.median(ceil):.2f} GB/s (1 MiB messages, file sink)")
+    print(f"raw gRPC ceiling:     best {max(ceil):.2f} GB/s, median {statistics.median(ceil):.2f} GB/s (1 MiB messages, "
+          f"O_DIRECT file sink); discard sink best {max(discard):.2f} GB/s, median {statistics.median(discard):.2f} GB/s")
     print(f"  -> served / ceiling: {max(served) / max(ceil):.0%} (best vs best), "
           f"{statistics.median(served) / statistics.median(ceil):.0%} (median vs median); goal >= 70%")
 

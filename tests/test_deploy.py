@@ -1,7 +1,7 @@
 """Offline checks of the deployment artefacts in deploy/ (no Docker engine, no cluster needed).
 
-- Kubernetes manifests: the overlays under deploy/k8s/overlays rendered by deploy/render.py
-  (where `kubectl` or `kustomize` is installed, also by it: the objects must be the same), and
+- Kubernetes manifests: the overlays under deploy/k8s/overlays rendered by `kubectl kustomize`
+  (Kustomize built into kubectl, installed on the project's machines and CI's), and
   the examples under deploy/examples, validated with kubernetes-validate in strict mode against
   every Kubernetes version >= 1.29 whose schemas the installed package ships. Kueue objects
   (CRDs: no schema there) are checked for the structure Kueue needs.
@@ -12,12 +12,10 @@
   covers --grace + --shutdown-delay; the Job's init container command parses as `init`.
 - Dockerfiles, parsed: ENTRYPOINT, non-root numeric USER, base images pinned by tag, torch
   pinned to the version CI tests, writable caches under /tmp.
-- The renderer itself: the kustomize subset it implements.
 """
 from __future__ import annotations
 
 import fnmatch
-import importlib.util
 import json
 import pathlib
 import posixpath
@@ -44,15 +42,14 @@ KUEUE_API = "kueue.x-k8s.io/v1beta1"
 SERVER_CONTAINER = "modelinit"
 
 
-def _load_renderer():
-    spec = importlib.util.spec_from_file_location("modelinit_deploy_render", DEPLOY / "render.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-render = _load_renderer()
+def kustomize(directory: pathlib.Path) -> list[dict]:
+    """The objects ``kubectl kustomize DIR`` renders (what ``kubectl apply -k DIR`` applies)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (with Kustomize built in) is not on PATH")
+    out = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return [o for o in yaml.safe_load_all(out.stdout) if o]
 
 
 def _version_key(v: str) -> tuple[int, ...]:
@@ -356,7 +353,7 @@ def test_dockerfile_user_matches_pod_security_context():
     uids = {parse_dockerfile(DEPLOY / n)[-1]["user"].split(":")[0] for n in DOCKERFILES}
     assert len(uids) == 1
     (uid,) = uids
-    objects = render.render(K8S / "overlays" / "gpu")
+    objects = kustomize(K8S / "overlays" / "gpu")
     pod = one(objects, "Deployment")["spec"]["template"]["spec"]
     assert str(pod["securityContext"]["runAsUser"]) == uid
     job = one(load_examples(), "Job")["spec"]["template"]["spec"]
@@ -367,7 +364,7 @@ def test_dockerfile_user_matches_pod_security_context():
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict]]:
-    return {o: render.render(K8S / "overlays" / o) for o in OVERLAYS}
+    return {o: kustomize(K8S / "overlays" / o) for o in OVERLAYS}
 
 
 def load_examples() -> list[dict]:
@@ -383,33 +380,6 @@ def test_schema_versions_available():
 
 def test_every_overlay_is_checked():
     assert {p.name for p in (K8S / "overlays").iterdir() if p.is_dir()} == set(OVERLAYS)
-
-
-def _kustomize_command() -> list[str] | None:
-    if shutil.which("kustomize"):
-        return ["kustomize", "build"]
-    if shutil.which("kubectl"):
-        return ["kubectl", "kustomize"]
-    return None
-
-
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_renderer_matches_kustomize(overlay, rendered):
-    """Where a real kustomize exists (not in CI: nothing pip-installable), it must agree exactly."""
-    cmd = _kustomize_command()
-    if cmd is None:
-        pytest.skip("neither kustomize nor kubectl on PATH")
-    out = subprocess.run([*cmd, str(K8S / "overlays" / overlay)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-
-    def key(o):
-        return (o["apiVersion"], o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"])
-
-    theirs = {key(o): o for o in yaml.safe_load_all(out.stdout) if o}
-    ours = {key(o): o for o in rendered[overlay]}
-    assert ours.keys() == theirs.keys()
-    for k in ours:
-        assert ours[k] == theirs[k], f"{overlay}: {k} differs from {' '.join(cmd)}"
 
 
 @pytest.mark.parametrize("version", SCHEMA_VERSIONS)
@@ -441,7 +411,7 @@ def test_examples_validate_against_kubernetes_schema(version):
 
 def test_validation_is_strict():
     """The validator really refuses unknown fields (so a typo in a manifest cannot pass)."""
-    dep = one(render.render(K8S / "overlays" / "cpu"), "Deployment")
+    dep = one(kustomize(K8S / "overlays" / "cpu"), "Deployment")
     container(dep["spec"]["template"]["spec"], SERVER_CONTAINER)["readinessProbe"]["grpc"]["servce"] = "x"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(dep, SCHEMA_VERSIONS[0], strict=True)
@@ -468,6 +438,9 @@ def test_deployment_matches_the_server(overlay, rendered):
     assert pod["terminationGracePeriodSeconds"] > cfg.grace + cfg.shutdown_delay
     assert cfg.shutdown_delay > 0, "a shutdown delay lets endpoints drop the pod before calls are refused"
     assert cfg.metrics_port is not None and cfg.port != cfg.metrics_port
+    from modelinit_server.server import metrics_interface
+
+    assert metrics_interface(cfg) in ("::", "0.0.0.0"), "Prometheus scrapes the pod IP: metrics must listen on every interface"
 
     # Container ports and probes.
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
@@ -631,7 +604,7 @@ def test_training_job_init_container():
     assert args.seed == 42 and args.out == "/ckpt" and args.quiet
 
     # The target is the headless Service of the rendered server manifests, on its gRPC port.
-    server_objects = render.render(K8S / "overlays" / "gpu")
+    server_objects = kustomize(K8S / "overlays" / "gpu")
     svc = one(server_objects, "Service", "modelinit")
     grpc_port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc")
     assert args.server == f"dns:///{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local:{grpc_port}"
@@ -712,127 +685,6 @@ def test_docs_reference_existing_files():
     for o in OVERLAYS:
         assert f"deploy/k8s/overlays/{o}" in text
     # Repository paths (not kubectl's `deploy/NAME` resource shorthand).
-    for path in set(re.findall(r"\b(deploy/(?:k8s|examples)/[\w./-]*\w|deploy/Dockerfile(?:\.\w+)*|deploy/render\.py)", text)):
+    for path in set(re.findall(r"\b(deploy/(?:k8s|examples)/[\w./-]*\w|deploy/Dockerfile(?:\.\w+)*)", text)):
         assert (ROOT / path).exists(), f"docs/deploy.md names {path}, which does not exist"
     assert "What was validated here" in text
-
-
-# --- the renderer -----------------------------------------------------------------------------
-
-def _write(tmp_path: pathlib.Path, files: dict[str, object]) -> None:
-    for name, content in files.items():
-        p = tmp_path / name
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(content if isinstance(content, str) else yaml.safe_dump_all(content, sort_keys=False))
-
-
-KUSTOMIZATION = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
-BASE_DEPLOYMENT = {
-    "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x", "namespace": "n"},
-    "spec": {"replicas": 1, "template": {"spec": {
-        "containers": [{"name": "a", "image": "reg:5000/team/app:1.0", "args": ["--x"],
-                        "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
-                        "ports": [{"containerPort": 1}]}],
-        "tolerations": [{"key": "k1", "operator": "Exists"}],
-        "volumes": [{"name": "v1", "emptyDir": {}}]}}},
-}
-BASE_SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x", "namespace": "n"},
-                "spec": {"ports": [{"name": "a", "port": 1}]}}
-
-
-def _overlay(tmp_path, patches=None, images=None, extra=None):
-    _write(tmp_path, {
-        "base/kustomization.yaml": [{**KUSTOMIZATION, "resources": ["objects.yaml"]}],
-        "base/objects.yaml": [BASE_DEPLOYMENT, BASE_SERVICE],
-        "ov/kustomization.yaml": [{**KUSTOMIZATION, "resources": ["../base"],
-                                   **({"patches": patches} if patches else {}),
-                                   **({"images": images} if images else {}), **(extra or {})}],
-    })
-    return {(o["kind"]): o for o in render.render(tmp_path / "ov")}
-
-
-def test_render_strategic_merge(tmp_path):
-    patch = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"},
-             "spec": {"replicas": None, "template": {"spec": {
-                 "containers": [{"name": "b", "image": "b"},
-                                {"name": "a", "args": ["--y"], "env": [{"name": "C", "value": "3"}, {"name": "A", "value": "9"}],
-                                 "ports": [{"containerPort": 2}]}],
-                 "tolerations": [{"key": "k2", "operator": "Exists"}],
-                 "volumes": [{"name": "v2", "emptyDir": {}}]}}}}
-    svc_patch = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x", "namespace": "n"},
-                 "spec": {"ports": [{"name": "b", "port": 2}]}}
-    out = _overlay(tmp_path, patches=[{"patch": yaml.safe_dump(patch)}, {"patch": yaml.safe_dump(svc_patch)}])
-    spec = out["Deployment"]["spec"]
-    assert "replicas" not in spec  # null deletes
-    b, a = spec["template"]["spec"]["containers"]  # kustomize's order: the patch's elements first
-    assert b == {"name": "b", "image": "b"}
-    assert a["image"] == "reg:5000/team/app:1.0"
-    assert a["args"] == ["--y"]  # no merge key: replaced
-    assert a["env"] == [{"name": "C", "value": "3"}, {"name": "A", "value": "9"}, {"name": "B", "value": "2"}]
-    assert [p["containerPort"] for p in a["ports"]] == [2, 1]
-    assert spec["template"]["spec"]["tolerations"] == [{"key": "k2", "operator": "Exists"}]
-    assert [v["name"] for v in spec["template"]["spec"]["volumes"]] == ["v2", "v1"]
-    assert [p["port"] for p in out["Service"]["spec"]["ports"]] == [2, 1]  # Service ports merge by port
-
-
-def test_render_json6902_and_images(tmp_path):
-    ops = [{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--z"},
-           {"op": "add", "path": "/spec/template/spec/containers/0/args/0", "value": "--first"},
-           {"op": "replace", "path": "/spec/replicas", "value": 3},
-           {"op": "test", "path": "/metadata/name", "value": "x"},
-           {"op": "add", "path": "/metadata/annotations", "value": {"a~b/c": "1"}},
-           {"op": "remove", "path": "/metadata/annotations/a~0b~1c"}]
-    out = _overlay(tmp_path, patches=[{"patch": yaml.safe_dump(ops), "target": {"kind": "Deployment", "name": "x"}}],
-                   images=[{"name": "reg:5000/team/app", "newName": "example.com/app", "newTag": "2.0"}])
-    dep = out["Deployment"]
-    assert dep["spec"]["replicas"] == 3
-    assert dep["metadata"]["annotations"] == {}
-    c = dep["spec"]["template"]["spec"]["containers"][0]
-    assert c["args"] == ["--first", "--x", "--z"]
-    assert c["image"] == "example.com/app:2.0"
-
-
-@pytest.mark.parametrize("image, entry, want", [
-    ("app", {"newTag": "1"}, "app:1"),
-    ("app:1", {"newName": "r/app"}, "r/app:1"),
-    ("app:1", {"digest": "sha256:" + "0" * 64}, "app@sha256:" + "0" * 64),
-    ("app@sha256:" + "1" * 64, {"newTag": "2"}, "app:2"),
-    ("other:1", {"newTag": "2"}, "other:1"),
-])
-def test_render_set_image(image, entry, want):
-    obj = {"spec": {"initContainers": [{"name": "i", "image": image}]}}
-    render.set_image(obj, "app", new_name=entry.get("newName"), new_tag=entry.get("newTag"), digest=entry.get("digest"))
-    assert obj["spec"]["initContainers"][0]["image"] == want
-
-
-@pytest.mark.parametrize("bad", [
-    {"extra": {"namePrefix": "p-"}},
-    {"extra": {"namespace": "other"}},
-    {"patches": [{"patch": "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: nope}\n"}]},
-    {"patches": [{"patch": "- {op: move, from: /a, path: /b}\n", "target": {"kind": "Deployment"}}]},
-    {"patches": [{"patch": "- {op: add, path: /spec/x, value: 1}\n"}]},  # JSON 6902 without target
-    {"patches": [{"patch": "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {$patch: replace}\n"}]},
-    {"patches": [{"patch": "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {template: {spec: "
-                           "{volumes: [{name: new, $patch: delete}]}}}\n"}]},
-    {"patches": [{"patch": "- {op: replace, path: /spec/nothing, value: 1}\n", "target": {"kind": "Deployment"}}]},
-    {"patches": [{"path": "p.yaml", "target": {"labelSelector": "a=b"}}]},
-])
-def test_render_refuses_what_it_does_not_implement(tmp_path, bad):
-    (tmp_path / "ov").mkdir()
-    (tmp_path / "ov" / "p.yaml").write_text("- {op: add, path: /spec/x, value: 1}\n")
-    with pytest.raises(render.KustomizeFeatureError):
-        _overlay(tmp_path, patches=bad.get("patches"), extra=bad.get("extra"))
-
-
-def test_render_refuses_duplicates(tmp_path):
-    _write(tmp_path, {"k/kustomization.yaml": [{**KUSTOMIZATION, "resources": ["a.yaml", "b.yaml"]}],
-                      "k/a.yaml": [BASE_SERVICE], "k/b.yaml": [BASE_SERVICE]})
-    with pytest.raises(render.KustomizeFeatureError, match="twice"):
-        render.render(tmp_path / "k")
-
-
-def test_render_cli(tmp_path, capsys):
-    assert render.main([str(K8S / "overlays" / "cpu")]) == 0
-    objects = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o]
-    assert objects == render.render(K8S / "overlays" / "cpu")
-    assert render.main([str(tmp_path)]) == 1
