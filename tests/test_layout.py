@@ -44,6 +44,15 @@ def test_pack_shards_greedy_in_order(sizes, limit):
             assert total + sizes[shards[k + 1][0]] > limit
 
 
+def test_pack_shards_fills_a_shard_exactly_to_the_limit():
+    """A shard may hold exactly max_shard_size bytes (HF's rule: a tensor opens a new shard only
+    when it would overflow): pins the boundary, `>` not `>=`."""
+    assert layout.pack_shards([600, 400, 1], 1000) == [[0, 1], [2]]
+    assert layout.pack_shards([1000, 1000], 1000) == [[0], [1]]
+    assert layout.pack_shards([999, 1, 1], 1000) == [[0, 1], [2]]
+    assert layout.pack_shards([1001, 1], 1000) == [[0], [1]]
+
+
 def test_shard_names():
     assert layout.shard_name(0, 1) == "model.safetensors"
     assert layout.shard_name(1, 3) == "model-00002-of-00003.safetensors"
