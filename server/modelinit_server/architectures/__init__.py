@@ -85,7 +85,9 @@ def from_config(config: Mapping[str, Any] | str, architecture: str = "") -> Mode
     family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     names = document.get("architectures")
     well_formed = isinstance(names, list) and names and all(isinstance(n, str) for n in names)
-    if family is not None and (not well_formed or names[0] in family.architectures):
+    # cross-attention layers are left to transformers (the built-in families do not write them out)
+    fast = family is not None and document.get("add_cross_attention") is not True
+    if fast and (not well_formed or names[0] in family.architectures):
         # the built-in fast path: no transformers import (tests/test_generic.py proves it equal)
         architecture = _architecture(document, family)
         document["architectures"] = [architecture]
