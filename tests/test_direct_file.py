@@ -77,17 +77,21 @@ def test_any_chunking(tmp_path_factory, sizes, aligned):
 
 
 def test_filesystem_refusing_o_direct_falls_back(tmp_path, monkeypatch):
-    real_open = os.open
     flag = getattr(os, "O_DIRECT", 0)
-    if not flag:
+    if not flag or direct_file.fcntl is None:
         pytest.skip("no O_DIRECT on this OS")
+    real = direct_file.fcntl
 
-    def refusing(path, flags, mode=0o777):
-        if flags & flag:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(path, flags, mode)
+    class Refusing:  # the file is created buffered, then switched: a filesystem may refuse that
+        F_GETFL, F_SETFL = real.F_GETFL, real.F_SETFL
 
-    monkeypatch.setattr(direct_file.os, "open", refusing)
+        @staticmethod
+        def fcntl(fd, cmd, arg=0):
+            if cmd == real.F_SETFL and arg & flag:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return real.fcntl(fd, cmd, arg)
+
+    monkeypatch.setattr(direct_file, "fcntl", Refusing)
     f = _write(tmp_path / "b", [b"abc", _aligned_array(ALIGN, 0)])
     assert not f.direct
     assert (tmp_path / "b").read_bytes() == b"abc" + bytes(_aligned_array(ALIGN, 0))
@@ -123,3 +127,34 @@ def test_abort_writes_nothing_staged(tmp_path):
     f.write(b"staged only")
     f.abort()
     assert (tmp_path / "a").read_bytes() == b""
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_an_existing_file_or_symlink_is_never_written_through(tmp_path, direct):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    (tmp_path / "link").symlink_to(victim)
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for name in ("link", "dangling", "victim"):
+        with pytest.raises(FileExistsError):
+            DirectFile(tmp_path / name, direct=direct)
+    assert victim.read_bytes() == b"keep me" and not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_failed_write_releases_the_staging_buffer(tmp_path, monkeypatch, direct):
+    """ENOSPC while the stage is flushed: the error propagates as it is (no BufferError from a
+    view a traceback still holds), and abort closes the file."""
+    monkeypatch.setattr(direct_file, "STAGE", 2 * ALIGN)
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    f = DirectFile(tmp_path / "full", direct=direct)
+    monkeypatch.setattr(direct_file.os, "write", full)
+    with pytest.raises(OSError) as e:
+        f.write(b"x" * (3 * ALIGN + 1) if f.direct else b"x")
+        f.close()
+    assert e.value.errno == errno.ENOSPC
+    f.abort()
+    assert f.fileno() == -1

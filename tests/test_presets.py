@@ -13,7 +13,7 @@ from modelinit_server.engine import generate_array, tensor_key
 from modelinit_server.policies import PRESETS, Policy, resolve
 from tests.conftest import TINY
 
-NEW_PRESETS = ["gpt2", "megatron", "torchtitan-llama3", "xavier", "kaiming", "small-init", "torch-trunc-normal"]
+NEW_PRESETS = ["gpt2", "megatron", "torchtitan-llama3", "xavier", "kaiming", "lecun-normal", "small-init", "torch-trunc-normal"]
 
 
 def _trunc_factor(a: float, b: float) -> float:
@@ -48,7 +48,9 @@ def expected_std(preset, t, model):
         return 0.02
     if preset == "xavier":
         return math.sqrt(2 / (t.fan_in + t.fan_out))
-    if preset == "kaiming":
+    if preset == "kaiming":  # torch's kaiming_normal_(w) default: leaky_relu, negative_slope 0 -> gain sqrt(2)
+        return math.sqrt(2 / t.fan_in)
+    if preset == "lecun-normal":
         return 1 / math.sqrt(t.fan_in)
     if preset == "small-init":
         return math.sqrt(2 / (5 * model.hidden_size))
@@ -116,6 +118,8 @@ SAMPLED = [
     ("xavier", "qwen2", "model.layers.0.mlp.gate_proj.weight"),
     ("xavier", "roberta", "roberta.embeddings.word_embeddings.weight"),
     ("kaiming", "gpt2", "transformer.h.0.mlp.c_proj.weight"),
+    ("kaiming", "llama", "model.layers.1.self_attn.q_proj.weight"),
+    ("lecun-normal", "gpt2", "transformer.h.0.mlp.c_proj.weight"),
     ("small-init", "roberta", "roberta.encoder.layer.0.intermediate.dense.weight"),
     ("torch-trunc-normal", "qwen2", "model.embed_tokens.weight"),
 ]
@@ -132,3 +136,64 @@ def test_generated_std_matches_effective_std(preset, family, name):
     assert res.effective_std == pytest.approx(want, rel=1e-12)
     assert abs(x.std() / want - 1) < 6 / math.sqrt(2 * n), (name, x.std(), want)
     assert abs(x.mean()) < 6 * want / math.sqrt(n)
+
+
+# Fingerprints of the `kaiming` preset before it was renamed `lecun-normal` (computed with that
+# code, seed 3): the renamed preset makes the same bytes.
+OLD_KAIMING = {
+    "gpt2": "f968bf5bdb0df14d713f8201001158217435fa163c2c528f188ca8a4741cb1f0",
+    "llama": "ec8d375392453697996589ba6fda75fc32d6d3a941254138722f9509362e2c3f",
+    "bert": "601971ceed12c22186ce4fa5a820336c7fe7ec9e81416eb9b888d6bc41fbe132",
+}
+
+
+@pytest.mark.parametrize("family", sorted(OLD_KAIMING))
+def test_lecun_normal_is_the_old_kaiming_byte_for_byte(family):
+    from modelinit_server.planner import Request, build_plan
+
+    assert build_plan(Request(MODELS[family], Policy(preset="lecun-normal"), seed=3)).fingerprint == OLD_KAIMING[family]
+    assert build_plan(Request(MODELS[family], Policy(preset="kaiming"), seed=3)).fingerprint != OLD_KAIMING[family]
+
+
+def test_kaiming_is_torch_kaiming_normal_default():
+    """``kaiming`` = ``torch.nn.init.kaiming_normal_(w)`` with its defaults (mode fan_in,
+    nonlinearity leaky_relu, a=0): std = sqrt(2) / sqrt(fan_in), for nn.Linear weights [out, in]."""
+    torch = pytest.importorskip("torch")
+    model = MODELS["llama"]
+    r = {t.name: (t, x) for t, x in zip(model.tensors, resolve(Policy(preset="kaiming"), model))}
+    t, res = r["model.layers.0.mlp.down_proj.weight"]  # [64, 160]: fan_in 160
+    w = torch.empty(t.shape)
+    torch_std = torch.nn.init.calculate_gain("leaky_relu", 0) / math.sqrt(torch.nn.init._calculate_correct_fan(w, "fan_in"))
+    assert torch_std == pytest.approx(math.sqrt(2 / 160), rel=1e-15)
+    assert res.sampler.kind == "normal" and res.std == pytest.approx(torch_std, rel=1e-15)
+    torch.manual_seed(0)
+    big = torch.nn.init.kaiming_normal_(torch.empty(512, 160))  # torch's own draw has the same std
+    assert float(big.std()) == pytest.approx(torch_std, rel=0.02)
+
+
+def test_explain_shows_the_formula():
+    from modelinit_server.architectures import from_preset
+    from modelinit_server.explain import explain
+    from modelinit_server.planner import Request, build_plan
+
+    def formulas(preset):
+        return {g.formula for g in explain(build_plan(Request(from_preset("gpt2"), Policy(preset=preset), seed=0)))}
+
+    assert "kaiming_normal: std = gain/sqrt(fan_in) = sqrt(2)/sqrt(768) (gain of leaky_relu, negative_slope 0)" in formulas("kaiming")
+    assert "kaiming_normal: std = gain/sqrt(fan_in) = 1/sqrt(768) (gain of linear)" in formulas("lecun-normal")
+    assert "normal: std = 0.02/sqrt(2·n_layers) = 0.02/sqrt(2·12)" in formulas("gpt2")
+    assert "xavier_uniform: bound = gain·sqrt(6/(fan_in+fan_out)) = 1·sqrt(6/(768+2304))" in formulas("xavier")
+    assert "trunc_normal: std = 0.02, a=-2σ, b=2σ, eff. std = std·0.879626" in formulas("bert-tf")
+
+
+def test_cli_explain_prints_the_formula_column():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "modelinit.cli", "explain", "gpt2", "--policy", "kaiming"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[1].split()[-1] == "formula"
+    assert any(line.startswith("kaiming_normal") and line.endswith("= sqrt(2)/sqrt(768) (gain of leaky_relu, negative_slope 0)")
+               for line in lines)

@@ -197,8 +197,13 @@ def test_leftover_partial_file(folder):
 
 
 def test_files_of_an_earlier_sharded_run_are_reported(folder, embedded):
-    """Re-initializing a sharded folder as one file leaves the old shards and index behind."""
+    """Re-initializing a sharded folder as one file removes the old shards and index (they are
+    in its modelinit.json); put back anyway, verify reports them."""
+    old = {name: (folder / name).read_bytes() for name in (SHARD, INDEX)}
     embedded.init_model(GPT2, seed=5, out_dir=folder, dtype="bfloat16", policy={"preset": "gpt2"})
+    assert not any((folder / name).exists() for name in old)
+    for name, data in old.items():
+        (folder / name).write_bytes(data)
     report = verify_folder(folder, regenerate=False)
     assert all(f.problem is None for f in report.files)
     assert f"{SHARD}: not in the manifest (left over from another run?)" in report.problems

@@ -15,14 +15,28 @@ DEVICES = ("auto", "cpu", "cuda", "reference")
 ALGORITHM_VERSIONS = (1, 2)  # what --algorithm-version accepts (docs/determinism.md)
 
 
-def _add_request_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", metavar="SPEC", help="preset name (e.g. bert-base-uncased) or path to an HF config.json")
-    p.add_argument("--seed", type=int, default=0, help="seed, 0 <= seed < 2^64 (default 0)")
+#: The options that make up a request (with --from-manifest the manifest's own are used): dest -> flag.
+REQUEST_FLAGS = {"seed": "--seed", "policy": "--policy", "dtype": "--dtype", "max_shard_size": "--max-shard-size",
+                 "architecture": "--architecture", "algorithm_version": "--algorithm-version"}
+
+
+def _add_request_args(p: argparse.ArgumentParser, from_manifest: bool = False) -> None:
+    if from_manifest:
+        p.add_argument("spec", metavar="SPEC", nargs="?", default=None,
+                       help="preset name (e.g. bert-base-uncased) or path to an HF config.json; not with --from-manifest")
+        p.add_argument("--from-manifest", default=None, metavar="PATH",
+                       help="reproduce a run byte for byte: the request recorded in PATH (an output folder or its "
+                            "modelinit.json): spec, architecture, policy, seed, dtype, shard size, algorithm version")
+    else:
+        p.add_argument("spec", metavar="SPEC", help="preset name (e.g. bert-base-uncased) or path to an HF config.json")
+    # Request options default to None (the server's defaults, given in the help) so that an explicit
+    # one can be told apart, and refused beside --from-manifest.
+    p.add_argument("--seed", type=int, default=None, help="seed, 0 <= seed < 2^64 (default 0)")
     p.add_argument("--policy", default=None, metavar="P",
                    help="init policy: a preset (hf-default, the default; bert-tf, gpt2, megatron, torchtitan-llama3, xavier, "
-                        "kaiming, small-init, torch-trunc-normal) or a JSON/YAML policy file")
-    p.add_argument("--dtype", default="float32", help=f"output dtype: {', '.join(DTYPES)} (default float32)")
-    p.add_argument("--max-shard-size", default="5GB", help="largest shard, e.g. 5GB (10^9 bytes), 500MB, 2GiB (default 5GB)")
+                        "kaiming, lecun-normal, small-init, torch-trunc-normal) or a JSON/YAML policy file")
+    p.add_argument("--dtype", default=None, help=f"output dtype: {', '.join(DTYPES)} (default float32)")
+    p.add_argument("--max-shard-size", default=None, help="largest shard, e.g. 5GB (10^9 bytes), 500MB, 2GiB (default 5GB)")
     p.add_argument("--architecture", default=None, metavar="CLASS",
                    help="model class overriding the spec's architectures[0], e.g. BertModel, LlamaForCausalLM")
     p.add_argument("--algorithm-version", type=int, default=None, choices=ALGORITHM_VERSIONS, metavar="{1,2}",
@@ -43,11 +57,41 @@ def _add_connection_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--token", default=os.environ.get("MODELINIT_TOKEN"), metavar="TOKEN",
                    help="bearer token (default: $MODELINIT_TOKEN); @PATH reads it from a file")
     g.add_argument("--retry-deadline", type=float, default=120.0, metavar="S",
-                   help="seconds to keep retrying a lost server, resuming the stream where it stopped (default 120; 0: no retries)")
+                   help="seconds to keep retrying a lost server, resuming the stream where it stopped (default 120; 0: no retries); "
+                        "a server never reached or a TLS failure is not retried")
+
+
+def version_line() -> str:
+    """What ``modelinit --version`` prints: the installed package's version and the generation
+    algorithm versions it produces (the newest is the default; docs/determinism.md)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("modelinit")
+    except PackageNotFoundError:  # a source tree that was never installed
+        from . import __version__ as installed
+    try:
+        from modelinit_server.engine import ALGORITHM_VERSION, ALGORITHM_VERSIONS
+        versions, newest = ALGORITHM_VERSIONS, ALGORITHM_VERSION
+    except ImportError:  # the client alone: the versions it can ask a server for
+        versions, newest = ALGORITHM_VERSIONS, max(ALGORITHM_VERSIONS)
+    return f"modelinit {installed} (algorithm versions {', '.join(map(str, versions))}; default {newest})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print :func:`version_line` and exit 0 (computed only when asked)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="modelinit", description="Freshly initialized model weights from (spec, policy, seed).")
+    parser.add_argument("--version", action=_VersionAction, help="print the version and the algorithm versions, and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the gRPC server")
@@ -63,10 +107,12 @@ def _parser() -> argparse.ArgumentParser:
     lim.add_argument("--max-streams", type=int, default=16, help="concurrent Init streams; more get RESOURCE_EXHAUSTED (default 16)")
     lim.add_argument("--idle-timeout", type=float, default=60.0, metavar="S",
                      help="end a stream whose client reads nothing for S seconds (default 60)")
-    lim.add_argument("--max-params", type=int, default=0, help="largest model in parameters (default 0: no cap)")
-    lim.add_argument("--max-dim", type=int, default=0, help="largest tensor dimension (default 0: no cap)")
-    lim.add_argument("--max-rank", type=int, default=8, help="most dimensions of a tensor (default 8)")
-    lim.add_argument("--max-tensors", type=int, default=0, help="most tensors in a model (default 0: no cap)")
+    # The defaults are modelinit_server.limits.DEFAULT_* (not imported: the client parses without the server extra).
+    lim.add_argument("--max-params", type=int, default=2_000_000_000_000,
+                     help="largest model in parameters (default 2000000000000, 2e12; 0: no cap)")
+    lim.add_argument("--max-dim", type=int, default=1 << 24, help="largest tensor dimension (default 16777216, 2^24; 0: no cap)")
+    lim.add_argument("--max-rank", type=int, default=8, help="most dimensions of a tensor (default 8; 0: no cap)")
+    lim.add_argument("--max-tensors", type=int, default=1_000_000, help="most tensors in a model (default 1000000; 0: no cap)")
     lim.add_argument("--max-request-bytes", type=int, default=4 << 20, help="largest request message (default 4 MiB)")
     sec = serve.add_argument_group("security")
     sec.add_argument("--tls-cert", default=None, metavar="PEM", help="serve TLS with this certificate chain (needs --tls-key)")
@@ -76,13 +122,14 @@ def _parser() -> argparse.ArgumentParser:
                      help="require 'authorization: Bearer TOKEN' on every call but health checks (default: $MODELINIT_TOKEN); @PATH reads a file")
     obs = serve.add_argument_group("observability")
     obs.add_argument("--metrics-port", type=int, default=None, metavar="PORT", help="serve Prometheus /metrics on this port (0: any free one)")
-    obs.add_argument("--metrics-host", default="0.0.0.0", help="interface of the metrics endpoint (default 0.0.0.0)")
+    obs.add_argument("--metrics-host", default=None,
+                     help="interface of the metrics endpoint (default: the same as --host; 0.0.0.0 or :: for every interface)")
     obs.add_argument("--log-format", default="text", choices=("text", "json"), help="text (default) or one JSON object per line")
     obs.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
     obs.add_argument("--reflection", action="store_true", help="serve gRPC server reflection (grpcurl)")
 
     init = sub.add_parser("init", help="write a model's initialized weights into a folder")
-    _add_request_args(init)
+    _add_request_args(init, from_manifest=True)
     init.add_argument("--out", required=True, metavar="DIR", help="output folder")
     init.add_argument("--quiet", action="store_true", help="no progress bar")
     init.add_argument("--fsync", action="store_true", help="flush every file to stable storage before renaming it (power-loss safe, slower)")
@@ -90,6 +137,10 @@ def _parser() -> argparse.ArgumentParser:
                       help="with --server: fetch N files at once, spread over the replicas (--server h1:p,h2:p or a dns:/// name)")
     init.add_argument("--buffered-io", action="store_true",
                       help="write through the page cache instead of O_DIRECT (same bytes; O_DIRECT is used only where the filesystem allows it)")
+    init.add_argument("--overwrite", action="store_true",
+                      help="delete files in --out that no modelinit run wrote and a loader would pick up (*.safetensors, *.bin, "
+                           "*.index.json, config.json, ...); without it they are refused. An earlier modelinit run's files are "
+                           "always replaced")
 
     plan = sub.add_parser("plan", help="show every tensor's rule, std and shard without generating anything")
     _add_request_args(plan)
@@ -115,12 +166,66 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _fail(message: str, code: int) -> int:
-    print(f"modelinit: error: {message}", file=sys.stderr)
+    message = " ".join(str(message).split())  # one line, whatever the message holds
+    try:
+        print(f"modelinit: error: {message}", file=sys.stderr)
+    except (OSError, ValueError):  # stderr gone too
+        pass
     return code
 
 
+#: Exit status after the reader of stdout went away (``modelinit plan gpt2 | head -1``): 128 +
+#: SIGPIPE, what a shell reports for a command killed by the broken pipe.
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status: 0, 2 for bad input (arguments, spec,
+    policy, a file given as --out), 1 for the environment (a server, the disk, a busy folder),
+    130 for Ctrl-C, 141 when stdout's reader is gone. Errors are one line on stderr
+    (``modelinit: error: ...``), never a traceback (``MODELINIT_DEBUG=1`` shows one for an
+    unexpected error)."""
+    try:
+        code = _main(argv)
+        if sys.stdout is not None:
+            sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's last flush
+        return code
+    except BrokenPipeError:
+        _drop_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except OSError as e:  # the environment: a file that cannot be read or written
+        where = f"{e.filename}: " if e.filename else ""
+        return _fail(f"{where}{e.strerror or e}", 1)
+    except RecursionError:
+        return _fail("input nested too deeply", 2)
+    except Exception as e:
+        if os.environ.get("MODELINIT_DEBUG"):
+            raise
+        text = " ".join(str(e).split())
+        return _fail(f"unexpected {type(e).__name__}: {text[:300]} (a bug: please report it; MODELINIT_DEBUG=1 shows the traceback)", 1)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: the interpreter flushes it once more at exit, which would
+    fail on the closed pipe again (and print a traceback of its own)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real stdout (in-process, captured)
+        pass
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "init" and os.path.exists(args.out) and not os.path.isdir(args.out):
+        return _fail(f"--out: {args.out} is a file, not a folder; give the folder to write into", 2)
+    if args.command == "init" and args.parallel != 1 and args.server is None:
+        return _fail("--parallel needs --server (the embedded engine writes one file at a time)", 2)
+    if args.command == "init" and (problem := _from_manifest_problem(args)):
+        return _fail(problem, 2)
     if args.command == "serve":
         return _serve(args)
     if args.command == "verify":
@@ -134,17 +239,21 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with connect(args) as client:
-            kwargs = dict(seed=args.seed, policy=args.policy, dtype=args.dtype, max_shard_size=args.max_shard_size,
+            kwargs = dict(seed=args.seed or 0, policy=args.policy, dtype=args.dtype, max_shard_size=args.max_shard_size,
                           algorithm_version=args.algorithm_version, architecture=args.architecture)
             if args.command == "init":
-                result = client.init_model(args.spec, out_dir=args.out, progress=not args.quiet and sys.stderr.isatty(),
-                                           fsync=args.fsync, direct_io=not args.buffered_io, parallel=args.parallel, **kwargs)
+                write = dict(out_dir=args.out, progress=not args.quiet and sys.stderr.isatty(), fsync=args.fsync,
+                             direct_io=not args.buffered_io, parallel=args.parallel, overwrite=args.overwrite)
+                if args.from_manifest is not None:
+                    result = client.init_model_from_manifest(args.from_manifest, **write)
+                else:
+                    result = client.init_model(args.spec, **write, **kwargs)
                 shards = sum(f.name.endswith(".safetensors") for f in result.files)
                 verb = "already complete (verified, nothing written):" if result.reused else "wrote"
                 print(f"{verb} {result.total_params:,} parameters ({result.total_bytes / 1e9:.2f} GB) in {shards} shard(s) "
                       f"to {result.path}; fingerprint {result.fingerprint[:16]}")
             elif args.command == "explain":
-                _print_explain(client.plan(args.spec, **kwargs), args.json)
+                _print_explain(client.plan(args.spec, **kwargs), args.json, args.policy)
             else:
                 _print_plan(client.plan(args.spec, tensors=args.tensors, **kwargs), args.json, args.tensors)
     except ModelInitError as e:
@@ -152,6 +261,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
     return 0
+
+
+def _from_manifest_problem(args: argparse.Namespace) -> str | None:
+    """Why ``init``'s SPEC / --from-manifest / request options do not go together, or None."""
+    if args.from_manifest is None:
+        return None if args.spec is not None else "init: give SPEC (a preset or config.json) or --from-manifest PATH"
+    if args.spec is not None:
+        return f"init: give SPEC or --from-manifest, not both (the manifest records the spec; got SPEC {args.spec!r})"
+    given = [flag for dest, flag in REQUEST_FLAGS.items() if getattr(args, dest) is not None]
+    if given:
+        return (f"init: --from-manifest replays the recorded request exactly; {', '.join(given)} cannot change it "
+                "(run init with SPEC for another request)")
+    return None
 
 
 def connect(args: argparse.Namespace):
@@ -215,7 +337,9 @@ def _print_plan(plan, as_json: bool, tensors: bool = True) -> None:
     if as_json:
         from google.protobuf import json_format
 
-        print(json.dumps(json_format.MessageToDict(plan, preserving_proto_field_name=True), indent=2))
+        doc = json_format.MessageToDict(plan, preserving_proto_field_name=True)
+        doc.setdefault("request", {})["policy"] = _policy_doc(plan)  # the policy-file format, as modelinit.json
+        print(json.dumps(doc, indent=2))
         return
     print(f"{plan.architecture} ({plan.family}): {plan.total_params:,} parameters, {plan.total_bytes:,} bytes, "
           f"{sum(f.shard for f in plan.files)} shard(s); algorithm v{plan.algorithm_version}; fingerprint {plan.fingerprint}")
@@ -226,6 +350,18 @@ def _print_plan(plan, as_json: bool, tensors: bool = True) -> None:
         return
     rows = [(t.name, "x".join(map(str, t.shape)), t.init, f"{t.effective_std:.4g}", t.rule, plan.files[t.shard].name) for t in plan.tensors]
     _print_table(("tensor", "shape", "init", "eff. std", "rule", "file"), rows)
+
+
+def _policy_doc(plan) -> dict:
+    """The plan's (normalized) policy in the policy-file format: `--policy` takes it back."""
+    from google.protobuf import json_format
+
+    from .policy_file import to_dict
+
+    try:
+        return to_dict(plan.request.policy)
+    except ValueError:  # a server echoing what no policy file holds: show it as it came
+        return json_format.MessageToDict(plan.request.policy, preserving_proto_field_name=True)
 
 
 def _print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
@@ -252,7 +388,20 @@ def _ref(x: float, fmt: str) -> str:
     return format(x, fmt) if x else "-"  # 0 means "not applicable" (norms, biases, constants)
 
 
-def _print_explain(plan, as_json: bool) -> None:
+def policy_title(given: str | None, policy) -> str:
+    """How ``explain`` names the policy: by what ``--policy`` gave (``given``), with what the
+    request's ``policy`` message holds: ``policy hf-default``, ``policy file p.yaml (custom rules
+    + preset gpt2)``, ``custom rules + preset gpt2``."""
+    from .policy_file import looks_like_file
+
+    preset = policy.preset
+    content = " + ".join(filter(None, ["custom rules" if policy.rules else "", f"preset {preset}" if preset else ""]))
+    if given is not None and (looks_like_file(given) or os.path.isfile(given)):  # as model_policy() tells them apart
+        return f"policy file {given} ({content or 'preset hf-default'})"
+    return content if policy.rules else f"policy {preset or 'hf-default'}"
+
+
+def _print_explain(plan, as_json: bool, given_policy: str | None = None) -> None:
     if as_json:
         from google.protobuf import json_format
 
@@ -263,12 +412,12 @@ def _print_explain(plan, as_json: bool) -> None:
             return {f.name: d[f.name] for f in g.DESCRIPTOR.fields}
 
         groups = [as_dict(g) for g in plan.groups]
-        print(json.dumps({"groups": groups, "summary": explain_summary(plan)}, indent=2))
+        print(json.dumps({"policy": _policy_doc(plan), "groups": groups, "summary": explain_summary(plan)}, indent=2))
         return
-    print(f"{plan.architecture} ({plan.family}), policy {plan.request.policy.preset or 'custom rules'}:")
+    print(f"{plan.architecture} ({plan.family}), {policy_title(given_policy, plan.request.policy)}:")
     rows = [(g.rule, f"{g.count} x {'x'.join(map(str, g.shape))}", g.init, f"{g.effective_std:.4g}",
-             _ref(g.xavier_std, ".4g"), _ref(g.lecun_std, ".4g"), _ref(g.ratio_lecun, ".3g")) for g in plan.groups]
-    _print_table(("rule", "tensors", "init", "eff. std", "xavier", "lecun", "ratio"), rows)
+             _ref(g.xavier_std, ".4g"), _ref(g.lecun_std, ".4g"), _ref(g.ratio_lecun, ".3g"), g.formula) for g in plan.groups]
+    _print_table(("rule", "tensors", "init", "eff. std", "xavier", "lecun", "ratio", "formula"), rows)
     warnings = [f"{_group_label(g)}: {w}" for g in plan.groups for w in g.warnings]
     if warnings:
         print("\nwarnings:")

@@ -1,12 +1,15 @@
 """The client: plan a model, stream its files into a folder, verify every byte."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
 import pathlib
 import random
+import stat
+import re
 import threading
 import time
 import uuid
@@ -15,16 +18,29 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Union
 
 import grpc
-from google.protobuf import json_format
 
 from . import policy_file
-from .direct_file import DirectFile
+from .direct_file import CREATE_FLAGS, DirectFile
 from .errors import ModelInitError
 from .events import Begin, Data, End
+from .folder_lock import FolderLock
 from .v1 import modelinit_pb2 as pb
 from .v1 import modelinit_pb2_grpc as pb_grpc
 
 MANIFEST_FILE = "modelinit.json"
+PROGRESS_FILE = ".modelinit.progress.json"
+"""The hidden record of an unfinished ``init_model``: its fingerprint, the files already renamed
+into place with their SHA-256 (a rerun of the same weights keeps those that still match), and
+the files of an earlier run still to be deleted. Removed once ``modelinit.json`` is written."""
+MAX_NAME_BYTES = 200
+"""Longest file name taken from a server, in UTF-8 bytes: filesystems allow 255, and the temp
+file ``.NAME.partial`` adds 9."""
+#: What a loader (transformers, safetensors, torch) may read from a model folder: weights, their
+#: indexes, the model config. Such a file that no modelinit run recorded is "foreign": init_model
+#: refuses to write beside it unless ``overwrite``. Anything else (tokenizer files, README, other
+#: JSON, subfolders) is the user's and is left alone.
+_LOADER_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".index.json")
+_LOADER_NAMES = frozenset({"config.json"})
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 << 20)]
 #: Status codes after which a call is retried (and a stream resumed): the server went away or
 #: could not be reached. Everything else is an answer and is raised.
@@ -59,6 +75,52 @@ class RetryPolicy:
             raise ValueError(f"multiplier: must be >= 1, got {self.multiplier!r}")
 
 
+def connect_failure(details: str) -> tuple[str, str] | None:
+    """What kept an UNAVAILABLE call from reaching any server, from its details: ``("trust",
+    reason)`` when the TLS handshake failed (an untrusted or misnamed certificate, a server that
+    does not speak TLS: retrying cannot fix it), ``("connect", reason)`` when no connection was
+    made (refused, unknown name, closed during setup); None for anything else (a server that
+    went away mid-call, one that is stopping)."""
+    d = details.lower()
+    if "certificate_verify_failed" in d:
+        m = re.search(r"CERTIFICATE_VERIFY_FAILED: ([^:]+)", details)
+        why = f" ({m.group(1).strip()})" if m else ""
+        return "trust", (f"TLS handshake failed: the server's certificate is not trusted{why}; pass the CA that signed it "
+                         "with --tls-ca")
+    if "hostname verification" in d or "not in peer certificate" in d:
+        return "trust", ("TLS handshake failed: the server's certificate does not name this address; dial a name it "
+                         "holds, or reissue the certificate with this one")
+    if "wrong_version_number" in d:
+        return "trust", "TLS handshake failed: the server does not speak TLS; drop --tls/--tls-ca or check --server"
+    if "ssl_error_ssl" in d:  # a TLS protocol error, not a lost connection (SSL_ERROR_SYSCALL)
+        m = re.search(r"OPENSSL_internal:([A-Z0-9_]+)", details)
+        why = f" ({m.group(1)})" if m else ""
+        return "trust", f"TLS handshake failed{why}; check --tls-ca, --tls-cert and --tls-key"
+    if "errors resolving" in d or "dns resolution failed" in d or "name resolution" in d:
+        return "connect", "the name does not resolve; check --server"
+    if "failed to connect" not in d:
+        return None
+    if "connection refused" in d:
+        return "connect", "connection refused; check --server (host:port) and that the server is running"
+    if "socket closed" in d or "connection reset" in d:
+        return "connect", ("the server closed the connection during setup (a TLS server dialled without --tls, or a "
+                           "mutual-TLS server refusing this client's certificate?); check --server and the TLS flags")
+    reason = details.rsplit(": ", 1)[-1].strip() or "failed to connect"
+    return "connect", f"{reason}; check --server"
+
+
+def _give_up(error: ModelInitError, target: str | None, reached: bool) -> ModelInitError | None:
+    """The error to raise at once instead of retrying ``error``: any answer but UNAVAILABLE, a
+    TLS trust failure, or a connection failure to a ``target`` this client never ``reached``
+    (a mistyped address is not going to come up); None: retry."""
+    if error.code not in RETRYABLE:
+        return error
+    failure = connect_failure(error.details)
+    if failure is None or (failure[0] == "connect" and reached):
+        return None  # a server that answered before and is gone now: restarting, draining
+    return ModelInitError(error.code, f"cannot reach {target or 'the server'}: {failure[1]}")
+
+
 class _Backoff:
     """Waits between tries until the policy's deadline, counted from the first failure since the
     last ``progress()``."""
@@ -71,17 +133,24 @@ class _Backoff:
         self._since: float | None = None
         self._wait = self._policy.initial_backoff
 
-    def wait_or_raise(self, error: ModelInitError) -> None:
+    def wait_or_raise(self, error: ModelInitError, target: str | None = None, reached: bool = True) -> None:
+        """Sleep before the next try, or raise: an error that is no reason to retry (see
+        :func:`_give_up`; ``reached``: this client got an answer from ``target`` before), or any
+        once the deadline has passed."""
+        fatal = _give_up(error, target, reached)
+        if fatal is not None:
+            raise fatal
         now = time.monotonic()
         if self._since is None:
             self._since = now
         left = self._since + self._policy.deadline - now
-        if error.code not in RETRYABLE or left <= 0:
+        if left <= 0:
             raise error
         pause = min(self._wait * random.uniform(0.5, 1.0), left)
         log.warning("%s; retrying in %.2fs (giving up in %.0fs)", error, pause, left)
         time.sleep(pause)
         self._wait = min(self._wait * self._policy.multiplier, self._policy.max_backoff)
+
 
 Spec = Union[str, os.PathLike, Mapping[str, Any], pb.ModelSpec]
 PolicyArg = Union[str, os.PathLike, Mapping[str, Any], None, pb.Policy]
@@ -110,6 +179,9 @@ class InitResult:
     algorithm_version: int
     reused: bool = False
     """True when the folder already held these exact files, verified, and nothing was written."""
+    kept: tuple[str, ...] = ()
+    """Files an interrupted run of the same weights had finished, re-hashed and kept (not fetched
+    again)."""
 
 
 def model_spec(spec: Spec) -> pb.ModelSpec:
@@ -180,10 +252,38 @@ def model_request(
 
 
 def check_file_name(name: str) -> str:
-    """Refuse any server-supplied name that could write outside the output folder."""
-    if not name or name in (".", "..") or name.startswith(".") or any(c in name for c in "/\\\0:") or os.path.isabs(name):
-        raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"server sent an unsafe file name {name!r}; refusing to write it")
+    """Refuse any server-supplied name that could write outside the output folder, replace what
+    modelinit keeps there (``modelinit.json``; hidden names: temp files, the progress record, the
+    lock) or that a filesystem may not take (over ``MAX_NAME_BYTES``)."""
+    why = None
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0:") or os.path.isabs(name):
+        why = "it could write outside the output folder"
+    elif name.startswith("."):
+        why = "hidden names are modelinit's own: temp files, progress record, lock"
+    elif name.casefold() == MANIFEST_FILE:
+        why = f"{MANIFEST_FILE} is the manifest modelinit writes itself"
+    elif len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        why = f"longer than {MAX_NAME_BYTES} bytes"
+    if why is not None:
+        shown = name if len(name) <= 80 else f"{name[:60]}...{name[-12:]}"
+        raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"server sent an unsafe file name {shown!r} ({why}); refusing to write it")
     return name
+
+
+def loader_file(name: str) -> bool:
+    """Whether a loader may read ``name`` from a model folder: weights, an index, config.json
+    (hidden names aside)."""
+    return not name.startswith(".") and (name in _LOADER_NAMES or name.endswith(_LOADER_SUFFIXES))
+
+
+def _check_plan_names(plan: pb.PlanResponse) -> None:
+    """Every planned name safe, and none twice (nor twice but for case)."""
+    seen: set[str] = set()
+    for f in plan.files:
+        check_file_name(f.name)
+        if f.name.casefold() in seen:
+            raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"server planned the file {f.name!r} twice; refusing to write it")
+        seen.add(f.name.casefold())
 
 
 class Client:
@@ -199,7 +299,9 @@ class Client:
     Remote options: ``tls`` (or any of ``ca``/``cert``/``key``: PEM paths of the CA that signed
     the server's certificate and this client's certificate and key for mutual TLS), ``token``
     (sent as ``authorization: Bearer ...``), ``timeout`` (seconds per call), ``retry`` (how a
-    lost connection is retried; a stream resumes from the byte it had reached).
+    lost connection is retried; a stream resumes from the byte it had reached). A server that
+    never answered and cannot be connected to (a wrong address), or a TLS handshake that fails
+    on trust, raises ModelInitError (UNAVAILABLE, ``cannot reach HOST:PORT: ...``) at once.
     """
 
     def __init__(
@@ -247,7 +349,11 @@ class Client:
             except ValueError as e:
                 raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
             self._stubs = [pb_grpc.ModelInitStub(ch) for ch in self._channels]
-            self._stub = self._stubs[0]
+        self._reached: set[int] = set()
+        """Targets (indices) that ever answered this client: a connection failure to one of them
+        is a lost server, retried; to any other, a wrong address, raised at once."""
+        self._planner = 0
+        """The target that answered the last Plan: streams start there."""
 
     def close(self) -> None:
         for ch in self._channels:
@@ -307,35 +413,50 @@ class Client:
         return plan
 
     def _plan_page(self, request: pb.ModelRequest, page_size: int = 0, page_token: str = "") -> pb.PlanResponse:
-        """One Plan call (retried like any call): ``page_size`` tensors from ``page_token`` on."""
+        """One Plan call (retried like any call, on the next target after a failure):
+        ``page_size`` tensors from ``page_token`` on."""
         if self._local is not None:
             try:
                 return _check_version(request, self._local.plan(request, page_size, page_token))
             except ValueError as e:  # the same field-named message the server sends
                 raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         backoff = _Backoff(self.retry)
+        k, tried = self._planner, set()
         while True:
+            tried.add(k)
             try:
-                plan = self._stub.Plan(pb.PlanRequest(request=request, page_size=page_size, page_token=page_token),
-                                       timeout=self.timeout, metadata=_metadata())
+                plan = self._stubs[k].Plan(pb.PlanRequest(request=request, page_size=page_size, page_token=page_token),
+                                           timeout=self.timeout, metadata=_metadata())
             except grpc.RpcError as e:
-                backoff.wait_or_raise(ModelInitError.from_rpc(e))
+                error = ModelInitError.from_rpc(e)
+                if error.code != grpc.StatusCode.UNAVAILABLE:
+                    self._reached.add(k)  # it answered
+                fatal = _give_up(error, self.targets[k], k in self._reached)
+                following = (k + 1) % len(self._stubs)
+                if fatal is not None and fatal is not error and following not in tried:
+                    log.warning("%s; trying %s", fatal.details, self.targets[following])  # another replica may answer
+                else:
+                    backoff.wait_or_raise(error, self.targets[k], k in self._reached)
+                k = following
             else:
+                self._reached.add(k)
+                self._planner = k
                 return _check_version(request, plan)
 
-    def _events(self, request: pb.ModelRequest, plan: pb.PlanResponse):
-        """Every file's events from the local engine, or from the server's stream, resumed after
-        a lost connection; closing it stops the producer."""
+    def _events(self, request: pb.ModelRequest, plan: pb.PlanResponse, files: list[int] | None = None):
+        """Every file's events (or those of ``files``, indices into the plan's, in that order) from
+        the local engine, or from the server's stream, resumed after a lost connection; closing
+        it stops the producer."""
         if self._local is not None:
             try:
-                return self._local.events(request)
+                return self._local.events(request) if files is None else self._local.events(request, files)
             except ValueError as e:  # e.g. the requested device's engine is unavailable
                 raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        return _ResumingEvents(self._replicas(plan.fingerprint), request, plan, None, 0, self.retry, self.timeout)
+        return _ResumingEvents(self._replicas(plan.fingerprint), request, plan, files, self._planner, self.retry, self.timeout)
 
     def _replicas(self, fingerprint: str) -> "_Replicas":
-        """The servers, the first known to plan ``fingerprint`` (``_plan`` asked it)."""
-        return _Replicas(self._stubs, self.targets, fingerprint, self.timeout, checked={0})
+        """The servers, the one that answered ``_plan`` known to plan ``fingerprint``."""
+        return _Replicas(self._stubs, self.targets, fingerprint, self.timeout, checked={self._planner}, reached=self._reached)
 
     def init_model(
         self,
@@ -352,6 +473,7 @@ class Client:
         fsync: bool = False,
         direct_io: bool = True,
         parallel: int = 1,
+        overwrite: bool = False,
     ) -> InitResult:
         """Write the model's files (HF layout) into ``out_dir``; returns what was written.
 
@@ -369,65 +491,154 @@ class Client:
         ``modelinit.json`` records both. ``progress`` callables are then
         called from several threads. ``direct_io`` writes shards with ``O_DIRECT`` where the OS and filesystem allow it (no
         page-cache copy: faster, and no dirty pages charged to a container); False writes buffered.
+
+        The folder ends up holding nothing a loader could mistake for these weights. Files an
+        earlier modelinit run recorded (in its ``modelinit.json`` or its hidden progress record)
+        are replaced or deleted, as are modelinit's own leftover ``.*.partial`` temp files.
+        Files no run recorded that a loader would pick up (``*.safetensors``, ``*.bin``, ``*.pt``,
+        ``*.pth``, ``*.ckpt``, ``*.h5``, ``*.msgpack``, ``*.gguf``, ``*.index.json``,
+        ``config.json``, or any name this model writes) are refused with FAILED_PRECONDITION
+        naming them, before anything is touched; ``overwrite=True`` deletes them. Other files
+        (tokenizer, README, subfolders) are left alone. A rerun after an interrupted run keeps
+        the files that run had finished (recorded with their SHA-256 in ``.modelinit.progress.json``
+        as each was renamed into place), once re-hashed, and fetches only the others
+        (``kept``); a file cut off mid-way is fetched again from its first byte.
+        Writing errors (a full disk, ENOSPC) are ModelInitError (RESOURCE_EXHAUSTED for a full
+        disk or quota), the temp file removed.
         """
         if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"parallel: must be an integer >= 1, got {parallel!r}")
         request = model_request(spec, seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size,
                                 algorithm_version=algorithm_version, architecture=architecture)
         plan = self._plan(request)
-        for f in plan.files:  # before anything is written
-            check_file_name(f.name)
+        _check_plan_names(plan)  # before anything is written
         out = pathlib.Path(out_dir)
-        reused = _reuse(out, plan)
-        if reused is not None:
-            return reused
-        out.mkdir(parents=True, exist_ok=True)
-        (out / MANIFEST_FILE).unlink(missing_ok=True)  # the folder is incomplete from here on
-        bar = _progress_bar(progress, sum(f.size for f in plan.files))
+        lock = FolderLock(out)  # one init per folder at a time: a second one fails at once
         try:
-            if self._local is None and (parallel > 1 or len(self._stubs) > 1):
-                from .fanout import fetch
+            lock.acquire()
+            record = _prepare(out, plan, overwrite, fsync)
+            if isinstance(record, InitResult):
+                return record
+            kept = dict(record.files)
+            todo = [i for i in range(len(plan.files)) if i not in kept]
+            if kept:
+                log.info("%s: keeping %d file(s) an interrupted run finished (re-hashed)", out, len(kept))
+            bar = _progress_bar(progress, sum(plan.files[i].size for i in todo))
+            try:
+                files = None if len(todo) == len(plan.files) else todo
+                if not todo:
+                    written = []
+                elif self._local is None and (parallel > 1 or len(self._stubs) > 1):
+                    from .fanout import fetch
 
-                written, self.last_served = fetch(self, request, plan, out, parallel, bar, fsync, direct_io)
-            else:
-                written = write_files(self._events(request, plan), plan, out, range(len(plan.files)), bar, fsync, direct_io)
+                    written, self.last_served = fetch(self, request, plan, out, parallel, bar, fsync, direct_io,
+                                                      files=files, on_written=record.add)
+                else:
+                    written = write_files(self._events(request, plan, files), plan, out, todo, bar, fsync, direct_io,
+                                          on_written=record.add)
+            except BaseException:
+                record.drop_if_empty()  # a failed run that finished nothing leaves nothing behind
+                raise
+            finally:
+                bar(None)
+            results = {**kept, **dict(zip(todo, written))}
+            ordered = [results[i] for i in range(len(plan.files))]
+            _atomic_write(out / MANIFEST_FILE, _manifest(plan, ordered), fsync)
+            (out / PROGRESS_FILE).unlink(missing_ok=True)  # complete: the manifest says it all
+        except OSError as e:
+            raise _os_error(e, out) from e
         finally:
-            bar(None)
-        manifest = _manifest(plan, written)
-        _atomic_write(out / MANIFEST_FILE, manifest, fsync)
-        return InitResult(out, plan.fingerprint, tuple(written), plan.total_params, plan.total_bytes, plan.algorithm_version)
+            lock.release()
+        return InitResult(out, plan.fingerprint, tuple(ordered), plan.total_params, plan.total_bytes, plan.algorithm_version,
+                          kept=tuple(kept[i].name for i in sorted(kept)))
+
+    def init_model_from_manifest(self, manifest: str | os.PathLike, out_dir: str | os.PathLike, **options: Any) -> InitResult:
+        """Reproduce a run byte for byte: write into ``out_dir`` what the request recorded in
+        ``manifest`` (an output folder, or its ``modelinit.json``) makes: the same spec (preset or
+        config), architecture, policy, seed, dtype, max_shard_size and algorithm version, so every
+        file and the new ``modelinit.json`` equal the recorded ones. ``options`` are
+        :meth:`init_model`'s (``progress``, ``fsync``, ``direct_io``, ``parallel``, ...).
+
+        The recorded request is planned first; a plan that differs from the manifest
+        (fingerprint, algorithm version, files: another server version, another transformers)
+        is refused with FAILED_PRECONDITION before anything is written. Written files whose
+        SHA-256 differs from the recorded one raise DATA_LOSS. A missing or malformed manifest is
+        a bad argument: INVALID_ARGUMENT."""
+        from .verify import manifest_request, plan_differences, read_manifest
+
+        try:
+            doc = read_manifest(manifest)
+        except ModelInitError as e:
+            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"from_manifest: {e.details}") from None
+        request = manifest_request(doc)
+        differences = plan_differences(doc, self._plan(request))
+        if differences:
+            raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"{manifest}: cannot reproduce the recorded run: " + "; ".join(differences))
+        result = self.init_model(request.spec, seed=request.seed, out_dir=out_dir, policy=request.policy, dtype=request.dtype,
+                                 max_shard_size=request.max_shard_size, algorithm_version=request.algorithm_version, **options)
+        recorded = {f["name"]: f["sha256"] for f in doc["files"]}
+        for f in result.files:
+            if recorded.get(f.name) != f.sha256:
+                raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"{f.name}: reproduced with SHA-256 {f.sha256}, "
+                                                                f"{manifest} records {recorded.get(f.name)}")
+        return result
+
+
+def reproduce(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, client: "Client | None" = None,
+              **options: Any) -> InitResult:
+    """``Client.init_model_from_manifest`` with ``client``, or an embedded one (closed after)."""
+    if client is not None:
+        return client.init_model_from_manifest(manifest, out_dir, **options)
+    with Client() as own:
+        return own.init_model_from_manifest(manifest, out_dir, **options)
 
 
 def write_files(source, plan: pb.PlanResponse, out: pathlib.Path, indices, progress: Callable[[int], None],
-                fsync: bool, direct_io: bool) -> list[FileResult]:
+                fsync: bool, direct_io: bool,
+                on_written: Callable[[int, FileResult], None] | None = None) -> list[FileResult]:
     """Write the files ``indices`` (in that order) from ``source``'s events into ``out``: each to
-    a hidden temp file (``O_DIRECT`` where allowed), hashed on a second thread while it is
-    written, checked against the producer's size and SHA-256, then renamed into place. Closes
-    ``source``; an interrupted file is deleted."""
+    a hidden temp file (created exclusively, never through a link; ``O_DIRECT`` where allowed),
+    hashed on a second thread while it is written, checked against the producer's size and
+    SHA-256, then renamed into place; ``on_written(index, result)`` follows each rename. A file
+    is refused (DATA_LOSS) at the first byte past its planned size. Closes ``source``; an
+    interrupted file is deleted; an OSError (disk full) is raised as ModelInitError."""
     indices = list(indices)
     written: list[FileResult] = []
-    current = None  # (index, temp path, file object, hasher)
+    current = None  # (index, temp path, file object, hasher, planned size)
     hasher = ThreadPoolExecutor(1, thread_name_prefix="modelinit-sha256")
     try:
         for event in source:
             if isinstance(event, Data):
                 if current is None:
                     raise ModelInitError(grpc.StatusCode.DATA_LOSS, "stream: data before any file began")
+                with memoryview(event.data) as view:
+                    n = view.nbytes
+                if current[2].size + n > current[4]:
+                    raise ModelInitError(grpc.StatusCode.DATA_LOSS,
+                                         f"{plan.files[current[0]].name}: the server sent more than the {current[4]} bytes "
+                                         f"planned; refusing the rest")
                 # Hash on a second thread while this one writes: both release the GIL.
                 hashed = hasher.submit(current[3].update, event.data)
-                current[2].write(event.data)
-                hashed.result()
-                progress(len(event.data))
+                try:
+                    current[2].write(event.data)
+                finally:
+                    hashed.result()
+                progress(n)
             elif isinstance(event, Begin):
                 expected_index = indices[len(written)] if len(written) < len(indices) else None
                 if event.index != expected_index or event.name != plan.files[event.index].name or event.offset != 0 or current is not None:
                     raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: unexpected file {event.name!r} (index {event.index})")
+                if event.size != plan.files[event.index].size:
+                    raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: {event.name} begins as {event.size} bytes, "
+                                                                    f"the plan says {plan.files[event.index].size}")
                 tmp = out / f".{event.name}.partial"
-                current = (event.index, tmp, DirectFile(tmp, direct_io), hashlib.sha256())
+                tmp.unlink(missing_ok=True)  # a stale temp file (or a link planted there) goes, never written through
+                current = (event.index, tmp, DirectFile(tmp, direct_io), hashlib.sha256(), event.size)
             else:
                 if current is None or event.index != current[0]:
                     raise ModelInitError(grpc.StatusCode.DATA_LOSS, "stream: a file ended that never began")
-                index, tmp, fh, digest = current
+                index, tmp, fh, digest, _ = current
                 size = fh.size
                 fh.close(fsync)
                 current = None
@@ -442,12 +653,17 @@ def write_files(source, plan: pb.PlanResponse, out: pathlib.Path, indices, progr
                     )
                 os.replace(tmp, out / expected.name)
                 written.append(FileResult(expected.name, size, got))
+                if on_written is not None:
+                    on_written(index, written[-1])
+    except OSError as e:
+        raise _os_error(e, out, plan.files[current[0]].name if current is not None else None) from e
     finally:
-        source.close()  # a no-op after a complete stream; otherwise the producer stops now
-        hasher.shutdown()
-        if current is not None:  # interrupted mid-file: leave nothing half-written behind
-            current[2].abort()
-            current[1].unlink(missing_ok=True)
+        try:
+            source.close()  # a no-op after a complete stream; otherwise the producer stops now
+        finally:
+            hasher.shutdown()
+            if current is not None:  # interrupted mid-file: leave nothing half-written behind
+                _discard(current[2], current[1])
     if len(written) != len(indices):
         raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: ended after {len(written)} of {len(indices)} files")
     return written
@@ -459,9 +675,10 @@ class _Replicas:
     server may run another version)."""
 
     def __init__(self, stubs: list, targets: tuple[str, ...], fingerprint: str, timeout: float | None,
-                 checked: set[int] | None = None) -> None:
+                 checked: set[int] | None = None, reached: set[int] | None = None) -> None:
         self.stubs, self.targets, self._fingerprint, self._timeout = stubs, targets, fingerprint, timeout
         self._checked: set[int] = set(checked or ())
+        self._reached: set[int] = reached if reached is not None else set()  # the client's own: shared
         self._lock = threading.Lock()
 
     def check(self, k: int, request: pb.ModelRequest) -> None:
@@ -469,6 +686,7 @@ class _Replicas:
             if k in self._checked:
                 return
         plan = self.stubs[k].Plan(pb.PlanRequest(request=request), timeout=self._timeout, metadata=_metadata())
+        self.answered(k)  # (a replica in _checked answered its Plan already)
         if plan.fingerprint != self._fingerprint:
             raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
                                  f"replica {self.targets[k]} plans different weights (fingerprint {plan.fingerprint[:16]}, "
@@ -479,6 +697,17 @@ class _Replicas:
     def failed(self, k: int) -> None:
         with self._lock:
             self._checked.discard(k)
+
+    def answered(self, k: int) -> None:
+        """Replica ``k`` answered a call: from now on a connection failure there is a lost server."""
+        with self._lock:
+            self._reached.add(k)
+
+    def retry_as_lost(self, k: int) -> bool:
+        """Whether a connection failure at replica ``k`` is retried (as a lost server): it answered
+        before, or another replica can take over (one that is down from the start is skipped)."""
+        with self._lock:
+            return k in self._reached or len(self.stubs) > 1
 
 
 class _ResumingEvents:
@@ -535,7 +764,7 @@ class _ResumingEvents:
             if self._closed:
                 return
             replicas.failed(self.replica)
-            backoff.wait_or_raise(error)
+            backoff.wait_or_raise(error, replicas.targets[self.replica], replicas.retry_as_lost(self.replica))
             self.replica = (self.replica + 1) % len(replicas.stubs)
             where = f"{plan.files[current].name} at byte {offset}" if current is not None else "the next file"
             log.warning("resuming %s on %s", where, replicas.targets[self.replica])
@@ -576,16 +805,183 @@ def _metadata() -> tuple[tuple[str, str], ...]:
     return (("x-request-id", uuid.uuid4().hex),)
 
 
-def _reuse(out: pathlib.Path, plan: pb.PlanResponse) -> "InitResult | None":
-    """The result of an earlier run if ``out`` already holds exactly this plan's files, verified."""
-    from .verify import is_complete
+@dataclass(frozen=True)
+class _Record:
+    """What a ``modelinit.json`` or a progress record in the folder says, leniently read."""
 
-    files = [(f.name, f.size) for f in plan.files]
-    if not (out / MANIFEST_FILE).is_file() or not is_complete(out, plan.fingerprint, plan.algorithm_version, files):
+    fingerprint: str
+    algorithm_version: int
+    files: tuple[FileResult, ...]
+    """Files the run finished, with their SHA-256 (safe plain names only)."""
+    stale: tuple[str, ...] = ()
+    """Files of an earlier run a progress record's run was deleting."""
+
+
+def _read_record(path: pathlib.Path) -> "_Record | None":
+    """The record at ``path``; None when it cannot be read as one."""
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
         return None
-    doc = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
-    written = tuple(FileResult(f["name"], f["size"], f["sha256"]) for f in doc["files"])
-    return InitResult(out, plan.fingerprint, written, plan.total_params, plan.total_bytes, plan.algorithm_version, reused=True)
+    if not isinstance(doc, dict):
+        return None
+
+    def safe(name: object) -> bool:
+        try:
+            return isinstance(name, str) and check_file_name(name) == name
+        except ModelInitError:
+            return False
+
+    files = doc.get("files") if isinstance(doc.get("files"), list) else []
+    stale = doc.get("stale") if isinstance(doc.get("stale"), list) else []
+    fingerprint, version = doc.get("fingerprint"), doc.get("algorithm_version")
+    return _Record(
+        fingerprint if isinstance(fingerprint, str) else "",
+        version if type(version) is int else -1,
+        tuple(FileResult(f["name"], f["size"], f["sha256"]) for f in files
+              if isinstance(f, dict) and safe(f.get("name")) and type(f.get("size")) is int and isinstance(f.get("sha256"), str)),
+        tuple(n for n in stale if safe(n)),
+    )
+
+
+class _Progress:
+    """This run's progress record (``PROGRESS_FILE``): rewritten atomically after each file is
+    renamed into place (``add``, thread-safe: fan-out finishes several files at once)."""
+
+    def __init__(self, out: pathlib.Path, plan: pb.PlanResponse, kept: dict[int, FileResult], stale: list[str],
+                 fsync: bool) -> None:
+        self.files = dict(kept)
+        """Plan index -> a finished file of this run (or kept from an interrupted one)."""
+        self._path, self._plan, self._stale, self._fsync = out / PROGRESS_FILE, plan, list(stale), fsync
+        self._lock = threading.Lock()
+
+    def save(self) -> None:
+        with self._lock:
+            self._save()
+
+    def cleaned(self) -> None:
+        """The stale files are gone: the next save no longer lists them."""
+        with self._lock:
+            self._stale = []
+
+    def add(self, index: int, result: FileResult) -> None:
+        with self._lock:
+            self.files[index] = result
+            self._save()
+
+    def drop_if_empty(self) -> None:
+        """Delete the record when it records nothing (no file finished, nothing left to delete)."""
+        with self._lock:
+            if not self.files and not self._stale:
+                try:
+                    self._path.unlink(missing_ok=True)
+                except OSError as e:
+                    log.warning("cannot remove %s: %s", self._path, e)
+
+    def _save(self) -> None:
+        doc = {
+            "fingerprint": self._plan.fingerprint,
+            "algorithm_version": self._plan.algorithm_version,
+            "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for _, f in sorted(self.files.items())],
+            "stale": self._stale,
+        }
+        _atomic_write(self._path, (json.dumps(doc, indent=1) + "\n").encode(), self._fsync)
+
+
+def _prepare(out: pathlib.Path, plan: pb.PlanResponse, overwrite: bool, fsync: bool) -> "InitResult | _Progress":
+    """Survey ``out`` before writing ``plan`` into it, and clear what must go.
+
+    Ours: the files that ``modelinit.json`` or a progress record lists, and hidden ``.*.partial``
+    temp files. Of ours, the files of this plan (same fingerprint and algorithm version, name and
+    size) whose SHA-256 still matches the record are kept; the rest is deleted. Foreign: a file
+    no record lists that a loader would pick up (see ``_LOADER_SUFFIXES``, or a name of this
+    plan); refused (FAILED_PRECONDITION, before anything is touched) unless ``overwrite``, which
+    deletes them. Returns the reused result when ``modelinit.json`` already describes exactly
+    this plan and every file is kept; otherwise the new progress record (saved before the
+    manifest and the stale files are deleted, so an interruption leaves them recorded)."""
+    from .verify import _sha256_file, read_manifest
+
+    try:
+        entries = {e.name: e for e in os.scandir(out)}
+    except FileNotFoundError:
+        entries = {}
+    manifest = _read_record(out / MANIFEST_FILE) if MANIFEST_FILE in entries else None
+    progress = _read_record(out / PROGRESS_FILE) if PROGRESS_FILE in entries else None
+    records = [r for r in (manifest, progress) if r is not None]
+    ours = {f.name for r in records for f in r.files} | {n for r in records for n in r.stale}
+    planned = {f.name: i for i, f in enumerate(plan.files)}
+    kept: dict[int, FileResult] = {}
+    tried: set[FileResult] = set()
+    for r in records:
+        if r.fingerprint != plan.fingerprint or r.algorithm_version != plan.algorithm_version:
+            continue
+        for f in r.files:
+            i = planned.get(f.name)
+            if i is None or i in kept or f in tried or f.size != plan.files[i].size or f.name not in entries:
+                continue
+            tried.add(f)
+            st = entries[f.name].stat(follow_symlinks=False)  # a link is not ours to trust
+            if stat.S_ISREG(st.st_mode) and st.st_size == f.size and _sha256_file(out / f.name) == f.sha256:
+                kept[i] = f
+    keep = {f.name for f in kept.values()}
+    foreign = sorted(n for n in entries if n not in ours and not n.startswith(".") and n != MANIFEST_FILE
+                     and (n in planned or loader_file(n)))
+    if foreign and not overwrite:
+        shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"{out} holds {shown}, which no modelinit run recorded (in {MANIFEST_FILE}) and a loader "
+                             f"would pick up beside the new weights; move them away, or pass --overwrite "
+                             f"(overwrite=True) to delete them")
+    stale = sorted((ours & entries.keys()) - keep) + foreign
+    temps = sorted(n for n in entries if n.startswith(".") and n.endswith(".partial"))
+    complete = (manifest is not None and manifest.fingerprint == plan.fingerprint
+                and manifest.algorithm_version == plan.algorithm_version and len(kept) == len(plan.files)
+                and sorted(manifest.files, key=lambda f: f.name) == sorted(kept.values(), key=lambda f: f.name))
+    if complete:
+        try:
+            read_manifest(out)  # and the rest of it well-formed (its request replays)
+        except ModelInitError:
+            complete = False
+    if complete:
+        for name in stale + temps:
+            (out / name).unlink(missing_ok=True)
+        (out / PROGRESS_FILE).unlink(missing_ok=True)
+        files = tuple(kept[i] for i in range(len(plan.files)))
+        return InitResult(out, plan.fingerprint, files, plan.total_params, plan.total_bytes, plan.algorithm_version, reused=True)
+    out.mkdir(parents=True, exist_ok=True)
+    record = _Progress(out, plan, kept, stale, fsync)
+    record.save()
+    (out / MANIFEST_FILE).unlink(missing_ok=True)  # the folder is incomplete from here on
+    for name in stale + temps:
+        (out / name).unlink(missing_ok=True)
+    record.cleaned()
+    return record
+
+
+def _os_error(e: OSError, out: pathlib.Path, name: str | None = None) -> ModelInitError:
+    """A failed write into ``out`` as a ModelInitError: RESOURCE_EXHAUSTED for a full disk or
+    quota, PERMISSION_DENIED for a refused write, FAILED_PRECONDITION otherwise."""
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG):
+        code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        code = grpc.StatusCode.PERMISSION_DENIED
+    else:
+        code = grpc.StatusCode.FAILED_PRECONDITION
+    what = f"writing {name}" if name else (str(e.filename) if e.filename else "")
+    return ModelInitError(code, ": ".join(p for p in (str(out), what, e.strerror or str(e)) if p))
+
+
+def _discard(fh: DirectFile, tmp: pathlib.Path) -> None:
+    """Close and delete an unfinished temp file; a failure to (a broken disk) is logged, not
+    raised over the error that brought us here."""
+    try:
+        fh.abort()
+    except OSError as e:
+        log.warning("closing %s: %s", tmp, e)
+    try:
+        tmp.unlink(missing_ok=True)
+    except OSError as e:
+        log.warning("cannot remove the temp file %s: %s", tmp, e)
 
 
 def _check_version(request: pb.ModelRequest, plan: pb.PlanResponse) -> pb.PlanResponse:
@@ -603,9 +999,13 @@ def _manifest(plan: pb.PlanResponse, written: list[FileResult]) -> bytes:
     never 0) and the ``architecture`` override when one was given."""
     r = plan.request
     spec: dict[str, Any] = {"preset": r.spec.preset} if r.spec.HasField("preset") else {"config": json.loads(r.spec.config_json)}
+    try:
+        policy = policy_file.to_dict(r.policy)  # the policy-file format: `--policy` takes it back
+    except ValueError as e:  # only a server that echoes a policy it could not have planned
+        raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"plan: the server echoed a malformed {e}") from None
     request: dict[str, Any] = {
         "spec": spec,
-        "policy": json_format.MessageToDict(r.policy, preserving_proto_field_name=True),
+        "policy": policy,
         "seed": r.seed,
         "dtype": r.dtype,
         "max_shard_size": int(r.max_shard_size),
@@ -628,13 +1028,20 @@ def _manifest(plan: pb.PlanResponse, written: list[FileResult]) -> bytes:
 
 
 def _atomic_write(path: pathlib.Path, data: bytes, fsync: bool) -> None:
+    """``path`` whole or not at all: a hidden temp file (created exclusively, never through a
+    link), renamed into place."""
     tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        if fsync:
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    tmp.unlink(missing_ok=True)
+    try:
+        with open(os.open(tmp, CREATE_FLAGS, 0o644), "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            if fsync:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _progress_bar(progress: bool | Callable[[int], None], total: int) -> Callable[[int | None], None]:
@@ -646,5 +1053,6 @@ def _progress_bar(progress: bool | Callable[[int], None], total: int) -> Callabl
         return lambda n: None
     from tqdm import tqdm
 
-    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="modelinit", leave=False)
+    # Decimal units (kB, MB, GB), as the summary line and --max-shard-size's "5GB" count them.
+    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1000, desc="modelinit", leave=False)
     return lambda n: bar.close() if n is None else bar.update(n)

@@ -23,8 +23,10 @@ class _Stopped(Exception):
 
 
 def fetch(client: Client, request: pb.ModelRequest, plan: pb.PlanResponse, out: pathlib.Path, parallel: int,
-          progress: Callable[[int], None], fsync: bool, direct_io: bool) -> tuple[list[FileResult], dict[str, int]]:
-    """Every file of ``plan`` into ``out``; also how many files each target finished."""
+          progress: Callable[[int], None], fsync: bool, direct_io: bool, files: list[int] | None = None,
+          on_written: Callable[[int, FileResult], None] | None = None) -> tuple[list[FileResult], dict[str, int]]:
+    """Every file of ``plan`` (or those of ``files``, indices into it) into ``out``, in that
+    order; also how many files each target finished. ``on_written`` as in ``write_files``."""
     replicas = client._replicas(plan.fingerprint)
     served = {t: 0 for t in client.targets}
     stop = threading.Event()
@@ -42,7 +44,7 @@ def fetch(client: Client, request: pb.ModelRequest, plan: pb.PlanResponse, out: 
         with lock:
             active.add(source)
         try:
-            (result,) = write_files(source, plan, out, [i], locked_progress, fsync, direct_io)
+            (result,) = write_files(source, plan, out, [i], locked_progress, fsync, direct_io, on_written)
         finally:
             with lock:
                 active.discard(source)
@@ -51,7 +53,7 @@ def fetch(client: Client, request: pb.ModelRequest, plan: pb.PlanResponse, out: 
         return result
 
     with ThreadPoolExecutor(parallel, thread_name_prefix="modelinit-fetch") as pool:
-        futures = [pool.submit(one, i) for i in range(len(plan.files))]
+        futures = [pool.submit(one, i) for i in (range(len(plan.files)) if files is None else files)]
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         first = next((f.exception() for f in done if f.exception() is not None), None)
         if first is not None:

@@ -1,9 +1,10 @@
-"""Init policies from JSON/YAML files or dicts, into the wire message ``modelinit.v1.Policy``.
+"""Init policies from JSON/YAML files or dicts, into the wire message ``modelinit.v1.Policy``,
+and back (:func:`to_dict`: the same format, as ``modelinit.json`` records it).
 
     preset: hf-default            # optional: tried after the rules below
     rules:
       - name: residual            # optional, shown in plans and errors
-        match: {roles: [attn_out, mlp_out]}   # kinds, roles, params, names (globs), min_layer, max_layer
+        match: {roles: [attn_out, mlp_out], params: [weight]}   # kinds, roles, params, names (globs), min_layer, max_layer
         init: {normal: {std: 0.02}}
         depth_scaling: n_layers   # none (default) | n_layers | layer
       - match: {kinds: [norm]}
@@ -15,6 +16,7 @@ message; the server validates the values (std > 0, a < b, ...) and answers INVAL
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 from typing import Any, Mapping
 
@@ -48,24 +50,112 @@ def load(path: str | pathlib.Path) -> pb.Policy:
     """Read a policy file (``.json``, ``.yaml``/``.yml``); ValueError names the problem."""
     path = pathlib.Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as fh:  # read no more than the cap (a FIFO, /dev/zero, a huge file)
+            data = fh.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise ValueError(f"policy: {_show(str(path))} is larger than {MAX_FILE_BYTES:,} bytes (1 MiB), the limit for "
+                             "a policy file; a policy is a few rules")
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"policy: cannot read policy file {str(path)!r}: {e}") from None
+        raise ValueError(f"policy: cannot read policy file {_show(str(path))}: {_text(e, 200)}") from None
+    name = _text(path.name, EXCERPT)
     if path.suffix == ".json":
         try:
             doc = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"policy: {path.name} is not valid JSON: {e}") from None
+        except RecursionError:
+            raise ValueError(f"policy: {name} nests too deeply; a policy is a few levels deep") from None
+        except ValueError as e:  # JSONDecodeError, or an integer of over 4300 digits
+            raise ValueError(f"policy: {name} is not valid JSON: {_text(e, 200)}") from None
     else:
         try:
             import yaml
         except ImportError:
             raise ValueError("policy: YAML policy files need PyYAML (pip install pyyaml); or write the policy as JSON") from None
         try:
-            doc = yaml.safe_load(text)
+            doc = _load_yaml(text, name)
+        except RecursionError:
+            raise ValueError(f"policy: {name} nests too deeply; a policy is a few levels deep") from None
         except yaml.YAMLError as e:
-            raise ValueError(f"policy: {path.name} is not valid YAML: {e}") from None
+            raise ValueError(f"policy: {name} is not valid YAML: {_text(e, 300)}") from None
     return from_dict(doc)
+
+
+#: Largest policy file read (a policy is a few rules: kilobytes).
+MAX_FILE_BYTES = 1 << 20
+#: Most values a YAML policy may expand to through its aliases (``*name``): a file within
+#: MAX_FILE_BYTES without aliases holds far fewer, so only an alias bomb reaches it.
+MAX_YAML_VALUES = 1_000_000
+#: Most characters of a value quoted in an error message.
+EXCERPT = 80
+#: Largest integer that converts to a finite double.
+_MAX_FLOAT_INT = int(1.7976931348623157e308)
+
+
+def _load_yaml(text: str, name: str) -> Any:
+    """``yaml.safe_load``, refusing a document whose aliases expand it past MAX_YAML_VALUES
+    (or make it recursive) before anything is built from it."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()  # the node graph: an alias is a shared node, not a copy
+        if node is None:
+            return None
+        _check_expansion(node, name)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _check_expansion(root: Any, name: str) -> None:
+    """Count the values of a composed YAML node graph as if every alias were copied out
+    (each shared node counted once per use, computed once: linear in the graph's size)."""
+    import yaml
+
+    def children(node: Any) -> list:
+        if isinstance(node, yaml.SequenceNode):
+            return node.value
+        if isinstance(node, yaml.MappingNode):
+            return [n for pair in node.value for n in pair]
+        return []
+
+    sizes: dict[int, int] = {}  # id(node) -> values it expands to
+    open_: set[int] = set()  # nodes being counted (their descendants are on the stack)
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, counted = stack.pop()
+        key = id(node)
+        if counted:
+            open_.discard(key)
+            sizes[key] = 1 + sum(sizes[id(c)] for c in children(node))
+            if sizes[key] > MAX_YAML_VALUES:
+                raise ValueError(f"policy: {name}: its aliases (*name) expand it to more than {MAX_YAML_VALUES:,} values; "
+                                 "a policy is a few rules (write it without aliases)")
+            continue
+        if key in sizes:
+            continue
+        if key in open_:
+            raise ValueError(f"policy: {name}: an alias (*name) refers to a value that contains it; a policy cannot be recursive")
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children(node))
+
+
+def _show(value: Any, limit: int = EXCERPT) -> str:
+    """``repr(value)``, cut to an excerpt of at most ``limit`` characters: an error message
+    never quotes a whole hostile value (a megabyte string, a 400-digit number, deep nesting)."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxstring, r.maxlong, r.maxother, r.maxlevel = limit, 40, limit, 3
+    text = r.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _text(error: object, limit: int) -> str:
+    """A (parser's) message on one line, cut to ``limit`` characters."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def from_dict(doc: Any) -> pb.Policy:
@@ -85,8 +175,8 @@ def _rule(doc: Any, where: str) -> pb.Rule:
     if "init" not in doc:
         raise ValueError(f"{where}.init: missing; give a distribution, e.g. {{normal: {{std: 0.02}}}} or 'zeros'")
     depth = doc.get("depth_scaling", "none")
-    if depth not in _DEPTH:
-        raise ValueError(f"{where}.depth_scaling: {depth!r} is not one of {', '.join(_DEPTH)}")
+    if not isinstance(depth, str) or depth not in _DEPTH:
+        raise ValueError(f"{where}.depth_scaling: {_show(depth)} is not one of {', '.join(_DEPTH)}")
     return pb.Rule(
         name=_expect(doc.get("name", ""), str, f"{where}.name", "a string"),
         match=_match(doc.get("match", {}), f"{where}.match"),
@@ -110,7 +200,7 @@ def _match(doc: Any, where: str) -> pb.Match:
         if key in doc:
             value = doc[key]
             if isinstance(value, bool) or not isinstance(value, int) or not -(2**31) <= value < 2**31:
-                raise ValueError(f"{where}.{key}: must be a block index (an integer), got {value!r}")
+                raise ValueError(f"{where}.{key}: must be a block index (an integer), got {_show(value)}")
             setattr(m, key, value)
     return m
 
@@ -118,11 +208,11 @@ def _match(doc: Any, where: str) -> pb.Match:
 def _distribution(doc: Any, where: str) -> pb.Distribution:
     if isinstance(doc, str):
         if doc not in _SHORTHANDS:
-            raise ValueError(f"{where}: unknown shorthand {doc!r}; use {', '.join(_SHORTHANDS)} or a mapping like {{normal: {{std: 0.02}}}}")
+            raise ValueError(f"{where}: unknown shorthand {_show(doc)}; use {', '.join(_SHORTHANDS)} or a mapping like {{normal: {{std: 0.02}}}}")
         doc = _SHORTHANDS[doc]
     _expect(doc, Mapping, where, "a mapping with exactly one distribution")
     if len(doc) != 1 or next(iter(doc)) not in _DISTRIBUTIONS:
-        raise ValueError(f"{where}: give exactly one of {', '.join(_DISTRIBUTIONS)} (got {', '.join(map(str, doc)) or 'none'})")
+        raise ValueError(f"{where}: give exactly one of {', '.join(_DISTRIBUTIONS)} (got {_show(', '.join(map(str, doc))) if doc else 'none'})")
     kind, params = next(iter(doc.items()))
     if kind == "constant" and not isinstance(params, Mapping):
         params = {"value": params}
@@ -134,18 +224,91 @@ def _distribution(doc: Any, where: str) -> pb.Distribution:
         path = f"{where}.{kind}.{key}"
         if key == "bounds":
             if value not in ("sigma", "absolute"):
-                raise ValueError(f"{path}: {value!r} is not 'sigma' or 'absolute'")
+                raise ValueError(f"{path}: {_show(value)} is not 'sigma' or 'absolute'")
             value = pb.BOUNDS_ABSOLUTE if value == "absolute" else pb.BOUNDS_SIGMA
         elif key in ("mode", "nonlinearity"):
             _expect(value, str, path, "a string")
         elif key == "preserve_std":
             _expect(value, bool, path, "true or false")
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{path}: must be a number, got {value!r}")
+            raise ValueError(f"{path}: must be a number, got {_show(value)}")
+        elif isinstance(value, int) and not -_MAX_FLOAT_INT <= value <= _MAX_FLOAT_INT:
+            raise ValueError(f"{path}: {_show(value)} is too large for a double (at most about 1.8e308)")
         else:
             value = float(value)
         fields[key] = value
     return pb.Distribution(**{kind: getattr(pb, _message_name(kind))(**fields)})
+
+
+def to_dict(policy: pb.Policy) -> dict:
+    """The policy document of a wire message: the exact inverse of :func:`from_dict`.
+
+    ``from_dict(to_dict(p)) == p`` for every message ``from_dict`` makes, and ``to_dict`` of a
+    document is that document in normal form: every distribution as ``{kind: {params}}``
+    (shorthands written out), numbers as floats, and only what is set (a field at its default is
+    left out, except the optional ``a``, ``b``, ``min_layer`` and ``max_layer``, which are kept
+    when present). This one format is what policy files hold, what ``modelinit.json`` records
+    and what ``plan --json`` / ``explain --json`` print, so any of them can be given back to
+    ``--policy``. Fields the server ignores and a document cannot hold (a Kaiming ``gain``, the
+    parameters of ``lecun_normal``) are dropped. ValueError for a message that is not a policy
+    (an unknown depth scaling, a rule without a distribution).
+    """
+    doc: dict[str, Any] = {}
+    if policy.preset:
+        doc["preset"] = policy.preset
+    rules = [_rule_to_dict(r, f"policy.rules[{i}]") for i, r in enumerate(policy.rules)]
+    if rules:
+        doc["rules"] = rules
+    return doc
+
+
+def _rule_to_dict(rule: pb.Rule, where: str) -> dict[str, Any]:
+    depth = {v: k for k, v in _DEPTH.items()}.get(rule.depth_scaling)
+    if depth is None:
+        raise ValueError(f"{where}.depth_scaling: unknown value {rule.depth_scaling}")
+    doc: dict[str, Any] = {}
+    if rule.name:
+        doc["name"] = rule.name
+    match = _match_to_dict(rule.match)
+    if match:
+        doc["match"] = match
+    doc["init"] = _distribution_to_dict(rule.init, f"{where}.init")
+    if depth != "none":
+        doc["depth_scaling"] = depth
+    if rule.zero_padding_row:
+        doc["zero_padding_row"] = True
+    return doc
+
+
+def _match_to_dict(m: pb.Match) -> dict[str, Any]:
+    doc: dict[str, Any] = {key: list(getattr(m, key)) for key in _MATCH_LISTS if getattr(m, key)}
+    for key in ("min_layer", "max_layer"):
+        if m.HasField(key):
+            doc[key] = getattr(m, key)
+    return doc
+
+
+def _distribution_to_dict(d: pb.Distribution, where: str) -> dict[str, Any]:
+    kind = d.WhichOneof("kind")
+    if kind is None:
+        raise ValueError(f"{where}: missing; a rule needs a distribution")
+    msg = getattr(d, kind)
+    params: dict[str, Any] = {}
+    for key in _DISTRIBUTIONS[kind]:
+        value = getattr(msg, key)
+        if key == "bounds":
+            if value == pb.BOUNDS_ABSOLUTE:
+                params[key] = "absolute"
+        elif msg.DESCRIPTOR.fields_by_name[key].has_presence:
+            if msg.HasField(key):
+                params[key] = value
+        elif isinstance(value, float):
+            # -0.0 is kept (its sign reaches the bytes); a constant always shows its value.
+            if value != 0.0 or math.copysign(1.0, value) < 0 or kind == "constant":
+                params[key] = value
+        elif value:
+            params[key] = value
+    return {kind: params}
 
 
 def _message_name(kind: str) -> str:
@@ -154,11 +317,16 @@ def _message_name(kind: str) -> str:
 
 def _expect(value: Any, kind: type, where: str, what: str) -> Any:
     if not isinstance(value, kind):
-        raise ValueError(f"{where}: must be {what}, got {value!r}")
+        raise ValueError(f"{where}: must be {what}, got {_show(value)}")
+    if isinstance(value, str) and not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate ("\ud800" in JSON): the wire format refuses it
+            raise ValueError(f"{where}: {_show(value)} is not valid Unicode text") from None
     return value
 
 
 def _no_unknown(doc: Mapping, allowed: tuple[str, ...], where: str) -> None:
     unknown = [k for k in doc if k not in allowed]
     if unknown:
-        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(allowed)}")
+        raise ValueError(f"{where}: unknown key {_show(unknown[0])}; allowed: {', '.join(allowed)}")

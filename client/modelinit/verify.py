@@ -22,7 +22,8 @@ from typing import Any, Callable, Iterable
 import grpc
 from google.protobuf import json_format
 
-from .client import MANIFEST_FILE, _progress_bar, check_file_name
+from . import policy_file
+from .client import MANIFEST_FILE, _progress_bar, check_file_name, loader_file
 from .errors import ModelInitError
 from .events import Begin, Data, End
 from .v1 import modelinit_pb2 as pb
@@ -96,7 +97,8 @@ class Report:
 
 
 def _bad_manifest(path: pathlib.Path, what: str) -> ModelInitError:
-    return ModelInitError(grpc.StatusCode.FAILED_PRECONDITION, f"{path / MANIFEST_FILE}: malformed manifest: {what}")
+    file = path if path.is_file() else path / MANIFEST_FILE  # a folder, or the manifest file itself
+    return ModelInitError(grpc.StatusCode.FAILED_PRECONDITION, f"{file}: malformed manifest: {what}")
 
 
 def _is_int(x: Any) -> bool:
@@ -106,11 +108,15 @@ def _is_int(x: Any) -> bool:
 def read_manifest(path: str | os.PathLike) -> dict:
     """The folder's ``modelinit.json``, checked for shape (fields, types, safe file names, a
     request that parses). Raises ModelInitError(FAILED_PRECONDITION) when the folder is not a
-    directory, has no manifest, or the manifest is malformed (naming what is wrong)."""
+    directory, has no manifest, or the manifest is malformed (naming what is wrong). ``path``
+    may also be the manifest file itself (``DIR/modelinit.json``)."""
     folder = pathlib.Path(path)
-    if not folder.is_dir():
+    if folder.is_file():
+        file = folder  # the manifest file itself (errors name it)
+    elif not folder.is_dir():
         raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION, f"{str(folder)!r} is not a directory")
-    file = folder / MANIFEST_FILE
+    else:
+        file = folder / MANIFEST_FILE
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -171,13 +177,7 @@ def manifest_request(manifest: dict) -> pb.ModelRequest:
         model_spec = pb.ModelSpec(config_json=json.dumps(spec["config"]))
     else:
         raise ValueError("request.spec: must be {\"preset\": name} or {\"config\": {...}}")
-    policy = r.get("policy", {})
-    if not isinstance(policy, dict):
-        raise ValueError("request.policy: not an object")
-    try:
-        policy_msg = json_format.ParseDict(policy, pb.Policy())
-    except (json_format.ParseError, TypeError, ValueError) as e:
-        raise ValueError(f"request.policy: {e}") from None
+    policy_msg = manifest_policy(r.get("policy", {}))
     seed = r.get("seed")
     if not _is_int(seed) or not 0 <= seed < 2**64:
         raise ValueError("request.seed: missing or not an integer in [0, 2^64)")
@@ -200,6 +200,24 @@ def manifest_request(manifest: dict) -> pb.ModelRequest:
     model_spec.architecture = architecture
     return pb.ModelRequest(spec=model_spec, policy=policy_msg, seed=seed, dtype=dtype, max_shard_size=str(shard),
                            algorithm_version=version)
+
+
+def manifest_policy(policy: Any) -> pb.Policy:
+    """The Policy a manifest's ``request.policy`` records: the policy-file format
+    (:func:`modelinit.policy_file.to_dict`, what ``modelinit.json`` holds now), or the proto3 JSON
+    mapping that earlier manifests hold (enum names such as ``DEPTH_SCALING_N_LAYERS``,
+    ``BOUNDS_ABSOLUTE``; infinities as strings). The two agree wherever both parse. Raises
+    ValueError (starting with ``request.policy``) for neither."""
+    if not isinstance(policy, dict):
+        raise ValueError("request.policy: not an object")
+    try:
+        return policy_file.from_dict(policy)
+    except ValueError as e:
+        error = e
+    try:
+        return json_format.ParseDict(policy, pb.Policy())  # a manifest written before the policy-file format
+    except (json_format.ParseError, TypeError, ValueError, RecursionError):
+        raise ValueError(f"request.{error}") from None
 
 
 def _sha256_file(path: pathlib.Path, tick: Callable[[int], None] = lambda n: None) -> str:
@@ -396,7 +414,7 @@ def verify_folder(
         for child in sorted(folder.iterdir()):
             if child.name.startswith(".") and child.name.endswith(".partial"):
                 problems.append(f"{child.name}: leftover temp file of an interrupted run")
-            elif (child.name.endswith(".safetensors") or child.name == INDEX_FILE) and child.name not in names:
+            elif loader_file(child.name) and child.name not in names:  # what init_model calls foreign
                 problems.append(f"{child.name}: not in the manifest (left over from another run?)")
 
         # 3. Regenerate from (spec, policy, seed) and compare.
@@ -417,6 +435,31 @@ def verify_folder(
     return Report(folder, fingerprint, version, checks, tuple(all_problems), regenerated, tuple(notes))
 
 
+def plan_differences(manifest: dict, plan: pb.PlanResponse) -> list[str]:
+    """How the plan of a manifest's recorded request differs from the manifest (algorithm version,
+    fingerprint, files), one sentence each, with a likely cause where one is known; empty when
+    the plan makes exactly the recorded files."""
+    out = []
+    if plan.algorithm_version != manifest["algorithm_version"]:
+        out.append(f"algorithm_version {manifest['algorithm_version']}, the server makes "
+                   f"{plan.algorithm_version} (it cannot reproduce these bytes)")
+    if plan.fingerprint != manifest["fingerprint"]:
+        why = ""
+        recorded_tf = manifest.get("transformers_version")
+        if isinstance(recorded_tf, str) and recorded_tf != plan.transformers_version:
+            why = (f" (the manifest was made with transformers {recorded_tf or '(none: built-in family)'}, the server "
+                   f"resolves the architecture with {plan.transformers_version or '(none: built-in family)'})")
+        elif manifest_request(manifest).policy.preset == "kaiming":
+            why = (" (the 'kaiming' preset used to be LeCun normal, std 1/sqrt(fan_in), and is now torch's kaiming_normal_ "
+                   "default, std sqrt(2/fan_in); a folder made with the old 'kaiming' regenerates with the preset 'lecun-normal')")
+        out.append(f"fingerprint {manifest['fingerprint']}, the recorded request regenerates {plan.fingerprint}{why}")
+    planned = [(f.name, f.size) for f in plan.files]
+    recorded = [(e["name"], e["size"]) for e in manifest["files"]]
+    if planned != recorded:
+        out.append(f"files {_describe(recorded)}, the recorded request regenerates {_describe(planned)}")
+    return out
+
+
 def _regenerate(client, manifest: dict, file_problems: dict[str, list[str]], problems: list[str],
                 notes: list[str], tick: Callable[[int], None]) -> bool:
     """Plan and stream the manifest's request; record what differs. True when bytes were compared."""
@@ -430,21 +473,9 @@ def _regenerate(client, manifest: dict, file_problems: dict[str, list[str]], pro
             raise
         problems.append(f"{MANIFEST_FILE}: the server rejects the recorded request: {e.details}")
         return False
-    differs = False
-    if plan.algorithm_version != manifest["algorithm_version"]:
-        differs = True
-        problems.append(f"{MANIFEST_FILE}: algorithm_version {manifest['algorithm_version']}, the server makes "
-                        f"{plan.algorithm_version} (it cannot reproduce these bytes)")
-    if plan.fingerprint != manifest["fingerprint"]:
-        differs = True
-        problems.append(f"{MANIFEST_FILE}: fingerprint {manifest['fingerprint']}, the recorded request regenerates "
-                        f"{plan.fingerprint}")
-    planned = [(f.name, f.size) for f in plan.files]
-    recorded = [(e["name"], e["size"]) for e in manifest["files"]]
-    if planned != recorded:
-        differs = True
-        problems.append(f"{MANIFEST_FILE}: files {_describe(recorded)}, the recorded request regenerates {_describe(planned)}")
-    if differs:
+    differences = plan_differences(manifest, plan)
+    if differences:
+        problems.extend(f"{MANIFEST_FILE}: {d}" for d in differences)
         notes.append("bytes not regenerated: the plan already differs from the manifest")
         return False
 

@@ -13,6 +13,7 @@ from . import architectures, explain, layout
 from .engine import ALGORITHM_VERSION
 from .planner import Plan, Request
 from .policies import Distribution, Match, Policy, Rule
+from .quoting import EXCERPT
 
 _DEPTH = {pb.DEPTH_SCALING_NONE: "none", pb.DEPTH_SCALING_N_LAYERS: "n_layers", pb.DEPTH_SCALING_LAYER: "layer"}
 
@@ -53,7 +54,8 @@ def _rule_from_pb(index: int, msg: pb.Rule) -> Rule:
         )
         return Rule(match, _distribution_from_pb(msg.init), _DEPTH.get(msg.depth_scaling, "?"), msg.zero_padding_row, name)
     except ValueError as e:
-        raise ValueError(f"policy.rules[{index}] ({name}): {e}") from None
+        shown = name if len(name) <= EXCERPT else name[: EXCERPT - 3] + "..."
+        raise ValueError(f"policy.rules[{index}] ({shown}): {e}") from None
 
 
 def _distribution_from_pb(msg: pb.Distribution) -> Distribution:

@@ -30,6 +30,9 @@ class Group:
     """Name of the rule that matched every tensor of the group."""
     init: str
     """The resolved distribution, human readable (as in the plan), e.g. ``normal(mean=0, std=0.02)``."""
+    formula: str
+    """How the rule gives this std, with the group's numbers, e.g.
+    ``kaiming_normal: std = gain/sqrt(fan_in) = sqrt(2)/sqrt(768) (gain of leaky_relu, negative_slope 0)``."""
     kind: str
     """Module kind: ``linear``, ``embedding`` or ``norm``."""
     param: str
@@ -83,6 +86,7 @@ def _group(members: list[TensorPlan]) -> Group:
     fields = dict(
         rule=r.rule,
         init=r.init,
+        formula=r.formula,
         kind=s.kind,
         param=s.param,
         roles=tuple(dict.fromkeys(m.spec.role for m in members)),

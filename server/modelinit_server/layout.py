@@ -10,6 +10,7 @@ import struct
 from typing import Any, Mapping, Sequence
 
 from .engine import SAFETENSORS_DTYPE
+from .quoting import quote
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -30,14 +31,16 @@ def parse_size(text: str) -> int:
     unit = m.group(2).upper() if m else None
     if m is None or unit not in _UNITS:
         raise ValueError(
-            f"max_shard_size: cannot parse {text!r}; give bytes or a number with a unit "
+            f"max_shard_size: cannot parse {quote(text)}; give bytes or a number with a unit "
             "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. '5GB'"
         )
+    if len(m.group(1).partition(".")[0].lstrip("0")) > 19:  # over 10^19: no int or float arithmetic on it
+        raise ValueError(f"max_shard_size: {quote(text)} is absurdly large; use at most 4 EiB")
     size = int(float(m.group(1)) * _UNITS[unit]) if "." in m.group(1) else int(m.group(1)) * _UNITS[unit]
     if size <= 0:
-        raise ValueError(f"max_shard_size: must be > 0 bytes, got {text!r}")
+        raise ValueError(f"max_shard_size: must be > 0 bytes, got {quote(text)}")
     if size > _MAX_SIZE:
-        raise ValueError(f"max_shard_size: {text!r} is absurdly large; use at most 4 EiB")
+        raise ValueError(f"max_shard_size: {quote(text)} is absurdly large; use at most 4 EiB")
     return size
 
 

@@ -2,8 +2,10 @@
 
 The architectures already refuse what no model needs (dimensions over 2^31, more than 10,000
 layers, over 10^13 parameters); these caps are the operator's tighter choice for one deployment,
-so a request for a 400B model cannot tie up a node sized for 8B ones. Sizes are Python integers:
-no arithmetic here can overflow.
+so a request for a 400B model cannot tie up a node sized for 8B ones. They are on by default, set
+well above every published model (the largest presets: deepseek-v3, 671B parameters in ~45,400
+tensors; vocabularies up to ~262k), so that a typo (a hidden size of 819200) is refused at once
+instead of streaming terabytes. Sizes are Python integers: no arithmetic here can overflow.
 """
 from __future__ import annotations
 
@@ -11,18 +13,27 @@ from dataclasses import dataclass
 
 from .planner import Plan
 
+#: 2 trillion parameters (8 TB of float32): twice the largest open models (~1T).
+DEFAULT_MAX_PARAMS = 2_000_000_000_000
+#: 2^24 = 16,777,216: vocabularies (~262k) and hidden/intermediate sizes (~50k) are far below.
+DEFAULT_MAX_DIM = 1 << 24
+#: Convolution weights have up to 5 dimensions; 8 leaves room.
+DEFAULT_MAX_RANK = 8
+#: One million tensors: deepseek-v3 stored per expert has ~45,400.
+DEFAULT_MAX_TENSORS = 1_000_000
+
 
 @dataclass(frozen=True)
 class Limits:
     """Caps on a request; ``0`` means no cap beyond the built-in ones."""
 
-    max_params: int = 0
+    max_params: int = DEFAULT_MAX_PARAMS
     """Largest total number of parameters (``--max-params``)."""
-    max_dim: int = 0
+    max_dim: int = DEFAULT_MAX_DIM
     """Largest size of any tensor dimension (``--max-dim``)."""
-    max_rank: int = 8
+    max_rank: int = DEFAULT_MAX_RANK
     """Most dimensions of any tensor (``--max-rank``)."""
-    max_tensors: int = 0
+    max_tensors: int = DEFAULT_MAX_TENSORS
     """Most tensors in one model (``--max-tensors``)."""
     max_request_bytes: int = 4 << 20
     """Largest serialized request the server accepts, in bytes (``--max-request-bytes``); gRPC

@@ -5,7 +5,7 @@ bytes (a test compares them with a separately started server's), only faster.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from modelinit.events import Event
 from modelinit.v1 import modelinit_pb2 as pb
@@ -44,12 +44,16 @@ class LocalEngine:
         check_page_size(page_size)
         return plan_to_pb(self._build(msg), msg, page_size, page_token)
 
-    def events(self, msg: pb.ModelRequest) -> "files.Prefetch":
-        """Every file's events, produced on a background thread a couple of segments ahead of the
-        writer. No producer-side SHA-256: nothing lies between producer and writer, whose own
-        hash is the check. Close the returned iterator to stop early."""
+    def events(self, msg: pb.ModelRequest, selected: Sequence[int] | None = None) -> "files.Prefetch":
+        """Every file's events (or those of ``selected``, indices into the plan's files, in that
+        order), produced on a background thread a couple of segments ahead of the writer. No
+        producer-side SHA-256: nothing lies between producer and writer, whose own hash is the
+        check. Close the returned iterator to stop early."""
         plan = self._build(msg)
+        selected = range(len(plan.files)) if selected is None else list(selected)
+        if any(not 0 <= i < len(plan.files) for i in selected):
+            raise ValueError(f"files: an index is past the last file ({len(plan.files) - 1})")
         # Ring of 4: the writer holds one buffer, the queue two, the producer fills the fourth.
-        source: Iterator[Event] = files.events(plan, range(len(plan.files)), 0, self.backend.fill, digest=False, ring=4,
+        source: Iterator[Event] = files.events(plan, selected, 0, self.backend.fill, digest=False, ring=4,
                                                 alloc=self.backend.alloc)
         return files.Prefetch(source, depth=2)

@@ -176,14 +176,21 @@ class Metrics:
     # -- exposition
 
     def serve_http(self, port: int, host: str = "0.0.0.0") -> int:
-        """Serve ``/metrics`` on a daemon thread; returns the bound port (the real one for port 0).
-        RuntimeError if already serving; OSError if the port is taken."""
+        """Serve ``/metrics`` on a daemon thread at ``host`` (an interface address without
+        brackets: ``127.0.0.1``, ``::``, ``0.0.0.0``); returns the bound port (the real one for
+        port 0). RuntimeError if already serving; OSError if the port is taken."""
         with self._http_lock:
             if self._http is not None:
                 raise RuntimeError("metrics HTTP server already running; stop_http() first")
             server, thread = prometheus_client.start_http_server(port, addr=host, registry=self.registry)
             self._http = (server, thread)
             return server.server_port
+
+    @property
+    def http_address(self) -> tuple[str, int] | None:
+        """(interface, port) the endpoint listens on; None when not serving."""
+        with self._http_lock:
+            return None if self._http is None else tuple(self._http[0].server_address[:2])
 
     def stop_http(self) -> None:
         """Stop the HTTP server and free its port; a no-op when not serving."""

@@ -6,12 +6,16 @@ lists built from the model (they need its ``initializer_range`` and depth).
 """
 from __future__ import annotations
 
+import dataclasses
 import decimal
 import fnmatch
 import math
+import re
 from dataclasses import dataclass, field
 
 from .engine import Sampler, std_normal_cdf
+from .engine.sampler import MIN_TRUNC_MASS
+from .quoting import quote
 from .tensors import KINDS, PARAMS, ROLES, ModelSpec, TensorSpec
 
 DISTRIBUTIONS = (
@@ -27,6 +31,12 @@ DISTRIBUTIONS = (
 )
 DEPTH_SCALINGS = ("none", "n_layers", "layer")
 _NONLINEARITY_GAIN = {"linear": 1.0, "sigmoid": 1.0, "relu": math.sqrt(2.0), "tanh": 5.0 / 3.0, "selu": 0.75}
+#: Most values in one of a Match's lists (kinds, roles, params, names).
+MAX_MATCH_VALUES = 256
+#: Longest ``names`` glob (tensor names are far shorter).
+MAX_GLOB_CHARS = 1024
+#: Longest rule name.
+MAX_RULE_NAME_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -47,12 +57,24 @@ class Match:
     """Highest block index matched (inclusive)."""
 
     def __post_init__(self) -> None:
+        for label, values in (("kinds", self.kinds), ("roles", self.roles), ("params", self.params), ("names", self.names)):
+            if len(values) > MAX_MATCH_VALUES:
+                raise ValueError(f"match.{label}: {len(values)} values, more than {MAX_MATCH_VALUES}; split the rule")
         for label, values, allowed in (("kinds", self.kinds, KINDS), ("roles", self.roles, ROLES), ("params", self.params, PARAMS)):
             bad = [v for v in values if v not in allowed]
             if bad:
-                raise ValueError(f"match.{label}: unknown {bad[0]!r}; use one of: {', '.join(allowed)}")
+                raise ValueError(f"match.{label}: unknown {quote(bad[0])}; use one of: {', '.join(allowed)}")
+        for i, glob in enumerate(self.names):
+            if not isinstance(glob, str):
+                raise ValueError(f"match.names[{i}]: must be a glob (a string), got {quote(glob)}")
+            if len(glob) > MAX_GLOB_CHARS:
+                raise ValueError(f"match.names[{i}]: a glob of {len(glob):,} characters ({quote(glob)}), "
+                                 f"longer than {MAX_GLOB_CHARS}; tensor names are far shorter")
         if self.min_layer is not None and self.max_layer is not None and self.min_layer > self.max_layer:
             raise ValueError(f"match.min_layer: {self.min_layer} is above max_layer {self.max_layer}")
+        # Compiled here, held by this Match: fnmatch's own pattern cache (32,768 entries) would
+        # keep every request's globs alive in the server; re's cache is bounded (512 patterns).
+        object.__setattr__(self, "_globs", tuple(re.compile(fnmatch.translate(g)).match for g in self.names))
 
     def selects(self, t: TensorSpec) -> bool:
         if self.kinds and t.kind not in self.kinds:
@@ -61,7 +83,7 @@ class Match:
             return False
         if self.params and t.param not in self.params:
             return False
-        if self.names and not any(fnmatch.fnmatchcase(t.name, g) for g in self.names):
+        if self.names and not any(match(t.name) for match in self._globs):  # fnmatch.fnmatchcase
             return False
         if self.min_layer is not None or self.max_layer is not None:
             if t.layer is None:
@@ -126,23 +148,37 @@ class Distribution:
             raise ValueError(f"init.{k}.std: must be > 0, got {self.std}")
         if k == "trunc_normal":
             if self.bounds not in ("sigma", "absolute"):
-                raise ValueError(f"init.trunc_normal.bounds: {self.bounds!r} is not 'sigma' or 'absolute'")
+                raise ValueError(f"init.trunc_normal.bounds: {quote(self.bounds)} is not 'sigma' or 'absolute'")
             if not self.a < self.b:
                 raise ValueError(f"init.trunc_normal: lower bound a={self.a} must be below b={self.b}")
             if self.preserve_std and self.bounds != "sigma":
                 raise ValueError("init.trunc_normal.preserve_std: needs bounds='sigma' (absolute bounds move with the std)")
+            if self.bounds == "sigma":
+                _check_trunc_mass(self.a, self.b, f"a={self.a:g}, b={self.b:g}")
+            else:  # at this std; a rule's depth scaling may shrink it further (checked per tensor)
+                _check_trunc_mass((self.a - self.mean) / self.std, (self.b - self.mean) / self.std,
+                                  f"a={self.a:g}, b={self.b:g} (absolute, mean {self.mean:g}, std {self.std:g})")
         if k == "uniform" and not self.low < self.high:
             raise ValueError(f"init.uniform: low={self.low} must be below high={self.high}")
+        if k == "uniform" and not math.isfinite(self.high - self.low):
+            raise ValueError(f"init.uniform: high - low = {self.high:g} - {self.low:g} overflows a double; use a narrower range")
         if k.startswith("xavier") and not self.gain > 0:
             raise ValueError(f"init.{k}.gain: must be > 0, got {self.gain}")
         if k.startswith("kaiming"):
             if self.mode not in ("fan_in", "fan_out"):
-                raise ValueError(f"init.{k}.mode: {self.mode!r} is not 'fan_in' or 'fan_out'")
+                raise ValueError(f"init.{k}.mode: {quote(self.mode)} is not 'fan_in' or 'fan_out'")
             if self.nonlinearity not in (*_NONLINEARITY_GAIN, "leaky_relu"):
                 raise ValueError(
-                    f"init.{k}.nonlinearity: unknown {self.nonlinearity!r}; use one of: "
+                    f"init.{k}.nonlinearity: unknown {quote(self.nonlinearity)}; use one of: "
                     f"{', '.join([*_NONLINEARITY_GAIN, 'leaky_relu'])}"
                 )
+            try:
+                _kaiming_gain(self)
+            except OverflowError:
+                raise ValueError(
+                    f"init.{k}.negative_slope: {self.negative_slope:g} is too large: its square overflows the gain "
+                    "sqrt(2 / (1 + negative_slope^2)); use a slope below 1e150 in magnitude"
+                ) from None
 
 
 @dataclass(frozen=True)
@@ -161,6 +197,8 @@ class Rule:
     """Shown in plans and errors; empty: ``rule[<index>]``."""
 
     def __post_init__(self) -> None:
+        if len(self.name) > MAX_RULE_NAME_CHARS:
+            raise ValueError(f"name: {len(self.name):,} characters ({quote(self.name)}), longer than {MAX_RULE_NAME_CHARS}")
         if self.depth_scaling not in DEPTH_SCALINGS:
             raise ValueError(f"rule {self.name!r}: depth_scaling {self.depth_scaling!r} is not one of {', '.join(DEPTH_SCALINGS)}")
         if self.depth_scaling != "none" and self.init.kind in ("constant", "recorded"):
@@ -178,7 +216,7 @@ class Policy:
 
     def __post_init__(self) -> None:
         if self.preset and self.preset not in PRESETS:
-            raise ValueError(f"policy.preset: unknown preset {self.preset!r}; use one of: {', '.join(PRESETS)}")
+            raise ValueError(f"policy.preset: unknown preset {quote(self.preset)}; use one of: {', '.join(PRESETS)}")
 
     @property
     def effective_preset(self) -> str:
@@ -198,6 +236,9 @@ class Resolved:
     """Std of the (untruncated) distribution sampled; 0 for constants."""
     effective_std: float
     """Analytic std of the values (truncation included)."""
+    formula: str = ""
+    """How the std (or bound) follows from the rule and the tensor, with its numbers, e.g.
+    ``kaiming_normal: std = gain/sqrt(fan_in) = sqrt(2)/sqrt(768) (gain of leaky_relu, negative_slope 0)``."""
 
 
 # --- presets -----------------------------------------------------------------------------
@@ -334,17 +375,30 @@ def _xavier(model: ModelSpec) -> list[Rule]:
     ]
 
 
-def _kaiming(model: ModelSpec) -> list[Rule]:
+def _lecun_normal(model: ModelSpec) -> list[Rule]:
     """LeCun normal = ``torch.nn.init.kaiming_normal_(w, mode="fan_in", nonlinearity="linear")``.
 
     Every Linear and Embedding weight ~ N(0, 1 / sqrt(fan_in)) (gain 1 for "linear"); fan_in is
     the TensorSpec's (in_features of a Linear, embedding_dim of an Embedding). Norms 1/0,
-    biases 0. Sources: LeCun et al. 1998 "Efficient BackProp"; He et al. 2015.
+    biases 0. Sources: LeCun et al. 1998 "Efficient BackProp"; He et al. 2015. (Named
+    ``kaiming`` before; the same bytes.)
     """
     return [
         *_norms_and_biases(),
-        Rule(_WEIGHTS, Distribution("kaiming_normal", mode="fan_in", nonlinearity="linear"), name="kaiming_normal fan_in linear"),
+        Rule(_WEIGHTS, Distribution("kaiming_normal", mode="fan_in", nonlinearity="linear"), name="lecun_normal"),
     ]
+
+
+def _kaiming(model: ModelSpec) -> list[Rule]:
+    """He et al. 2015, as ``torch.nn.init.kaiming_normal_(w)`` does by default: mode ``fan_in``,
+    nonlinearity ``leaky_relu`` with negative_slope 0, so gain sqrt(2).
+
+    Every Linear and Embedding weight ~ N(0, sqrt(2 / fan_in)); fan_in is the TensorSpec's
+    (in_features of a Linear, embedding_dim of an Embedding). Norms 1/0, biases 0.
+    Source: He et al. 2015 "Delving Deep into Rectifiers"; ``torch.nn.init.kaiming_normal_``.
+    """
+    he = Distribution("kaiming_normal", mode="fan_in", nonlinearity="leaky_relu", negative_slope=0.0)
+    return [*_norms_and_biases(), Rule(_WEIGHTS, he, name="kaiming_normal")]
 
 
 def _small_init(model: ModelSpec) -> list[Rule]:
@@ -370,6 +424,7 @@ PRESETS = {
     "torchtitan-llama3": _torchtitan_llama3,
     "xavier": _xavier,
     "kaiming": _kaiming,
+    "lecun-normal": _lecun_normal,
     "small-init": _small_init,
     "torch-trunc-normal": _torch_trunc_normal,
 }
@@ -453,6 +508,70 @@ def _from_recorded(rule: Rule, t: TensorSpec) -> Rule:
 def _resolve_one(rule: Rule, t: TensorSpec, model: ModelSpec) -> Resolved:
     if rule.init.kind == "recorded":
         rule = _from_recorded(rule, t)
+    return dataclasses.replace(_sampled(rule, t, model), formula=formula(rule, t, model))
+
+
+_GAIN_TEXT = {"linear": "1", "sigmoid": "1", "relu": "sqrt(2)", "tanh": "5/3", "selu": "3/4"}
+
+
+def formula(rule: Rule, t: TensorSpec, model: ModelSpec) -> str:
+    """The formula of ``rule``'s std (or bounds) for tensor ``t``, with the numbers put in:
+    what ``explain`` shows beside each group (``rule`` already resolved from ``recorded``)."""
+    d, kind = rule.init, rule.init.kind
+    if rule.depth_scaling == "n_layers":
+        depth = ("/sqrt(2·n_layers)", f"/sqrt(2·{model.n_layers})")
+    elif rule.depth_scaling == "layer" and t.layer is not None:
+        depth = ("/sqrt(2·(layer+1))", f"/sqrt(2·{t.layer + 1})")
+    else:
+        depth = ("", "")
+
+    def wrap(x: str) -> str:
+        return f"({x})" if any(c in x for c in "/·") else x
+
+    def scaled(name: str, symbolic: str, numeric: str) -> str:
+        if depth[0]:
+            symbolic, numeric = wrap(symbolic) + depth[0], wrap(numeric) + depth[1]
+        return f"{kind}: {name} = {symbolic}" + (f" = {numeric}" if numeric != symbolic else "")
+
+    if kind == "constant":
+        return f"constant: value = {d.value:g}"
+    if kind == "normal":
+        return scaled("std", f"{d.std:g}", f"{d.std:g}")
+    if kind == "uniform":
+        return scaled("[low, high]", f"[{d.low:g}, {d.high:g}]", f"[{d.low:g}, {d.high:g}]")
+    if kind == "trunc_normal":
+        std = d.std / _depth_divisor(rule, t, model)
+        if d.bounds == "sigma":
+            a, b = d.a, d.b
+            bounds = f"a={a:g}σ, b={b:g}σ"
+        else:
+            a, b = (d.a - d.mean) / std, (d.b - d.mean) / std
+            bounds = f"a={d.a:g}, b={d.b:g} absolute (a={a:.6g}σ, b={b:.6g}σ)"
+        factor = truncated_std_factor(a, b)
+        out = scaled("std", f"{d.std:g}", f"{d.std:g}") + f", {bounds}"
+        return out + (f", std/{factor:.6g} (preserve_std)" if d.preserve_std else f", eff. std = std·{factor:.6g}")
+    if t.fan_in <= 0 or t.fan_out <= 0:
+        return f"{kind}: needs fan_in/fan_out"
+    if kind.startswith("xavier"):
+        n = 2 if kind == "xavier_normal" else 6
+        name = "std" if kind == "xavier_normal" else "bound"
+        return scaled(name, f"gain·sqrt({n}/(fan_in+fan_out))", f"{d.gain:g}·sqrt({n}/({t.fan_in}+{t.fan_out}))")
+    # kaiming
+    if d.nonlinearity == "leaky_relu":
+        gain = "sqrt(2)" if d.negative_slope == 0 else f"sqrt(2/(1+{d.negative_slope:g}²))"
+        act = f"leaky_relu, negative_slope {d.negative_slope:g}"
+    else:
+        gain, act = _GAIN_TEXT.get(d.nonlinearity, "?"), d.nonlinearity
+    fan = d.mode
+    fan_value = t.fan_in if fan == "fan_in" else t.fan_out
+    if kind == "kaiming_normal":
+        out = scaled("std", f"gain/sqrt({fan})", f"{gain}/sqrt({fan_value})")
+    else:
+        out = scaled("bound", f"gain·sqrt(3/{fan})", f"{gain}·sqrt(3/{fan_value})")
+    return f"{out} (gain of {act})"
+
+
+def _sampled(rule: Rule, t: TensorSpec, model: ModelSpec) -> Resolved:
     d = rule.init
     div = _depth_divisor(rule, t, model)
     zero_row = t.padding_idx if rule.zero_padding_row else None
@@ -492,11 +611,30 @@ def _resolve_one(rule: Rule, t: TensorSpec, model: ModelSpec) -> Resolved:
         a, b = d.a, d.b
     else:
         a, b = (d.a - d.mean) / std, (d.b - d.mean) / std
+        try:  # the depth-scaled std may push absolute bounds into a tail
+            _check_trunc_mass(a, b, f"a={d.a:g}, b={d.b:g} (absolute, mean {d.mean:g}, std {std:.3g} at {t.name!r})")
+        except ValueError as e:
+            raise ValueError(f"rule {rule.name!r}: {e}") from None
     factor = truncated_std_factor(a, b)
     if d.preserve_std:
+        if not factor > 0:
+            raise ValueError(f"rule {rule.name!r}: init.trunc_normal.preserve_std: the interval a={a:g}, b={b:g} is too "
+                             "narrow to compute its std in double precision; widen it or drop preserve_std")
         std /= factor
     desc = f"trunc_normal(mean={d.mean:g}, std={std:.6g}, a={a:g}σ, b={b:g}σ)"
     return Resolved(Sampler("trunc_normal", mean=d.mean, std=std, a=a, b=b, **row), rule.name, desc, std, std * factor)
+
+
+def _check_trunc_mass(a: float, b: float, shown: str) -> None:
+    """ValueError unless N(0, 1) has at least MIN_TRUNC_MASS between ``a`` and ``b`` (sigma
+    units), computed as the sampler computes it (the sampler refuses less)."""
+    try:
+        Sampler("trunc_normal", a=a, b=b)
+    except ValueError:
+        raise ValueError(
+            f"init.trunc_normal: bounds {shown} hold no probability mass ({a:.4g}σ to {b:.4g}σ from the mean: less "
+            f"than {MIN_TRUNC_MASS:g} of the normal lies between them); use bounds nearer the mean"
+        ) from None
 
 
 def truncated_std_factor(a: float, b: float) -> float:

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
+import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -62,8 +64,9 @@ class ServerConfig:
     metrics_port: int | None = None
     """Port of the Prometheus ``/metrics`` endpoint (plain HTTP, its own port); 0 picks a free
     one; None: no endpoint."""
-    metrics_host: str = "0.0.0.0"
-    """Interface of the metrics endpoint."""
+    metrics_host: str | None = None
+    """Interface of the metrics endpoint; None: the same as ``host`` (so ``127.0.0.1`` keeps
+    metrics on loopback too; ``[::]`` is every interface, IPv4 as well)."""
     reflection: bool = False
     """Serve gRPC server reflection (for grpcurl and similar tools)."""
 
@@ -84,10 +87,57 @@ class ServerConfig:
 
 
 #: Server-side keepalive: notice a client whose machine vanished (no FIN/RST) within ~40 s.
+#: No SO_REUSEPORT (gRPC sets it by default): a second server on a busy port must fail to start,
+#: not silently share the port and take half of the first one's connections.
 _SERVER_OPTIONS = [
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.so_reuseport", 0),
 ]
+
+
+def _bind_failure(host: str, port: int) -> OSError | None:
+    """What binding a plain socket at ``host:port`` raises (None: it binds). It tells why gRPC
+    cannot bind there: gRPC's own error says only "Failed to bind", after logging to stderr."""
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
+                                                              flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is no conflict
+            s.bind(sockaddr)
+    except OSError as e:  # socket.gaierror included
+        return e
+    return None
+
+
+def _port_error(host: str, port: int, failure: OSError | None) -> OSError:
+    """The one-line error of a gRPC port that could not be bound, ``failure`` saying why."""
+    address = f"{host}:{port}"
+    if failure is not None and failure.errno == errno.EADDRINUSE:
+        return OSError(f"port {address} is already in use; stop what listens there or choose another --port")
+    why = f" ({failure.strerror or failure})" if failure is not None else ""
+    return OSError(f"cannot bind port {address}{why}; check --host and --port")
+
+
+def metrics_interface(config: ServerConfig) -> str:
+    """Where the metrics endpoint listens: ``metrics_host``, else ``host`` (without brackets)."""
+    host = config.metrics_host if config.metrics_host is not None else config.host
+    return host.strip("[]") or "::"
+
+
+def _serve_metrics(metrics: Metrics, config: ServerConfig) -> int:
+    """Start the metrics endpoint; OSError with a one-line reason when its port cannot be bound."""
+    host, port = metrics_interface(config), config.metrics_port
+    assert port is not None
+    try:
+        return metrics.serve_http(port, host)
+    except OSError as e:
+        if host == "::" and e.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+            return metrics.serve_http(port, "0.0.0.0")  # no IPv6 on this machine: every IPv4 interface
+        if e.errno == errno.EADDRINUSE:
+            raise OSError(f"metrics port {host}:{port} is already in use; stop what listens there or choose "
+                          "another --metrics-port") from None
+        raise OSError(f"cannot bind metrics port {host}:{port}: {e.strerror or e}") from None
 
 
 class Running:
@@ -113,7 +163,8 @@ class Running:
 
 async def start(config: ServerConfig) -> Running:
     """Start serving; ValueError for a bad configuration (unavailable device, unreadable TLS
-    files, empty token), OSError if a port is taken."""
+    files, empty token), OSError with a one-line reason if a port cannot be bound (taken: gRPC's
+    SO_REUSEPORT is off, so a second server on one port fails here instead of sharing it)."""
     backend = select(config.device, warmup=True)
     credentials = load_server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca) if config.tls_cert else None
     token = load_token(config.token) if config.token is not None else None
@@ -132,14 +183,30 @@ async def start(config: ServerConfig) -> Running:
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if config.reflection:
+        # v1alpha only: grpcio-reflection ships no grpc.reflection.v1 service (docs/operations.md);
+        # clients such as grpcurl fall back to it.
         from grpc_reflection.v1alpha import reflection
 
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     address = f"{config.host}:{config.port}"
-    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    # A port in use is told before gRPC tries (and logs its own error); any other failure is left
+    # to gRPC, which binds [::] as 0.0.0.0 on a machine without IPv6.
+    taken = _bind_failure(config.host, config.port) if config.port else None
+    port = 0
+    if taken is None or taken.errno != errno.EADDRINUSE:
+        try:
+            port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+        except RuntimeError:  # "Failed to bind to address ..."
+            port = 0
     if port == 0:
-        raise OSError(f"could not bind {address}")
-    metrics_port = metrics.serve_http(config.metrics_port, config.metrics_host) if config.metrics_port is not None else None
+        executor.shutdown(wait=False)
+        raise _port_error(config.host, config.port, taken or _bind_failure(config.host, config.port))
+    try:
+        metrics_port = _serve_metrics(metrics, config) if config.metrics_port is not None else None
+    except OSError:
+        await server.stop(None)
+        executor.shutdown(wait=False)
+        raise
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -178,7 +245,13 @@ class EmbeddedServer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="modelinit-embedded", daemon=True)
         self._thread.start()
-        self._running = asyncio.run_coroutine_threadsafe(start(config), self._loop).result()
+        try:
+            self._running = asyncio.run_coroutine_threadsafe(start(config), self._loop).result()
+        except BaseException:  # e.g. the port is taken: leave no thread or loop behind
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+            raise
         self.target = f"127.0.0.1:{self._running.port}"
 
     @property

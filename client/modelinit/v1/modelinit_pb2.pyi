@@ -211,9 +211,10 @@ class PlanResponse(_message.Message):
     def __init__(self, algorithm_version: _Optional[int] = ..., fingerprint: _Optional[str] = ..., request: _Optional[_Union[ModelRequest, _Mapping]] = ..., family: _Optional[str] = ..., architecture: _Optional[str] = ..., total_params: _Optional[int] = ..., total_bytes: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorPlan, _Mapping]]] = ..., files: _Optional[_Iterable[_Union[FilePlan, _Mapping]]] = ..., tied: _Optional[_Mapping[str, str]] = ..., groups: _Optional[_Iterable[_Union[TensorGroup, _Mapping]]] = ..., tensor_count: _Optional[int] = ..., next_page_token: _Optional[str] = ..., base_model_prefix: _Optional[str] = ..., transformers_version: _Optional[str] = ...) -> None: ...
 
 class TensorGroup(_message.Message):
-    __slots__ = ("rule", "init", "kind", "param", "roles", "shape", "example", "count", "params", "std", "effective_std", "mean", "fan_in", "fan_out", "xavier_std", "lecun_std", "ratio_xavier", "ratio_lecun", "warnings")
+    __slots__ = ("rule", "init", "formula", "kind", "param", "roles", "shape", "example", "count", "params", "std", "effective_std", "mean", "fan_in", "fan_out", "xavier_std", "lecun_std", "ratio_xavier", "ratio_lecun", "warnings")
     RULE_FIELD_NUMBER: _ClassVar[int]
     INIT_FIELD_NUMBER: _ClassVar[int]
+    FORMULA_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     PARAM_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
@@ -233,6 +234,7 @@ class TensorGroup(_message.Message):
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     rule: str
     init: str
+    formula: str
     kind: str
     param: str
     roles: _containers.RepeatedScalarFieldContainer[str]
@@ -250,7 +252,7 @@ class TensorGroup(_message.Message):
     ratio_xavier: float
     ratio_lecun: float
     warnings: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, rule: _Optional[str] = ..., init: _Optional[str] = ..., kind: _Optional[str] = ..., param: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., shape: _Optional[_Iterable[int]] = ..., example: _Optional[str] = ..., count: _Optional[int] = ..., params: _Optional[int] = ..., std: _Optional[float] = ..., effective_std: _Optional[float] = ..., mean: _Optional[float] = ..., fan_in: _Optional[int] = ..., fan_out: _Optional[int] = ..., xavier_std: _Optional[float] = ..., lecun_std: _Optional[float] = ..., ratio_xavier: _Optional[float] = ..., ratio_lecun: _Optional[float] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, rule: _Optional[str] = ..., init: _Optional[str] = ..., formula: _Optional[str] = ..., kind: _Optional[str] = ..., param: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., shape: _Optional[_Iterable[int]] = ..., example: _Optional[str] = ..., count: _Optional[int] = ..., params: _Optional[int] = ..., std: _Optional[float] = ..., effective_std: _Optional[float] = ..., mean: _Optional[float] = ..., fan_in: _Optional[int] = ..., fan_out: _Optional[int] = ..., xavier_std: _Optional[float] = ..., lecun_std: _Optional[float] = ..., ratio_xavier: _Optional[float] = ..., ratio_lecun: _Optional[float] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TensorPlan(_message.Message):
     __slots__ = ("name", "shape", "dtype", "kind", "role", "param", "layer", "fan_in", "fan_out", "padding_idx", "rule", "init", "std", "effective_std", "shard", "offset", "nbytes")

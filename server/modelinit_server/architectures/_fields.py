@@ -16,6 +16,8 @@ from typing import Any, Callable, Mapping
 MAX_DIM = 2**31
 #: Largest accepted number of transformer blocks.
 MAX_LAYERS = 10_000
+#: Deepest nesting of objects and lists in a config (HF configs nest a handful of levels).
+MAX_NESTING = 64
 
 Check = Callable[[str, Any], Any]
 Schema = Mapping[str, tuple[Any, Check]]
@@ -38,13 +40,32 @@ def load_document(config: Mapping[str, Any] | str) -> dict[str, Any]:
             config = json.loads(config)
         except (ValueError, UnicodeDecodeError) as exc:
             raise invalid("", f"not valid JSON ({exc})", "pass the text of an HF config.json object") from None
+        except RecursionError:
+            raise invalid("", f"nested deeper than {MAX_NESTING} levels", "pass an HF config.json object") from None
     if not isinstance(config, Mapping):
         raise invalid("", f"must be a JSON object, got {type(config).__name__}", "pass an HF config.json object")
+    _check_nesting(config)
     for key in config:
         if not isinstance(key, str):
             raise invalid("", f"key {key!r} is not a string", "use string keys as in config.json")
     # a private copy: the spec's config must not share nested objects with the caller's
     return copy.deepcopy(dict(config))
+
+
+def _check_nesting(config: Mapping[str, Any]) -> None:
+    """ValueError for objects and lists nested deeper than MAX_NESTING (checked without
+    recursion: what reads the config later, a deepcopy first, recurses)."""
+    stack: list[tuple[Any, int]] = [(config, 1)]
+    seen: dict[int, int] = {}  # container id -> deepest level it was walked at (shared objects)
+    while stack:
+        value, level = stack.pop()
+        if level > MAX_NESTING:
+            raise invalid("", f"nested deeper than {MAX_NESTING} levels", "pass an HF config.json object")
+        if seen.get(id(value), 0) >= level:
+            continue
+        seen[id(value)] = level
+        children = value.values() if isinstance(value, Mapping) else value
+        stack.extend((c, level + 1) for c in children if isinstance(c, (Mapping, list, tuple)))
 
 
 def _is_int(value: Any) -> bool:
