@@ -147,14 +147,18 @@ def fingerprint(request: Request, resolved: list[Resolved]) -> str:
 
     From version 2 on the keys also depend on ``base_model_prefix``, so the document names it;
     version 1's document is unchanged (its fingerprints stay what they were)."""
+    described: dict[Sampler, dict[str, str]] = {}  # many tensors share a sampler; its fields are scalars
+
+    def describe(sampler: Sampler) -> dict[str, str]:
+        if sampler not in described:
+            described[sampler] = {k: repr(v) for k, v in asdict(sampler).items()}
+        return described[sampler]
+
     doc: dict = {
         "algorithm_version": request.algorithm_version,
         "seed": request.seed,
         "dtype": request.dtype,
-        "tensors": [
-            [t.name, list(t.shape), {k: repr(v) for k, v in asdict(r.sampler).items()}]
-            for t, r in zip(request.model.tensors, resolved)
-        ],
+        "tensors": [[t.name, list(t.shape), describe(r.sampler)] for t, r in zip(request.model.tensors, resolved)],
     }
     if request.algorithm_version >= 2:
         doc["base_model_prefix"] = request.model.base_model_prefix
@@ -164,11 +168,15 @@ def fingerprint(request: Request, resolved: list[Resolved]) -> str:
 def build_plan(request: Request) -> Plan:
     model = request.model
     resolved = resolve(request.policy, model)
+    checked: set[Sampler] = set()  # many tensors share a sampler: check each once
     for t, r in zip(model.tensors, resolved):
+        if r.sampler in checked:
+            continue
         try:
             check_dtype(r.sampler, request.dtype)  # overflow is a bad request, not a broken stream
         except ValueError as e:
             raise ValueError(f"dtype: {request.dtype} cannot hold {t.name!r} ({r.init}): {e}") from None
+        checked.add(r.sampler)
     keys = tensor_keys(request)
     fp = fingerprint(request, resolved)
     itemsize = DTYPE_ITEMSIZE[request.dtype]
