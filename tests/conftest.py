@@ -1,12 +1,16 @@
 """Shared fixtures: a real in-process server on a free port, the real client, tiny configs."""
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import re
 import subprocess
 import sys
+import threading
+import time
 
+import grpc
 import pytest
 
 import modelinit
@@ -44,6 +48,103 @@ def client(server_target):
         yield c
 
 
+#: How long a test waits for something that should happen (a stream ending, memory freed, a
+#: server stopping) before it fails. Only a guard against hanging forever: generous, so a loaded
+#: 2-core CI machine never trips it. Speed is measured in benchmarks/, never asserted in tests.
+WAIT = 60.0
+
+
+def wait_until(predicate, timeout: float = WAIT, what: str = "the condition", interval: float = 0.02):
+    """Poll ``predicate()`` until it is truthy and return its value; AssertionError naming ``what``
+    after ``timeout`` seconds. The deadline only keeps a broken test from hanging: it is not what
+    the test checks (keep it generous)."""
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= end:
+            raise AssertionError(f"gave up after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+class RpcLog(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+             grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Records the method of every call made on the channels it intercepts (attempts, whatever
+    their outcome): count tries instead of timing them."""
+
+    def __init__(self) -> None:
+        self.methods: list[str] = []
+        self._lock = threading.Lock()
+
+    def count(self, suffix: str = "") -> int:
+        """Calls whose method ends with ``suffix`` (``"/Plan"``; all calls when empty)."""
+        with self._lock:
+            return sum(1 for m in self.methods if m.endswith(suffix))
+
+    def _record(self, details) -> None:
+        with self._lock:
+            self.methods.append(details.method)
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        self._record(client_call_details)
+        return continuation(client_call_details, request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        self._record(client_call_details)
+        return continuation(client_call_details, request)
+
+    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+        self._record(client_call_details)
+        return continuation(client_call_details, request_iterator)
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        self._record(client_call_details)
+        return continuation(client_call_details, request_iterator)
+
+
+@contextlib.contextmanager
+def recording_rpcs():
+    """Every gRPC channel created inside the block (``grpc.insecure_channel`` /
+    ``grpc.secure_channel``, as the client makes them) records its calls in the yielded
+    :class:`RpcLog`; the channels keep recording after the block ends. Create the client inside."""
+    log = RpcLog()
+    originals = grpc.insecure_channel, grpc.secure_channel
+
+    def insecure(*args, **kwargs):
+        return grpc.intercept_channel(originals[0](*args, **kwargs), log)
+
+    def secure(*args, **kwargs):
+        return grpc.intercept_channel(originals[1](*args, **kwargs), log)
+
+    grpc.insecure_channel, grpc.secure_channel = insecure, secure
+    try:
+        yield log
+    finally:
+        grpc.insecure_channel, grpc.secure_channel = originals
+
+
+@contextlib.contextmanager
+def recording_sleeps():
+    """Records the seconds of every ``time.sleep`` made by this thread inside the block (and still
+    sleeps them): a client's backoff pauses, summed or counted without reading a clock. Other
+    threads (an in-process server's) sleep as usual, unrecorded."""
+    pauses: list[float] = []
+    real = time.sleep
+    me = threading.get_ident()
+
+    def sleep(seconds: float) -> None:
+        if threading.get_ident() == me:
+            pauses.append(seconds)
+        real(seconds)
+
+    time.sleep = sleep
+    try:
+        yield pauses
+    finally:
+        time.sleep = real
+
+
 def read_folder(path: pathlib.Path) -> dict[str, bytes]:
     """Every file of an output folder (hidden temp files included, so leftovers show up)."""
     return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
@@ -75,7 +176,7 @@ class ServerProcess:
     def stop(self) -> int:
         self.proc.terminate()
         try:
-            return self.proc.wait(timeout=30)
+            return self.proc.wait(timeout=WAIT)
         finally:
             self.proc.kill()
 

@@ -15,7 +15,8 @@ import modelinit.client as mc
 from modelinit.errors import ModelInitError
 from modelinit.v1 import modelinit_pb2 as pb
 from modelinit.v1 import modelinit_pb2_grpc as pb_grpc
-from modelinit.verify import manifest_request, verify_folder
+from modelinit.manifest import manifest_request
+from modelinit.verify import verify_folder
 from modelinit_server.convert import request_from_pb
 from modelinit_server.engine import generate
 from modelinit_server.planner import Request, build_plan
@@ -141,8 +142,8 @@ def test_unknown_version_is_invalid_argument_from_a_real_server(server_target, c
     request.algorithm_version = 99
     with grpc.insecure_channel(server_target) as ch:
         stub = pb_grpc.ModelInitStub(ch)
-        for call in (lambda: stub.Plan(pb.PlanRequest(request=request), timeout=30),
-                     lambda: list(stub.Init(pb.InitRequest(request=request), timeout=30))):
+        for call in (lambda: stub.Plan(pb.PlanRequest(request=request), timeout=60),
+                     lambda: list(stub.Init(pb.InitRequest(request=request), timeout=60))):
             with pytest.raises(grpc.RpcError) as err:
                 call()
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -164,14 +165,14 @@ def test_versions_through_a_real_server(client):
 
 def test_client_refuses_a_plan_of_another_version(monkeypatch, embedded):
     """A server that predates a version ignores the field and plans its own: the client refuses."""
-    real = embedded._local.plan
+    real = embedded.source.engine.plan
 
     def old_server(msg, *args, **kwargs):
         plan = real(msg, *args, **kwargs)
         plan.algorithm_version = 1
         return plan
 
-    monkeypatch.setattr(embedded._local, "plan", old_server)
+    monkeypatch.setattr(embedded.source.engine, "plan", old_server)
     with pytest.raises(ModelInitError) as e:
         embedded.plan(TINY["gpt2"], algorithm_version=2)
     assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "algorithm_version" in e.value.details

@@ -21,7 +21,7 @@ from .test_operations import FAST_RETRY, MEDIUM, reference  # noqa: F401 - fixtu
 
 def _files_served(server: ServerProcess) -> float:
     port = int(re.search(r"metrics on :(\d+)", server.ready_line).group(1))
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60).read().decode()
     return float(re.search(r"^modelinit_stream_files_total ([0-9.]+)$", text, re.M).group(1))
 
 

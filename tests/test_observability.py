@@ -128,7 +128,7 @@ def test_serve_http_exposes_the_series():
         assert port > 0
         with pytest.raises(RuntimeError):
             m.serve_http(0, host="127.0.0.1")
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as r:
             assert r.status == 200
             text = r.read().decode()
     finally:
@@ -143,7 +143,7 @@ def test_serve_http_exposes_the_series():
                  "modelinit_generation_seconds_total"):
         assert f"\n{name}" in text, name
     with pytest.raises(urllib.error.URLError):  # the port is closed
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60)
     m.stop_http()  # stopping twice is harmless
 
 

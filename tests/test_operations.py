@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 
 import grpc
@@ -25,7 +24,7 @@ from modelinit_server.limits import Limits
 from modelinit_server.server import EmbeddedServer, ServerConfig
 from modelinit_server.servicer import StreamPolicy
 
-from .conftest import TINY, ServerProcess, read_folder
+from .conftest import TINY, WAIT, ServerProcess, read_folder, recording_rpcs, recording_sleeps, wait_until
 
 #: ~99 MB of float32 in 16 MB shards: far more than a stream's buffers on both ends (~40 MB of
 #: segments, gRPC windows and socket buffers), so a stream interrupted after 20 MB really is
@@ -35,16 +34,7 @@ MEDIUM = {**TINY["llama"], "vocab_size": 16384, "hidden_size": 512, "intermediat
 FAST_RETRY = RetryPolicy(deadline=60, initial_backoff=0.05, max_backoff=0.5)
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def health_status(target: str, timeout: float = 5) -> int:
+def health_status(target: str, timeout: float = WAIT) -> int:
     with grpc.insecure_channel(target) as ch:
         return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout).status
 
@@ -101,17 +91,19 @@ def test_retry_gives_up_after_its_deadline(tmp_path):
     gone = ServerProcess()
     target = gone.target
     gone.stop()
-    t = time.monotonic()
-    with modelinit.Client(target, retry=RetryPolicy(deadline=1.0, initial_backoff=0.1, max_backoff=0.2)) as c:
+    policy = RetryPolicy(deadline=1.0, initial_backoff=0.1, max_backoff=0.2)
+    with modelinit.Client(target, retry=policy) as c, recording_sleeps() as pauses:
         with pytest.raises(ModelInitError) as e:
             c.init_model("gpt2", seed=0, out_dir=tmp_path)
     assert e.value.code == grpc.StatusCode.UNAVAILABLE
-    assert time.monotonic() - t < 10
+    # Bounded by its own policy, not the default 120 s: backoff pauses add up to 1 s at most
+    # (counted, not timed; an address that never answered is not retried at all).
+    assert sum(pauses) <= policy.deadline + 1e-6, pauses
     assert list(tmp_path.iterdir()) == []
 
 
 def _metrics(port: int) -> str:
-    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT).read().decode()
 
 
 def _sample(text: str, name: str) -> float:
@@ -144,10 +136,11 @@ def test_cancelled_client_frees_the_stream_and_its_memory(tmp_path):
 
         with modelinit.Client(server.target) as c, pytest.raises(Stop):
             c.init_model(MEDIUM, seed=2, out_dir=tmp_path / "cancelled", max_shard_size="16MB", progress=progress)
-        wait_for(lambda: _sample(_metrics(line_port), "modelinit_inflight_streams") == 0, 2.0, "in-flight streams back to 0")
-        wait_for(lambda: _rss(server.proc.pid) < baseline + 48 * 2**20, 2.0, "server memory back to its baseline")
+        # Freed, however long that takes here: the state is checked, not the time it took.
+        wait_until(lambda: _sample(_metrics(line_port), "modelinit_inflight_streams") == 0, what="in-flight streams back to 0")
+        wait_until(lambda: _rss(server.proc.pid) < baseline + 48 * 2**20, what="server memory back to its baseline")
         cancelled = 'modelinit_requests_total{code="CANCELLED",method="Init"} 1.0'
-        wait_for(lambda: cancelled in _metrics(line_port), 2.0, "the cancelled stream in the metrics")
+        wait_until(lambda: cancelled in _metrics(line_port), what="the cancelled stream in the metrics")
         assert not any(p.name.endswith(".partial") for p in (tmp_path / "cancelled").iterdir())
     finally:
         assert server.stop() == 0
@@ -157,10 +150,11 @@ def test_stalled_reader_times_out_and_frees_the_stream(embedded):
     server = embedded(streams=StreamPolicy(idle_timeout=0.5))
     request = modelinit.client.model_request(MEDIUM, seed=3)
     with grpc.insecure_channel(server.target) as ch:
-        call = pb_grpc.ModelInitStub(ch).Init(pb.InitRequest(request=request), timeout=30)
-        next(call)  # the stream is open; then this reader takes nothing more
-        wait_for(lambda: server.running.servicer.inflight == 1, 5, "the stream to start")
-        wait_for(lambda: server.running.servicer.inflight == 0, 5, "the stalled stream to be ended")
+        call = pb_grpc.ModelInitStub(ch).Init(pb.InitRequest(request=request), timeout=10 * WAIT)  # a hang guard
+        next(call)  # the stream is open (counted in flight before its first message); then this reader takes nothing more
+        # No sleep: the reader stalls for as long as the server needs to notice (its idle timeout,
+        # 0.5 s, is the only clock in this test) and end the stream.
+        wait_until(lambda: server.running.servicer.inflight == 0, what="the stalled stream to be ended")
         with pytest.raises(grpc.RpcError) as e:
             for _ in call:
                 pass
@@ -169,8 +163,10 @@ def test_stalled_reader_times_out_and_frees_the_stream(embedded):
 
 
 def test_sixteen_concurrent_clients_and_a_seventeenth_refused(tmp_path):
-    server = ServerProcess("--max-streams", "16")
+    # --idle-timeout: a held stream must outlast however long 16 take to start on a slow machine.
+    server = ServerProcess("--max-streams", "16", "--idle-timeout", "600")
     gate = threading.Event()
+    held_too_long = threading.Event()
     started = threading.Semaphore(0)
     results: dict[int, object] = {}
     # ~70 MB each: more than a stalled stream's buffers (segments + gRPC window), so a held
@@ -185,7 +181,8 @@ def test_sixteen_concurrent_clients_and_a_seventeenth_refused(tmp_path):
             if first[0]:
                 first[0] = False
                 started.release()
-                gate.wait(30)  # hold the stream open until all 16 are in
+                if not gate.wait(300):  # hold the stream open until all 16 are in and the 17th is answered
+                    held_too_long.set()
 
         try:
             with modelinit.Client(server.target) as c:
@@ -198,12 +195,15 @@ def test_sixteen_concurrent_clients_and_a_seventeenth_refused(tmp_path):
         for t in threads:
             t.start()
         for _ in range(16):
-            assert started.acquire(timeout=60), "a stream did not start"
-        t0 = time.monotonic()
-        with modelinit.Client(server.target) as c, pytest.raises(ModelInitError) as e:
+            assert started.acquire(timeout=WAIT), "a stream did not start"
+        with recording_rpcs() as rpcs:
+            seventeenth = modelinit.Client(server.target)
+        with seventeenth as c, pytest.raises(ModelInitError) as e:
             c.init_model("gpt2", seed=0, out_dir=tmp_path / "17")
         assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-streams" in e.value.details
-        assert time.monotonic() - t0 < 5  # refused, not queued
+        # Refused, not queued: answered while all 16 streams were still held open, on its one try.
+        assert not results and not held_too_long.is_set(), f"a held stream ended before the 17th was answered: {results}"
+        assert rpcs.count("/Init") == 1, rpcs.methods
         gate.set()
         for t in threads:
             t.join(120)
@@ -219,25 +219,41 @@ def test_sixteen_concurrent_clients_and_a_seventeenth_refused(tmp_path):
         assert server.stop() == 0
 
 
+def refuses_new_calls(target: str) -> bool:
+    """Whether a new call to ``target`` is refused (UNAVAILABLE): the server stopped taking calls."""
+    try:
+        health_status(target)
+    except grpc.RpcError as e:
+        return e.code() == grpc.StatusCode.UNAVAILABLE
+    return False
+
+
 def test_sigterm_reports_not_serving_drains_and_exits_zero(tmp_path, reference):
-    server = ServerProcess("--grace", "20", "--shutdown-delay", "1.5")
-    assert health_status(server.target) == health_pb2.HealthCheckResponse.SERVING
+    # No sleeps: each step waits for the server's own signal. --grace only bounds the drain (the
+    # server exits as soon as the stream ends), generous so that a slow machine never has the
+    # stream cut; --idle-timeout, so the stream held below is not ended as idle.
+    server = ServerProcess("--grace", "300", "--shutdown-delay", "1.5", "--idle-timeout", "600")
     state: dict[str, object] = {}
     signalled = threading.Event()
+    with grpc.insecure_channel(server.target) as ch:
+        watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=""), timeout=10 * WAIT)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
 
-    def progress(n: int) -> None:
-        if not signalled.is_set():
-            signalled.set()
-            server.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.3)
-            state["health"] = health_status(server.target)  # during the shutdown delay: NOT_SERVING
-            time.sleep(2.0)  # past the delay: the server accepts no new calls, this stream goes on
+        def progress(n: int) -> None:
+            if not signalled.is_set():
+                signalled.set()
+                server.proc.send_signal(signal.SIGTERM)
+                state["health"] = next(watch).status  # told at SIGTERM, before the delay: NOT_SERVING
+                watch.cancel()
+                # Hold this stream until the delay is over and the server takes no new calls: the
+                # stream, in flight, must go on through the drain.
+                wait_until(lambda: refuses_new_calls(server.target), what="the server to stop taking new calls")
 
-    with modelinit.Client(server.target, retry=RetryPolicy(deadline=0)) as c:
-        c.init_model(MEDIUM, seed=7, out_dir=tmp_path, max_shard_size="16MB", progress=progress)
+        with modelinit.Client(server.target, retry=RetryPolicy(deadline=0)) as c:
+            c.init_model(MEDIUM, seed=7, out_dir=tmp_path, max_shard_size="16MB", progress=progress)
     assert state["health"] == health_pb2.HealthCheckResponse.NOT_SERVING
     assert read_folder(tmp_path) == reference  # the in-flight stream finished within the grace period
-    assert server.proc.wait(30) == 0
+    assert server.proc.wait(WAIT) == 0
 
 
 def test_limits_name_the_flag(embedded):
@@ -279,7 +295,7 @@ def test_token_auth_with_tls_round_trip(embedded, tmp_path):
     with modelinit.Client(target, token="s3cret-token", **mtls) as c:
         result = c.init_model(TINY["gpt2"], seed=1, out_dir=tmp_path / "out")
     assert result.files and (tmp_path / "out" / "modelinit.json").exists()
-    wait_for(lambda: server.running.metrics.value("modelinit_rejected_total", reason="unauthenticated") == 2, 5, "the count")
+    wait_until(lambda: server.running.metrics.value("modelinit_rejected_total", reason="unauthenticated") == 2, what="the count")
 
 
 def test_health_needs_no_token(embedded):
@@ -298,7 +314,7 @@ def test_metrics_count_requests_bytes_and_tensors(embedded, tmp_path):
             c.plan("gpt2", dtype="float64")
     m = server.running.metrics
     # a call is counted when its handler returns, just after the client has its status
-    wait_for(lambda: m.value("modelinit_requests_total", method="Plan", code="INVALID_ARGUMENT") == 1, 5, "the count")
+    wait_until(lambda: m.value("modelinit_requests_total", method="Plan", code="INVALID_ARGUMENT") == 1, what="the count")
     assert m.value("modelinit_requests_total", method="Init", code="OK") == 1
     assert m.value("modelinit_requests_total", method="Plan", code="OK") == 1  # init_model plans first
     assert m.value("modelinit_requests_total", method="Plan", code="INVALID_ARGUMENT") == 1
@@ -319,10 +335,10 @@ def test_request_id_is_returned_and_logged(embedded, caplog):
         stub = pb_grpc.ModelInitStub(ch)
         request = pb.PlanRequest(request=modelinit.client.model_request("gpt2", seed=0))
         with caplog.at_level("INFO", logger="modelinit"):
-            _, call = stub.Plan.with_call(request, metadata=(("x-request-id", "job-42.node-3"),), timeout=10)
+            _, call = stub.Plan.with_call(request, metadata=(("x-request-id", "job-42.node-3"),), timeout=WAIT)
             assert ("x-request-id", "job-42.node-3") in tuple(call.initial_metadata())
             init = stub.Init(pb.InitRequest(request=modelinit.client.model_request(TINY["gpt2"], seed=0)),
-                             metadata=(("x-request-id", "job-43"),), timeout=30)
+                             metadata=(("x-request-id", "job-43"),), timeout=WAIT)
             list(init)
     assert any(getattr(r, "request_id", None) == "job-43" for r in caplog.records if r.name == "modelinit.server")
 
@@ -378,9 +394,9 @@ def test_malformed_request_bytes_get_a_status_not_a_crash(fuzz_server, raw, meth
         path = f"/modelinit.v1.ModelInit/{method}"
         try:
             if method == "Plan":
-                ch.unary_unary(path, request_serializer=None, response_deserializer=None)(raw, timeout=20)
+                ch.unary_unary(path, request_serializer=None, response_deserializer=None)(raw, timeout=WAIT)
             else:
-                for _ in ch.unary_stream(path, request_serializer=None, response_deserializer=None)(raw, timeout=20):
+                for _ in ch.unary_stream(path, request_serializer=None, response_deserializer=None)(raw, timeout=WAIT):
                     pass
         except grpc.RpcError as e:
             assert e.code() in {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}, e
@@ -400,8 +416,9 @@ def _free_port() -> int:
 def test_sigterm_past_the_grace_period_client_resumes_on_another_replica(tmp_path, reference, caplog):
     a = ServerProcess("--grace", "0.3")
     port_b = _free_port()
-    # Two replicas behind one name; the second comes up only as the first drains, so the
-    # stream surely starts on the first.
+    # Two replicas behind one name; the second comes up only once the first has drained (its
+    # grace period over, the stream cut) and exited, so the stream surely starts on the first
+    # and surely is cut, however fast or slow this machine.
     target = f"ipv4:127.0.0.1:{a.target.rsplit(':', 1)[1]},127.0.0.1:{port_b}"
     servers = [a]
     signalled = threading.Event()
@@ -412,12 +429,13 @@ def test_sigterm_past_the_grace_period_client_resumes_on_another_replica(tmp_pat
         if seen[0] > 20_000_000 and not signalled.is_set():
             signalled.set()
             a.proc.send_signal(signal.SIGTERM)
-            servers.append(ServerProcess("--port", str(port_b)))  # takes longer than a's grace period
+            a.proc.wait(WAIT)  # past its grace period: the stream is cut and the replica gone
+            servers.append(ServerProcess("--port", str(port_b)))
 
     try:
         with modelinit.Client(target, retry=FAST_RETRY) as c, caplog.at_level("WARNING", logger="modelinit.client"):
             c.init_model(MEDIUM, seed=7, out_dir=tmp_path, max_shard_size="16MB", progress=progress)
-        assert a.proc.wait(30) == 0
+        assert a.proc.wait(WAIT) == 0
         assert any("resuming model-" in r.getMessage() for r in caplog.records)  # the stream was cut and resumed
     finally:
         for s in servers:
@@ -432,7 +450,7 @@ def test_reflection_lists_the_services(embedded):
     server = embedded(reflection=True)
     with grpc.insecure_channel(server.target) as ch:
         stub = reflection_pb2_grpc.ServerReflectionStub(ch)
-        (answer,) = list(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10))
+        (answer,) = list(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=WAIT))
     names = {s.name for s in answer.list_services_response.service}
     assert {"modelinit.v1.ModelInit", "grpc.health.v1.Health"} <= names
 

@@ -9,6 +9,7 @@ import pytest
 
 import modelinit
 import modelinit.client as mc
+import modelinit.source
 from modelinit import ModelInitError
 from modelinit.cli import main as cli_main
 from modelinit.v1 import modelinit_pb2 as pb
@@ -95,7 +96,7 @@ def test_cli_plan_of_a_huge_model(server_target, tmp_path, capsys):
 
 
 def test_client_merges_pages_remote_and_embedded(client, monkeypatch):
-    monkeypatch.setattr(mc, "PLAN_PAGE_SIZE", 3)  # many pages of a tiny model
+    monkeypatch.setattr(modelinit.source, "PLAN_PAGE_SIZE", 3)  # many pages of a tiny model
     kwargs = dict(seed=1, max_shard_size="100KB")
     summary = client.plan(TINY["llama"], **kwargs)
     assert not summary.tensors and summary.tensor_count > 3 * 5
@@ -151,7 +152,7 @@ def test_a_malformed_token_is_refused(stub, token):
 def test_client_reports_a_bad_page_as_invalid_argument():
     c = modelinit.Client()
     with pytest.raises(ModelInitError) as e:
-        c._plan_page(_request(), 3, "garbage")
+        c.source.plan(_request(), 3, "garbage")
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and e.value.details.startswith("page_token")
 
 

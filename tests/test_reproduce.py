@@ -20,7 +20,8 @@ import modelinit
 from modelinit import policy_file
 from modelinit.cli import main
 from modelinit.v1 import modelinit_pb2 as pb
-from modelinit.verify import manifest_policy, manifest_request, verify_folder
+from modelinit.manifest import manifest_policy, manifest_request
+from modelinit.verify import verify_folder
 
 from tests.conftest import TINY, read_folder
 

@@ -28,6 +28,9 @@ UNARY = "/test.Echo/Unary"
 STREAM = "/test.Echo/Stream"
 COLLECT = "/test.Echo/Collect"
 CHAT = "/test.Echo/Chat"
+#: Deadline of every call here: a hang guard only (the calls that fail do so at once), generous
+#: for a loaded CI machine.
+CALL_TIMEOUT = 60
 
 
 async def _unary(request: bytes, context) -> bytes:
@@ -56,7 +59,7 @@ class BackgroundServer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="test-security-server", daemon=True)
         self._thread.start()
         self._server, self.port = asyncio.run_coroutine_threadsafe(self._start(list(interceptors), credentials),
-                                                                   self._loop).result(timeout=10)
+                                                                   self._loop).result(timeout=CALL_TIMEOUT)
         self.target = f"127.0.0.1:{self.port}"
 
     @staticmethod
@@ -78,22 +81,22 @@ class BackgroundServer:
         return server, port
 
     def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._server.stop(None), self._loop).result(timeout=10)
+        asyncio.run_coroutine_threadsafe(self._server.stop(None), self._loop).result(timeout=CALL_TIMEOUT)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=CALL_TIMEOUT)
         self._loop.close()
 
 
 def unary(channel, payload: bytes = b"hi", **kw) -> bytes:
-    return channel.unary_unary(UNARY)(payload, timeout=5, **kw)
+    return channel.unary_unary(UNARY)(payload, timeout=CALL_TIMEOUT, **kw)
 
 
 def stream(channel, payload: bytes = b"hi", **kw) -> list[bytes]:
-    return list(channel.unary_stream(STREAM)(payload, timeout=5, **kw))
+    return list(channel.unary_stream(STREAM)(payload, timeout=CALL_TIMEOUT, **kw))
 
 
 def check_health(channel) -> int:
-    return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+    return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=CALL_TIMEOUT).status
 
 
 # --- fixtures ----------------------------------------------------------------------------------------
@@ -171,7 +174,7 @@ def test_right_token_passes_and_stream_delivers_everything(token_server):
         assert unary(channel, b"x") == b"echo:x"
         assert stream(channel, b"y") == [b"%d:y" % i for i in range(STREAM_COUNT)]
         # Other metadata survives the interceptor.
-        response, call = channel.unary_unary(UNARY).with_call(b"z", timeout=5, metadata=[("x-request-id", "abc")])
+        response, call = channel.unary_unary(UNARY).with_call(b"z", timeout=CALL_TIMEOUT, metadata=[("x-request-id", "abc")])
         assert response == b"echo:z"
 
 
@@ -196,11 +199,11 @@ def test_token_interceptor_keeps_existing_metadata():
 
 def test_client_streaming_methods_are_guarded_too(token_server):
     with make_channel(token_server.target) as channel:
-        assert_unauthenticated(lambda: channel.stream_unary(COLLECT)(iter([b"a", b"b"]), timeout=5))
-        assert_unauthenticated(lambda: list(channel.stream_stream(CHAT)(iter([b"a", b"b"]), timeout=5)))
+        assert_unauthenticated(lambda: channel.stream_unary(COLLECT)(iter([b"a", b"b"]), timeout=CALL_TIMEOUT))
+        assert_unauthenticated(lambda: list(channel.stream_stream(CHAT)(iter([b"a", b"b"]), timeout=CALL_TIMEOUT)))
     with make_channel(token_server.target, token=TOKEN) as channel:
-        assert channel.stream_unary(COLLECT)(iter([b"a", b"b"]), timeout=5) == b"a+b"
-        assert list(channel.stream_stream(CHAT)(iter([b"a", b"b"]), timeout=5)) == [b"re:a", b"re:b"]
+        assert channel.stream_unary(COLLECT)(iter([b"a", b"b"]), timeout=CALL_TIMEOUT) == b"a+b"
+        assert list(channel.stream_stream(CHAT)(iter([b"a", b"b"]), timeout=CALL_TIMEOUT)) == [b"re:a", b"re:b"]
 
 
 def test_health_needs_no_token(token_server):
@@ -219,7 +222,7 @@ def test_on_reject_gets_the_method(token_server, rejected):
 
 def test_unknown_method_without_token_is_unauthenticated(token_server):
     with make_channel(token_server.target) as channel:
-        assert_unauthenticated(lambda: channel.unary_unary("/test.Echo/Nope")(b"", timeout=5))
+        assert_unauthenticated(lambda: channel.unary_unary("/test.Echo/Nope")(b"", timeout=CALL_TIMEOUT))
 
 
 # --- TLS / mTLS --------------------------------------------------------------------------------------
@@ -246,7 +249,7 @@ def test_plaintext_client_against_tls_server_fails(tls_server):
 
 def test_mtls_with_client_cert_from_the_right_ca(mtls_server, certs):
     with make_channel(mtls_server.target, ca=certs.ca, cert=certs.client_cert, key=certs.client_key) as channel:
-        grpc.channel_ready_future(channel).result(timeout=5)
+        grpc.channel_ready_future(channel).result(timeout=CALL_TIMEOUT)
         assert unary(channel, b"m") == b"echo:m"
         assert stream(channel, b"m") == [b"%d:m" % i for i in range(STREAM_COUNT)]
 

@@ -43,7 +43,7 @@ def test_any_request_gets_ok_or_a_clear_invalid_argument(server_target, req):
     with grpc.insecure_channel(server_target) as ch:
         stub = pb_grpc.ModelInitStub(ch)
         try:
-            plan = stub.Plan(pb.PlanRequest(request=req), timeout=30)
+            plan = stub.Plan(pb.PlanRequest(request=req), timeout=60)
         except grpc.RpcError as e:
             assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, (e.code(), e.details())
             assert e.details().startswith(FIELDS), e.details()

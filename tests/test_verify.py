@@ -12,7 +12,8 @@ import pytest
 import modelinit
 from modelinit.cli import main
 from modelinit.errors import ModelInitError
-from modelinit.verify import FileCheck, Report, is_complete, read_manifest, verify_folder
+from modelinit.manifest import read_manifest
+from modelinit.verify import FileCheck, Report, is_complete, verify_folder
 from tests.conftest import TINY
 
 GPT2 = TINY["gpt2"]

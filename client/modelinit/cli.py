@@ -10,6 +10,17 @@ import json
 import os
 import sys
 
+import grpc
+
+from . import local
+from .client import Client
+from .credentials import load_token
+from .errors import ModelInitError
+from .manifest import read_manifest
+from .policy_file import looks_like_file, to_dict
+from .remote import RetryPolicy
+from .verify import embedded_client, verify_folder
+
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda", "reference")
 ALGORITHM_VERSIONS = (1, 2)  # what --algorithm-version accepts (docs/determinism.md)
@@ -70,11 +81,8 @@ def version_line() -> str:
         installed = version("modelinit")
     except PackageNotFoundError:  # a source tree that was never installed
         from . import __version__ as installed
-    try:
-        from modelinit_server.engine import ALGORITHM_VERSION, ALGORITHM_VERSIONS
-        versions, newest = ALGORITHM_VERSIONS, ALGORITHM_VERSION
-    except ImportError:  # the client alone: the versions it can ask a server for
-        versions, newest = ALGORITHM_VERSIONS, max(ALGORITHM_VERSIONS)
+    # The installed engine's, or with the client alone the versions it can ask a server for.
+    versions, newest = local.algorithm_versions() or (ALGORITHM_VERSIONS, max(ALGORITHM_VERSIONS))
     return f"modelinit {installed} (algorithm versions {', '.join(map(str, versions))}; default {newest})"
 
 
@@ -229,14 +237,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "serve":
         return _serve(args)
     if args.command == "verify":
-        from .verify import run_cli
-
-        return run_cli(args)
-    import grpc
-
-    from .client import Client
-    from .errors import ModelInitError
-
+        return _verify(args)
     try:
         with connect(args) as client:
             kwargs = dict(seed=args.seed or 0, policy=args.policy, dtype=args.dtype, max_shard_size=args.max_shard_size,
@@ -279,12 +280,6 @@ def _from_manifest_problem(args: argparse.Namespace) -> str | None:
 def connect(args: argparse.Namespace):
     """The Client the command line asks for: embedded, or a server with its TLS, token and retry
     options. ModelInitError for a bad option."""
-    import grpc
-
-    from .client import Client, RetryPolicy
-    from .credentials import load_token
-    from .errors import ModelInitError
-
     if args.server is None:
         return Client(device=args.device)
     try:
@@ -298,39 +293,55 @@ def connect(args: argparse.Namespace):
 
 def server_config(args: argparse.Namespace):
     """The ServerConfig of ``modelinit serve ARGS`` (ValueError naming the bad flag)."""
-    from modelinit_server.limits import Limits
-    from modelinit_server.server import ServerConfig
-    from modelinit_server.servicer import StreamPolicy
-
-    return ServerConfig(
-        host=args.host, port=args.port, device=args.device, workers=args.workers, grace=args.grace,
-        shutdown_delay=args.shutdown_delay,
-        limits=Limits(max_params=args.max_params, max_dim=args.max_dim, max_rank=args.max_rank,
-                      max_tensors=args.max_tensors, max_request_bytes=args.max_request_bytes),
-        streams=StreamPolicy(max_streams=args.max_streams, idle_timeout=args.idle_timeout),
-        tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, token=args.token or None,
-        metrics_port=args.metrics_port, metrics_host=args.metrics_host, reflection=args.reflection,
-    )
+    return local.server_config(args)
 
 
 def _serve(args: argparse.Namespace) -> int:
+    return local.serve(args, _fail)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    """``modelinit verify DIR``: 0 ok, 1 problems found (or the server failed), 2 bad input."""
+    def fail(message: str, code: int) -> int:
+        print(f"modelinit: error: {message}", file=sys.stderr)
+        return code
+
     try:
-        from modelinit_server.observability import configure_logging
-        from modelinit_server.server import serve
-    except ImportError as e:
-        return _fail(f"serving needs the server extra ({e}); pip install 'modelinit[server]'", 1)
-    try:
-        config = server_config(args)
-        configure_logging(args.log_format, args.log_level)
-    except ValueError as e:
-        return _fail(str(e), 2)
-    try:
-        serve(config, ready=lambda line: print(line, flush=True))
-    except ValueError as e:  # e.g. the device's engine is not available
-        return _fail(str(e), 2)
-    except OSError as e:
-        return _fail(str(e), 1)
-    return 0
+        read_manifest(args.dir)  # bad input (no folder, no manifest) before starting anything
+        client = None
+        if args.regenerate:
+            client = connect(args) if args.server else embedded_client(args.device)
+        try:
+            report = verify_folder(args.dir, client=client, regenerate=args.regenerate,
+                                   progress=not args.json and sys.stderr.isatty())
+        finally:
+            if client is not None:
+                client.close()
+    except ModelInitError as e:
+        bad_input = e.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+        return fail(e.details, 2 if bad_input else 1)
+    except KeyboardInterrupt:
+        return fail("interrupted", 130)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0 if report.ok else 1
+    for f in report.files:
+        if f.problem is None:
+            print(f"ok   {f.name}  {f.size}  {(f.sha256 or '')[:16]}")
+        else:
+            print(f"BAD  {f.name}: {f.problem}")
+    bad_files = {f.name for f in report.files if f.problem}
+    for p in report.problems:
+        if p.split(": ", 1)[0] not in bad_files:
+            print(f"BAD  {p}")
+    for note in report.notes:
+        print(f"note: {note}")
+    how = "sizes, SHA-256, headers and index checked" + ("; bytes regenerated and identical" if report.regenerated else "")
+    if report.ok:
+        print(f"ok: {len(report.files)} files verified ({how}); fingerprint {report.fingerprint[:16]}")
+        return 0
+    print(f"BAD: {len(report.problems)} problem(s) in {report.path} ({len(bad_files)} of {len(report.files)} files bad)")
+    return 1
 
 
 def _print_plan(plan, as_json: bool, tensors: bool = True) -> None:
@@ -355,8 +366,6 @@ def _print_plan(plan, as_json: bool, tensors: bool = True) -> None:
 def _policy_doc(plan) -> dict:
     """The plan's (normalized) policy in the policy-file format: `--policy` takes it back."""
     from google.protobuf import json_format
-
-    from .policy_file import to_dict
 
     try:
         return to_dict(plan.request.policy)
@@ -392,8 +401,6 @@ def policy_title(given: str | None, policy) -> str:
     """How ``explain`` names the policy: by what ``--policy`` gave (``given``), with what the
     request's ``policy`` message holds: ``policy hf-default``, ``policy file p.yaml (custom rules
     + preset gpt2)``, ``custom rules + preset gpt2``."""
-    from .policy_file import looks_like_file
-
     preset = policy.preset
     content = " + ".join(filter(None, ["custom rules" if policy.rules else "", f"preset {preset}" if preset else ""]))
     if given is not None and (looks_like_file(given) or os.path.isfile(given)):  # as model_policy() tells them apart

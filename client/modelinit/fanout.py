@@ -1,11 +1,13 @@
 """Fan-out: one model's files fetched in parallel from several replicas.
 
 The service is stateless and deterministic, so any replica can serve any file, from any byte.
-Each file is one resumable stream of that file alone (:class:`~modelinit.client._ResumingEvents`:
-on a lost server it moves on to the next replica from the byte reached), written by the same
-writer as a single stream (:func:`~modelinit.client.write_files`). ``parallel`` files are in
-flight at once, file ``i`` starting on replica ``i mod n``; a replica serves only after it
-planned the same fingerprint. The first file that fails stops the others.
+Each file is one resumable stream of that file alone (:meth:`RemoteSource.events
+<modelinit.remote.RemoteSource.events>`: on a lost server it moves on to the next replica from
+the byte reached), written by the same writer as a single stream
+(:func:`~modelinit.writer.write_files`). ``parallel`` files are in flight at once, file ``i``
+starting on replica ``i mod n``; a replica serves only after it planned the same fingerprint
+(one :class:`~modelinit.remote.Replicas` shared by the streams). The first file that fails
+stops the others.
 """
 from __future__ import annotations
 
@@ -14,23 +16,25 @@ import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Callable
 
-from .client import Client, FileResult, _ResumingEvents, write_files
+from .manifest import FileResult
+from .remote import RemoteSource, ResumingEvents
 from .v1 import modelinit_pb2 as pb
+from .writer import write_files
 
 
 class _Stopped(Exception):
     """Another file failed first: this one was not started or was cut short."""
 
 
-def fetch(client: Client, request: pb.ModelRequest, plan: pb.PlanResponse, out: pathlib.Path, parallel: int,
+def fetch(source: RemoteSource, request: pb.ModelRequest, plan: pb.PlanResponse, out: pathlib.Path, parallel: int,
           progress: Callable[[int], None], fsync: bool, direct_io: bool, files: list[int] | None = None,
           on_written: Callable[[int, FileResult], None] | None = None) -> tuple[list[FileResult], dict[str, int]]:
     """Every file of ``plan`` (or those of ``files``, indices into it) into ``out``, in that
     order; also how many files each target finished. ``on_written`` as in ``write_files``."""
-    replicas = client._replicas(plan.fingerprint)
-    served = {t: 0 for t in client.targets}
+    replicas = source.replicas(plan.fingerprint)
+    served = {t: 0 for t in source.targets}
     stop = threading.Event()
-    active: set[_ResumingEvents] = set()
+    active: set[ResumingEvents] = set()
     lock = threading.Lock()  # progress callbacks and the counters are shared by the workers
 
     def locked_progress(n: int) -> None:
@@ -40,16 +44,16 @@ def fetch(client: Client, request: pb.ModelRequest, plan: pb.PlanResponse, out: 
     def one(i: int) -> FileResult:
         if stop.is_set():
             raise _Stopped()
-        source = _ResumingEvents(replicas, request, plan, [i], i, client.retry, client.timeout)
+        stream = source.events(request, plan, [i], replicas=replicas, start=i)
         with lock:
-            active.add(source)
+            active.add(stream)
         try:
-            (result,) = write_files(source, plan, out, [i], locked_progress, fsync, direct_io, on_written)
+            (result,) = write_files(stream, plan, out, [i], locked_progress, fsync, direct_io, on_written)
         finally:
             with lock:
-                active.discard(source)
+                active.discard(stream)
         with lock:
-            served[client.targets[source.replica]] += 1
+            served[source.targets[stream.replica]] += 1
         return result
 
     with ThreadPoolExecutor(parallel, thread_name_prefix="modelinit-fetch") as pool:
@@ -59,8 +63,8 @@ def fetch(client: Client, request: pb.ModelRequest, plan: pb.PlanResponse, out: 
         if first is not None:
             stop.set()  # queued files never start; running ones are cut (their partial files removed)
             with lock:
-                for source in active:
-                    source.close()
+                for stream in active:
+                    stream.close()
             wait(futures)
             raise first
     return [f.result() for f in futures], served

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 from typing import Any, Mapping
 
@@ -40,6 +41,20 @@ _SHORTHANDS = {
     "ones": {"constant": {"value": 1.0}},
     "lecun_normal": {"lecun_normal": {}},
 }
+
+
+def from_arg(policy: Any) -> pb.Policy:
+    """A policy as callers give it: None (hf-default), a preset name, a path to a JSON/YAML
+    policy file, a policy dict, or the message itself. ValueError (field-named) for a bad one."""
+    if isinstance(policy, pb.Policy):
+        return policy
+    if policy is None:
+        return pb.Policy()
+    if isinstance(policy, Mapping):
+        return from_dict(policy)
+    if isinstance(policy, os.PathLike) or looks_like_file(policy) or os.path.isfile(policy):
+        return load(policy)
+    return pb.Policy(preset=policy)
 
 
 def looks_like_file(text: str) -> bool:

@@ -1,0 +1,342 @@
+"""The remote source: a model planned and streamed by one or more modelinit servers over gRPC.
+
+:class:`RemoteSource` implements :class:`~modelinit.source.Source` over the generated stubs: a
+call that loses its server is retried (:class:`RetryPolicy`, on the next replica), a stream is
+resumed from the byte it reached (:class:`ResumingEvents`), and a replica serves only after it
+planned the same fingerprint (:class:`Replicas`). A server that never answered and cannot be
+connected to, or a TLS trust failure, is not retried (:func:`connect_failure`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Iterable
+
+import grpc
+
+from .credentials import make_channel
+from .errors import ModelInitError
+from .events import Begin, Data, End
+from .source import check_version
+from .v1 import modelinit_pb2 as pb
+from .v1 import modelinit_pb2_grpc as pb_grpc
+
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 << 20)]
+#: Status codes after which a call is retried (and a stream resumed): the server went away or
+#: could not be reached. Everything else is an answer and is raised.
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+
+log = logging.getLogger("modelinit.client")  # the client's log, whichever module writes it
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a remote client rides out a lost connection (a restarted or drained server)."""
+
+    deadline: float = 120.0
+    """Seconds to keep trying after a failure before giving up; progress (bytes received)
+    starts the count again. 0 disables retries."""
+    initial_backoff: float = 0.25
+    """Seconds before the first retry."""
+    max_backoff: float = 5.0
+    """Longest wait between retries."""
+    multiplier: float = 2.0
+    """Growth of the wait after each failed try (each wait is jittered to 50-100%)."""
+
+    def __post_init__(self) -> None:
+        if self.deadline < 0:
+            raise ValueError(f"deadline: must be >= 0 seconds, got {self.deadline!r}")
+        if not 0 < self.initial_backoff <= self.max_backoff:
+            raise ValueError(f"initial_backoff: must be > 0 and <= max_backoff, got {self.initial_backoff!r}")
+        if self.multiplier < 1:
+            raise ValueError(f"multiplier: must be >= 1, got {self.multiplier!r}")
+
+
+def connect_failure(details: str) -> tuple[str, str] | None:
+    """What kept an UNAVAILABLE call from reaching any server, from its details: ``("trust",
+    reason)`` when the TLS handshake failed (an untrusted or misnamed certificate, a server that
+    does not speak TLS: retrying cannot fix it), ``("connect", reason)`` when no connection was
+    made (refused, unknown name, closed during setup); None for anything else (a server that
+    went away mid-call, one that is stopping)."""
+    d = details.lower()
+    if "certificate_verify_failed" in d:
+        m = re.search(r"CERTIFICATE_VERIFY_FAILED: ([^:]+)", details)
+        why = f" ({m.group(1).strip()})" if m else ""
+        return "trust", (f"TLS handshake failed: the server's certificate is not trusted{why}; pass the CA that signed it "
+                         "with --tls-ca")
+    if "hostname verification" in d or "not in peer certificate" in d:
+        return "trust", ("TLS handshake failed: the server's certificate does not name this address; dial a name it "
+                         "holds, or reissue the certificate with this one")
+    if "wrong_version_number" in d:
+        return "trust", "TLS handshake failed: the server does not speak TLS; drop --tls/--tls-ca or check --server"
+    if "ssl_error_ssl" in d:  # a TLS protocol error, not a lost connection (SSL_ERROR_SYSCALL)
+        m = re.search(r"OPENSSL_internal:([A-Z0-9_]+)", details)
+        why = f" ({m.group(1)})" if m else ""
+        return "trust", f"TLS handshake failed{why}; check --tls-ca, --tls-cert and --tls-key"
+    if "errors resolving" in d or "dns resolution failed" in d or "name resolution" in d:
+        return "connect", "the name does not resolve; check --server"
+    if "failed to connect" not in d:
+        return None
+    if "connection refused" in d:
+        return "connect", "connection refused; check --server (host:port) and that the server is running"
+    if "socket closed" in d or "connection reset" in d:
+        return "connect", ("the server closed the connection during setup (a TLS server dialled without --tls, or a "
+                           "mutual-TLS server refusing this client's certificate?); check --server and the TLS flags")
+    reason = details.rsplit(": ", 1)[-1].strip() or "failed to connect"
+    return "connect", f"{reason}; check --server"
+
+
+def give_up(error: ModelInitError, target: str | None, reached: bool) -> ModelInitError | None:
+    """The error to raise at once instead of retrying ``error``: any answer but UNAVAILABLE, a
+    TLS trust failure, or a connection failure to a ``target`` this client never ``reached``
+    (a mistyped address is not going to come up); None: retry."""
+    if error.code not in RETRYABLE:
+        return error
+    failure = connect_failure(error.details)
+    if failure is None or (failure[0] == "connect" and reached):
+        return None  # a server that answered before and is gone now: restarting, draining
+    return ModelInitError(error.code, f"cannot reach {target or 'the server'}: {failure[1]}")
+
+
+class Backoff:
+    """Waits between tries until the policy's deadline, counted from the first failure since the
+    last ``progress()``."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self._policy = policy
+        self.progress()
+
+    def progress(self) -> None:
+        self._since: float | None = None
+        self._wait = self._policy.initial_backoff
+
+    def wait_or_raise(self, error: ModelInitError, target: str | None = None, reached: bool = True) -> None:
+        """Sleep before the next try, or raise: an error that is no reason to retry (see
+        :func:`give_up`; ``reached``: this client got an answer from ``target`` before), or any
+        once the deadline has passed."""
+        fatal = give_up(error, target, reached)
+        if fatal is not None:
+            raise fatal
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        left = self._since + self._policy.deadline - now
+        if left <= 0:
+            raise error
+        pause = min(self._wait * random.uniform(0.5, 1.0), left)
+        log.warning("%s; retrying in %.2fs (giving up in %.0fs)", error, pause, left)
+        time.sleep(pause)
+        self._wait = min(self._wait * self._policy.multiplier, self._policy.max_backoff)
+
+
+#: gRPC target schemes whose address lists contain commas themselves (``ipv4:a:1,b:2``).
+_LIST_SCHEMES = ("ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:")
+
+
+def split_targets(target: str) -> tuple[str, ...]:
+    """``"h1:1,h2:2"`` -> two targets; a gRPC URI (``dns:///...``, ``ipv4:a,b``) stays one."""
+    target = target.strip()
+    if "://" in target or target.startswith(_LIST_SCHEMES):
+        parts = [target]
+    else:
+        parts = [t.strip() for t in target.split(",")]
+    if not all(parts):
+        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"server: empty target in {target!r}; use host:port[,host:port...]")
+    return tuple(parts)
+
+
+def channel_options(target: str) -> list[tuple[str, object]]:
+    """A name resolving to several replicas (``dns:///``, ``ipv4:a,b``) is balanced call by call."""
+    options = list(_CHANNEL_OPTIONS)
+    if target.startswith(("dns:", "ipv4:", "ipv6:")):
+        options.append(("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})))
+    return options
+
+
+def call_metadata() -> tuple[tuple[str, str], ...]:
+    """A request id per call, logged by the server beside everything it does for the call."""
+    return (("x-request-id", uuid.uuid4().hex),)
+
+
+class Replicas:
+    """The servers of one client and the plan they must agree on: a replica serves only after
+    it planned the same fingerprint (asked on first use, and again after it failed: a restarted
+    server may run another version)."""
+
+    def __init__(self, stubs: list, targets: tuple[str, ...], fingerprint: str, timeout: float | None,
+                 checked: set[int] | None = None, reached: set[int] | None = None) -> None:
+        self.stubs, self.targets, self._fingerprint, self._timeout = stubs, targets, fingerprint, timeout
+        self._checked: set[int] = set(checked or ())
+        self._reached: set[int] = reached if reached is not None else set()  # the client's own: shared
+        self._lock = threading.Lock()
+
+    def check(self, k: int, request: pb.ModelRequest) -> None:
+        with self._lock:
+            if k in self._checked:
+                return
+        plan = self.stubs[k].Plan(pb.PlanRequest(request=request), timeout=self._timeout, metadata=call_metadata())
+        self.answered(k)  # (a replica in _checked answered its Plan already)
+        if plan.fingerprint != self._fingerprint:
+            raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"replica {self.targets[k]} plans different weights (fingerprint {plan.fingerprint[:16]}, "
+                                 f"expected {self._fingerprint[:16]}): are all replicas the same version?")
+        with self._lock:
+            self._checked.add(k)
+
+    def failed(self, k: int) -> None:
+        with self._lock:
+            self._checked.discard(k)
+
+    def answered(self, k: int) -> None:
+        """Replica ``k`` answered a call: from now on a connection failure there is a lost server."""
+        with self._lock:
+            self._reached.add(k)
+
+    def retry_as_lost(self, k: int) -> bool:
+        """Whether a connection failure at replica ``k`` is retried (as a lost server): it answered
+        before, or another replica can take over (one that is down from the start is skipped)."""
+        with self._lock:
+            return k in self._reached or len(self.stubs) > 1
+
+
+class ResumingEvents:
+    """The Init stream of some of a plan's files, resumed after a lost connection: it waits
+    (backoff), moves to the next replica, checks its plan, and asks for the files not yet ended,
+    the current one from the byte it has reached. The writer sees one continuous stream; a
+    resumed file's End carries the SHA-256 of the whole file. ``replica`` says which server
+    served the last file."""
+
+    def __init__(self, replicas: Replicas, request: pb.ModelRequest, plan: pb.PlanResponse, files: list[int] | None,
+                 replica: int, retry: RetryPolicy, timeout: float | None) -> None:
+        self._replicas, self._request, self._plan, self._files = replicas, request, plan, files
+        self.replica = replica % len(replicas.stubs)
+        self._retry, self._timeout = retry, timeout
+        self._call = None
+        self._closed = False
+
+    def __iter__(self):
+        plan, replicas = self._plan, self._replicas
+        backoff = Backoff(self._retry)
+        todo = list(range(len(plan.files))) if self._files is None else list(self._files)
+        current, offset = None, 0  # the file being received and its bytes so far
+        resumed = False
+        while not self._closed and todo:
+            init = pb.InitRequest(request=self._request, offset=offset if current is not None else 0)
+            if resumed or self._files is not None:
+                init.files.extend(todo)
+            try:
+                replicas.check(self.replica, self._request)
+                self._call = replicas.stubs[self.replica].Init(init, timeout=self._timeout, metadata=call_metadata())
+                for msg in self._call:
+                    kind = msg.WhichOneof("event")
+                    if kind == "data":
+                        offset += len(msg.data)
+                        backoff.progress()
+                        yield Data(msg.data)
+                    elif kind == "begin":
+                        b = msg.begin
+                        if current is not None:  # a resumed stream restates the file it resumes
+                            if b.index != current or b.offset != offset:
+                                raise ModelInitError(grpc.StatusCode.DATA_LOSS,
+                                                     f"stream: resumed at file {b.index} byte {b.offset}, asked for file {current} byte {offset}")
+                            continue
+                        current, offset = b.index, b.offset
+                        yield Begin(b.index, b.name, b.size, b.offset)
+                    elif kind == "end":
+                        if msg.end.index in todo:
+                            todo.remove(msg.end.index)
+                        current, offset = None, 0
+                        yield End(msg.end.index, msg.end.sha256)
+                return
+            except grpc.RpcError as e:
+                error = ModelInitError.from_rpc(e)
+            if self._closed:
+                return
+            replicas.failed(self.replica)
+            backoff.wait_or_raise(error, replicas.targets[self.replica], replicas.retry_as_lost(self.replica))
+            self.replica = (self.replica + 1) % len(replicas.stubs)
+            where = f"{plan.files[current].name} at byte {offset}" if current is not None else "the next file"
+            log.warning("resuming %s on %s", where, replicas.targets[self.replica])
+            resumed = True
+
+    def close(self) -> None:
+        self._closed = True
+        if self._call is not None:
+            self._call.cancel()
+
+
+
+
+class RemoteSource:
+    """modelinit servers as a :class:`~modelinit.source.Source`: ``target`` is one address, a
+    comma-separated list of replicas, or a gRPC name resolving to several (``dns:///``, balanced
+    round-robin). ``tls``/``ca``/``cert``/``key``/``token`` as in
+    :func:`modelinit.credentials.make_channel`; ``timeout`` in seconds per call; ``retry`` how a
+    lost server is ridden out. INVALID_ARGUMENT for a bad target or credential file."""
+
+    def __init__(self, target: str, *, timeout: float | None = None, tls: bool = False, ca: str | None = None,
+                 cert: str | None = None, key: str | None = None, token: str | None = None,
+                 retry: RetryPolicy | None = None) -> None:
+        self.targets = split_targets(target)
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
+        try:
+            self._channels = [make_channel(t, tls=tls, ca=ca, cert=cert, key=key, token=token, options=channel_options(t))
+                              for t in self.targets]
+        except ValueError as e:
+            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        self.stubs = [pb_grpc.ModelInitStub(ch) for ch in self._channels]
+        self._reached: set[int] = set()
+        """Targets (indices) that ever answered: a connection failure to one of them is a lost
+        server, retried; to any other, a wrong address, raised at once."""
+        self.planner = 0
+        """The target that answered the last Plan: streams start there."""
+
+    def close(self) -> None:
+        for ch in self._channels:
+            ch.close()
+
+    def plan(self, request: pb.ModelRequest, page_size: int = 0, page_token: str = "") -> pb.PlanResponse:
+        """One Plan call (retried like any call, on the next target after a failure):
+        ``page_size`` tensors from ``page_token`` on."""
+        backoff = Backoff(self.retry)
+        k, tried = self.planner, set()
+        while True:
+            tried.add(k)
+            try:
+                plan = self.stubs[k].Plan(pb.PlanRequest(request=request, page_size=page_size, page_token=page_token),
+                                          timeout=self.timeout, metadata=call_metadata())
+            except grpc.RpcError as e:
+                error = ModelInitError.from_rpc(e)
+                if error.code != grpc.StatusCode.UNAVAILABLE:
+                    self._reached.add(k)  # it answered
+                fatal = give_up(error, self.targets[k], k in self._reached)
+                following = (k + 1) % len(self.stubs)
+                if fatal is not None and fatal is not error and following not in tried:
+                    log.warning("%s; trying %s", fatal.details, self.targets[following])  # another replica may answer
+                else:
+                    backoff.wait_or_raise(error, self.targets[k], k in self._reached)
+                k = following
+            else:
+                self._reached.add(k)
+                self.planner = k
+                return check_version(request, plan)
+
+    def replicas(self, fingerprint: str) -> Replicas:
+        """The servers, the one that answered the last :meth:`plan` known to plan ``fingerprint``."""
+        return Replicas(self.stubs, self.targets, fingerprint, self.timeout, checked={self.planner}, reached=self._reached)
+
+    def events(self, request: pb.ModelRequest, plan: pb.PlanResponse, files: Iterable[int] | None = None, *,
+               replicas: Replicas | None = None, start: int | None = None) -> ResumingEvents:
+        """The Init stream of ``files`` (all by default), resumed after a lost connection; it
+        starts on replica ``start`` (default: the one that planned) of ``replicas`` (default: a
+        fresh set for ``plan``; the fan-out shares one among its streams)."""
+        return ResumingEvents(replicas or self.replicas(plan.fingerprint), request, plan,
+                              None if files is None else list(files), self.planner if start is None else start,
+                              self.retry, self.timeout)

@@ -1,0 +1,84 @@
+"""The one seam between the client and whatever makes the weights: a :class:`Source`.
+
+A source plans a request (one page at a time, as the ``Plan`` RPC) and streams a plan's files as
+:mod:`modelinit.events`. Two implement it: :class:`modelinit.local.LocalSource` (the embedded
+engine, in-process) and :class:`modelinit.remote.RemoteSource` (gRPC stubs over one or more
+replicas: retries, replica fingerprint checks, resumed streams). ``Client``, the fan-out and
+``verify`` use sources only through this protocol and the functions here; the fan-out alone
+needs a remote source's replicas.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Protocol, runtime_checkable
+
+import grpc
+
+from .errors import ModelInitError
+from .events import Event
+from .v1 import modelinit_pb2 as pb
+
+#: Tensors per Plan page when a caller wants them all (the server allows up to 10,000; 5,000
+#: TensorPlans are ~1 MB).
+PLAN_PAGE_SIZE = 5000
+
+
+class Events(Protocol):
+    """A stream of events; closing it stops the producer (a no-op after the last event)."""
+
+    def __iter__(self) -> Iterator[Event]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What plans a request and streams a plan's files. Errors are ModelInitError (a bad
+    request: INVALID_ARGUMENT naming the field, as the server's)."""
+
+    def plan(self, request: pb.ModelRequest, page_size: int = 0, page_token: str = "") -> pb.PlanResponse:
+        """One page of the plan (``page_size`` tensors from ``page_token`` on; 0: a summary, no
+        tensors), refused unless it is of the requested algorithm version (see :func:`check_version`)."""
+        ...
+
+    def events(self, request: pb.ModelRequest, plan: pb.PlanResponse, files: Iterable[int] | None = None) -> Events:
+        """Every file of ``plan`` (or those of ``files``, indices into its files, in that order),
+        as one stream of events."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def check_version(request: pb.ModelRequest, plan: pb.PlanResponse) -> pb.PlanResponse:
+    """A server older than the requested algorithm version ignores the field: refuse its plan."""
+    if request.algorithm_version and plan.algorithm_version != request.algorithm_version:
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"algorithm_version: asked for version {request.algorithm_version}, the server plans version "
+                             f"{plan.algorithm_version} (it predates version {request.algorithm_version}; upgrade it)")
+    return plan
+
+
+def full_plan(source: Source, request: pb.ModelRequest, tensors: bool = False) -> pb.PlanResponse:
+    """The summary (no tensors listed), or with ``tensors`` every page merged into one response
+    (``next_page_token`` empty)."""
+    if not tensors:
+        return source.plan(request)
+    plan = source.plan(request, PLAN_PAGE_SIZE)
+    if not plan.tensor_count and plan.tensors:  # a server from before paging lists them all
+        return plan
+    token = plan.next_page_token
+    while token:
+        page = source.plan(request, PLAN_PAGE_SIZE, token)
+        if page.fingerprint != plan.fingerprint or page.tensor_count != plan.tensor_count:
+            raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"plan: a page came from a server planning other weights (fingerprint "
+                                 f"{page.fingerprint[:16]}, expected {plan.fingerprint[:16]}): are all replicas the same version?")
+        if not page.tensors or len(plan.tensors) + len(page.tensors) > plan.tensor_count:
+            break  # reported below
+        plan.tensors.extend(page.tensors)
+        token = page.next_page_token
+    if len(plan.tensors) != plan.tensor_count:
+        raise ModelInitError(grpc.StatusCode.DATA_LOSS,
+                             f"plan: the server's pages do not add up to its tensor_count {plan.tensor_count} "
+                             f"(stopped after {len(plan.tensors)} tensors)")
+    plan.next_page_token = ""
+    return plan

@@ -1,0 +1,615 @@
+"""In the training process: fill an already-materialized ``torch.nn.Module`` in place with exactly
+the bytes ``modelinit init`` writes for the same model, seed and policy (DESIGN.md §8b).
+
+    model = build_on_meta(); parallelize(model); model.to_empty(device="cuda")
+    summary = modelinit.init_module_(model, seed=42)          # hf-default, or policy=...
+
+* A transformers model is resolved from ``module.config`` and its class, exactly as a request
+  with that config and class is (so ``modelinit init`` of the same config writes the same bytes);
+  any other module becomes a spec of its own parameters (kinds, roles, fans from module types),
+  and the policy's rules must match every parameter.
+* Every stored tensor's element ``i`` is a pure function of ``(key, i)`` (docs/determinism.md),
+  so each tensor is produced piecewise: a DTensor parameter (FSDP2, tensor parallel, any mesh,
+  ``Shard``/``_StridedShard``/``Replicate``, uneven shards) is filled rank by rank, each rank
+  generating only the elements it holds, with no communication at all.
+* In-memory parameters that transformers fuses (MoE ``experts.gate_up_proj`` [E, 2I, H]) are
+  filled with the bytes of the per-expert tensors the files hold (``experts.M.w1.weight`` ...),
+  each at the place transformers' own conversion reads it from.
+
+How a local shard's global elements are found: a DTensor's local tensor is always the Cartesian
+product of one sorted list of global indices per tensor dimension (each placement shards one
+dimension, and how it splits depends only on that dimension's size). Those lists are computed by
+applying each placement's own split to an ``arange`` of the dimension, in mesh order, exactly as
+torch's ``_StridedShard.local_shard_size_and_offset`` does; the engine then generates the runs of
+consecutive global flat indices they contain, straight into the local tensor when its layout
+allows, else into a buffer that is scattered once.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from .engine import ALGORITHM_VERSION, DTYPE_ITEMSIZE, check_dtype
+from .planner import Request, fingerprint, tensor_keys
+from .policies import Policy, Resolved, resolve
+from .tensors import ModelSpec, TensorSpec
+
+__all__ = ["InitSummary", "init_module_", "strip_wrappers"]
+
+#: Module-name components that wrappers insert and that the canonical names never contain:
+#: torch.compile, activation checkpointing, FSDP1.
+WRAPPER_COMPONENTS = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
+
+#: The probe that locates a fused parameter's pieces holds one int64 per element; refuse beyond this.
+MAX_PROBE_ELEMENTS = 2**31
+
+_TORCH_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class InitSummary:
+    """What :func:`init_module_` did."""
+
+    tensors: int
+    """Distinct module tensors filled on this rank (tied parameters count once)."""
+    elements: int
+    """Elements written on this rank (a rank of a sharded model writes only its shards)."""
+    global_elements: int
+    """Elements of the filled tensors as the whole model holds them."""
+    fingerprint: str
+    """The plan's fingerprint: the ``fingerprint`` of ``modelinit.json`` for the same model, seed,
+    policy and dtype (when the module mixes dtypes: a SHA-256 over ``dtype:fingerprint`` pairs)."""
+    algorithm_version: int
+    dtypes: tuple[str, ...]
+    """The dtypes the tensors were generated in (each tensor in its own dtype)."""
+    architecture: str
+    """The transformers class the spec came from, or the module's class name."""
+    skipped: tuple[str, ...] = ()
+    """Persistent buffers left as they are (not floating point: counters, masks)."""
+
+
+# --- public entry point -----------------------------------------------------------------------
+
+
+def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = None,
+                 algorithm_version: int | None = None, device: str = "auto") -> InitSummary:
+    """Fill every parameter and persistent floating-point buffer of ``module`` in place.
+
+    ``policy``: None (``hf-default``), a preset name, a policy dict (``{"preset": ..., "rules":
+    [...]}``), a path to a policy file, a ``modelinit.Policy`` message or a core ``Policy``.
+    ``dtype``: optional check that every tensor has this dtype (the bytes always follow each
+    tensor's own dtype, as ``modelinit init --dtype`` of that dtype writes them).
+    ``device``: the engine for CPU tensors, ``auto``/``cpu`` (numba) or ``reference`` (numpy);
+    tensors on a CUDA device are filled on it by the Triton kernel.
+    Raises ValueError for a module on the meta device, an unmatched parameter, a dtype mismatch,
+    or a tensor the architecture does not have.
+    """
+    import torch
+
+    version = ALGORITHM_VERSION if algorithm_version in (None, 0) else algorithm_version
+    if dtype is not None and dtype not in _TORCH_DTYPES:
+        raise ValueError(f"dtype: {dtype!r} is not one of {', '.join(_TORCH_DTYPES)}")
+    named = _module_tensors(module)
+    if not named:
+        raise ValueError("module: it has no parameters or persistent buffers to fill")
+    core_policy = _core_policy(policy)
+
+    skipped = tuple(n for n, _, t in named if not t.is_floating_point())
+    real = {n: r for n, r, _ in named}
+    named = [(n, t) for n, _, t in named if t.is_floating_point()]
+    for name, t in named:
+        if _local(t).device.type == "meta" or t.device.type == "meta":
+            raise ValueError(
+                f"module: {name!r} is on the meta device; materialize first with module.to_empty(device=...)"
+            )
+        td = _dtype_name(t)
+        if td is None:
+            raise ValueError(f"module: {name!r} is {t.dtype}; modelinit generates {', '.join(_TORCH_DTYPES)}")
+        if dtype is not None and td != dtype:
+            raise ValueError(f"dtype: {name!r} is {td}, not {dtype}; cast the module or leave dtype unset")
+
+    hf = _hf_model(module)
+    if hf is not None:
+        spec, pieces = _hf_spec(hf, [n for n, _ in named])
+    else:
+        spec, pieces = _plain_spec(module, named, real)
+
+    dtypes = sorted({_dtype_name(t) for _, t in named})
+    plans: dict[str, tuple[list[Resolved], list[tuple[int, int]], str]] = {}
+    for dt in dtypes:
+        request = Request(model=spec, policy=core_policy, seed=seed, dtype=dt, algorithm_version=version)
+        resolved = resolve(core_policy, spec)
+        for t, r in zip(spec.tensors, resolved):
+            try:
+                check_dtype(r.sampler, dt)
+            except ValueError as e:
+                raise ValueError(f"dtype: {dt} cannot hold {t.name!r} ({r.init}): {e}") from None
+        plans[dt] = (resolved, tensor_keys(request), fingerprint(request, resolved))
+
+    filler = _Filler(device)
+    seen: set[int] = set()
+    count = elements = total = 0
+    with torch.no_grad():
+        for name, t in named:
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            dt = _dtype_name(t)
+            resolved, keys, _ = plans[dt]
+            local, sets = _local_and_index_sets(t, name)
+            for ti, start, disk_to_src in pieces[name]:
+                filler.fill_piece(local, sets, spec.tensors[ti], resolved[ti].sampler, keys[ti], dt, start, disk_to_src)
+            count += 1
+            elements += local.numel()
+            total += t.numel()
+    if len(dtypes) == 1:
+        fp = plans[dtypes[0]][2]
+    else:
+        fp = hashlib.sha256(",".join(f"{d}:{plans[d][2]}" for d in dtypes).encode()).hexdigest()
+    return InitSummary(count, elements, total, fp, version, tuple(dtypes), spec.architecture, skipped)
+
+
+# --- the module's tensors -----------------------------------------------------------------------
+
+
+def strip_wrappers(name: str) -> str:
+    """``name`` without the components torch.compile, activation checkpointing and FSDP insert."""
+    return ".".join(p for p in name.split(".") if p not in WRAPPER_COMPONENTS)
+
+
+def _module_tensors(module) -> list[tuple[str, str, Any]]:
+    """(name without wrappers, real name, tensor) of every parameter and persistent buffer, tied
+    names included. Real names, not state_dict's: wrappers' state_dict hooks rename keys."""
+    from torch import nn
+
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module: must be a torch.nn.Module, got {type(module).__name__}")
+    found = list(module.named_parameters(remove_duplicate=False))
+    for name, t in module.named_buffers(remove_duplicate=False):
+        path, _, attr = name.rpartition(".")
+        owner = module.get_submodule(path) if path else module
+        if attr not in owner._non_persistent_buffers_set:
+            found.append((name, t))
+    out, names = [], set()
+    for name, t in found:
+        clean = strip_wrappers(name)
+        if clean in names:
+            raise ValueError(f"module: two tensors are named {clean!r} once wrappers are removed")
+        names.add(clean)
+        out.append((clean, name, t))
+    return out
+
+
+def _is_dtensor(t) -> bool:
+    DTensor = _dtensor_class()
+    return DTensor is not None and isinstance(t, DTensor)
+
+
+def _dtensor_class():
+    try:
+        from torch.distributed.tensor import DTensor
+    except Exception:  # noqa: BLE001 - torch without distributed
+        return None
+    return DTensor
+
+
+def _local(t):
+    return t._local_tensor if _is_dtensor(t) else t
+
+
+def _dtype_name(t) -> str | None:
+    name = str(t.dtype).removeprefix("torch.")
+    return name if name in _TORCH_DTYPES else None
+
+
+def _local_and_index_sets(t, name: str):
+    """The tensor to write into and, per dimension, the global indices it holds (None: all)."""
+    if not _is_dtensor(t):
+        return t.data if hasattr(t, "data") else t, [None] * t.dim()
+    local = t._local_tensor
+    sets = dtensor_index_sets(t)
+    want = tuple(len(s) if s is not None else n for s, n in zip(sets, t.shape))
+    if tuple(local.shape) != want:
+        raise ValueError(
+            f"module: {name!r}: its local shard is {tuple(local.shape)} but its placements {tuple(t.placements)} "
+            f"give {want}; this sharding is not supported"
+        )
+    return local, sets
+
+
+def dtensor_index_sets(t) -> list[np.ndarray | None]:
+    """Per dimension of DTensor ``t``, the sorted global indices its local shard holds (None: the
+    whole dimension). Placements are applied in mesh order, each with its own split (torch's
+    ``Shard``/``_StridedShard`` semantics, uneven sizes included), to an arange of the dimension:
+    no communication."""
+    import torch
+    from torch.distributed.tensor.placement_types import Shard, _StridedShard
+
+    mesh = t.device_mesh
+    coord = mesh.get_coordinate()
+    ndim = t.dim()
+    sets: list[np.ndarray | None] = [None] * ndim
+    if coord is None:  # not part of the mesh: holds nothing
+        return [np.zeros(0, dtype=np.int64)] * ndim
+    for i, p in enumerate(t.placements):
+        if p.is_replicate():
+            continue
+        if not isinstance(p, (Shard, _StridedShard)):
+            raise ValueError(f"module: placement {p} of a parameter is not supported (Shard, _StridedShard, Replicate)")
+        d = p.dim % ndim
+        cur = torch.arange(t.shape[d]) if sets[d] is None else torch.from_numpy(sets[d])
+        parts, _ = p._split_tensor(cur.view([1] * d + [-1]), mesh.size(i), with_padding=False, contiguous=False)
+        sets[d] = parts[coord[i]].reshape(-1).numpy().astype(np.int64, copy=True)
+    return sets
+
+
+# --- specs ---------------------------------------------------------------------------------------
+
+#: (index into spec.tensors, start of its box in the module tensor per dim, module dim of each disk dim or -1)
+Piece = tuple[int, tuple[int, ...], tuple[int, ...]]
+
+
+def _hf_model(module):
+    """The transformers model behind ``module`` (unwrapping torch.compile), or None."""
+    tf = sys.modules.get("transformers")
+    if tf is None:
+        return None
+    inner = getattr(module, "_orig_mod", module)
+    try:
+        base = tf.PreTrainedModel
+    except Exception:  # noqa: BLE001
+        return None
+    return inner if isinstance(inner, base) else None
+
+
+def _hf_class(model):
+    """The transformers class of ``model`` (FSDP2 swaps in a subclass named ``FSDP<Class>``)."""
+    import transformers as tf
+
+    for cls in type(model).__mro__:
+        try:
+            if getattr(tf, cls.__name__, None) is cls:
+                return cls
+        except Exception:  # noqa: BLE001 - a lazily imported class whose module needs something missing
+            continue
+    raise ValueError(f"module: {type(model).__name__} is not a transformers model class")
+
+
+def _hf_spec(model, names: list[str]) -> tuple[ModelSpec, dict[str, list[Piece]]]:
+    from . import architectures
+    from .architectures import hf
+    from .architectures._fields import DROPPED_KEYS
+
+    cls = _hf_class(model)
+    document = {k: v for k, v in model.config.to_dict().items() if k not in DROPPED_KEYS}
+    document["architectures"] = [cls.__name__]
+    spec = architectures.from_config(document, cls.__name__)
+    index = {t.name: i for i, t in enumerate(spec.tensors)}
+    tf = hf._transformers()
+    config = hf._config(tf, document)
+    meta = hf._meta_model(tf, cls, config)
+    with hf._quiet():
+        meta.tie_weights()
+    layout = _disk_sources(tf, meta)  # disk name -> (in-memory name, start, disk_to_src)
+    by_source: dict[str, list[Piece]] = {}
+    for disk, (src, start, d2s) in layout.items():
+        if disk in index:
+            by_source.setdefault(src, []).append((index[disk], start, d2s))
+    pieces: dict[str, list[Piece]] = {}
+    known = set(meta.state_dict())
+    for name in names:
+        target = spec.tied.get(name, name)
+        if name not in known:
+            raise ValueError(
+                f"module: {name!r} is not a tensor of {cls.__name__} built from its config "
+                f"(the architecture has e.g. {sorted(known)[:3]}); modules changed after construction are not supported"
+            )
+        if target not in by_source:
+            raise ValueError(f"module: {name!r} of {cls.__name__} is not stored by save_pretrained; modelinit has no bytes for it")
+        pieces[name] = by_source[target]
+    covered = {p[0] for name in names for p in pieces[name]}
+    missing = [t.name for i, t in enumerate(spec.tensors) if i not in covered]
+    if missing:
+        raise ValueError(f"module: the model lacks tensors the architecture stores, e.g. {missing[:3]}")
+    return spec, pieces
+
+
+def _disk_sources(tf, model) -> dict[str, tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """For every disk tensor save_pretrained would write from ``model``'s state_dict: the in-memory
+    tensor it comes from and where it sits there. Mirrors ``architectures.hf._reverse_conversion``,
+    with index probes (an arange of the fused tensor's shape) run through transformers' own converters
+    instead of meta tensors, so the place of each output's elements is read off the probe."""
+    import copy
+
+    import torch
+
+    from .architectures import hf
+
+    state = model.state_dict()
+    identity = {name: (name, (0,) * t.dim(), tuple(range(t.dim()))) for name, t in state.items()}
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import (
+        PrefixChange,
+        WeightConverter,
+        WeightRenaming,
+        apply_converters,
+        apply_renamings,
+        dot_natural_key,
+    )
+
+    with hf._quiet():
+        conversions = get_model_conversion_mapping(model, add_legacy=False)
+    conversions = [c for c in conversions if not isinstance(c, PrefixChange)]
+    if not conversions:
+        return identity
+    reverse = [c.reverse_transform() for c in conversions[::-1]]
+    renamings = [c for c in reverse if isinstance(c, WeightRenaming)]
+    converters = [c for c in reverse if isinstance(c, WeightConverter)]
+    by_pattern = {p: c for c in converters for p in c.source_patterns}
+    out: dict[str, tuple[str, tuple[int, ...], tuple[int, ...]]] = {}
+    pending: dict[str, tuple[Any, list[str]]] = {}
+    for name in sorted(state, key=dot_natural_key):
+        target, pattern = apply_converters(name, converters)
+        if pattern is None:
+            out[apply_renamings(name, renamings)] = identity[name]
+            continue
+        shape = tuple(state[name].shape)
+        if math.prod(shape) > MAX_PROBE_ELEMENTS:
+            raise ValueError(f"module: {name!r} is too large to locate its stored tensors ({math.prod(shape)} elements)")
+        probe = torch.arange(math.prod(shape), dtype=torch.int64).view(shape)
+        converter, names = pending.setdefault(target, (copy.deepcopy(by_pattern[pattern]), []))
+        converter.add_tensor(target, name, pattern, probe)
+        names.append(name)
+    for target, (converter, names) in pending.items():
+        if len(names) != 1:
+            raise ValueError(f"module: stored tensors made from several in-memory tensors ({names}) are not supported yet")
+        src = names[0]
+        with hf._quiet():
+            outputs = converter.convert(target, model=model, config=model.config)
+        for out_name, tensor in outputs.items():
+            tensor = tensor[0] if isinstance(tensor, list) else tensor
+            out[apply_renamings(out_name, renamings)] = (src, *_box(tensor, tuple(state[src].shape), out_name, src))
+    return out
+
+
+def _box(probe, src_shape: tuple[int, ...], out_name: str, src: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Read an output of the probe as a box of the source: (start per source dim, source dim of
+    each output dim, -1 for a unit dim). ValueError when the output is not such a box."""
+    import torch
+
+    bad = ValueError(f"module: the stored tensor {out_name!r} is not a block of {src!r}; this conversion is not supported")
+    if probe.numel() == 0:
+        raise bad
+    strides = [math.prod(src_shape[d + 1:]) for d in range(len(src_shape))]
+    off = int(probe.reshape(-1)[0])
+    start = list(np.unravel_index(off, src_shape)) if src_shape else []
+    start = [int(s) for s in start]
+    d2s, used = [], set()
+    expected = torch.full(tuple(probe.shape), off, dtype=torch.int64)
+    for k, n in enumerate(probe.shape):
+        if n == 1:
+            d2s.append(-1)
+            continue
+        idx = [0] * probe.dim()
+        idx[k] = 1
+        step = int(probe[tuple(idx)]) - off
+        cands = [d for d in range(len(src_shape)) if strides[d] == step and src_shape[d] > 1 and d not in used]
+        if not cands or start[cands[0]] + n > src_shape[cands[0]]:
+            raise bad
+        d = cands[0]
+        used.add(d)
+        d2s.append(d)
+        shape = [1] * probe.dim()
+        shape[k] = n
+        expected = expected + torch.arange(n, dtype=torch.int64).view(shape) * step
+    if not torch.equal(expected, probe.to(torch.int64)):
+        raise bad
+    return tuple(start), tuple(d2s)
+
+
+def _plain_spec(module, named, real: dict[str, str]) -> tuple[ModelSpec, dict[str, list[Piece]]]:
+    """A spec of any module's own tensors: kinds, roles and fans from module types and names."""
+    from .architectures.roles import ModuleInfo, describe
+
+    tensors: list[TensorSpec] = []
+    pieces: dict[str, list[Piece]] = {}
+    first: dict[int, str] = {}
+    tied: dict[str, str] = {}
+    for name, t in named:
+        if id(t) in first:
+            tied[name] = first[id(t)]
+            pieces[name] = pieces[first[id(t)]]
+            continue
+        first[id(t)] = name
+        shape = tuple(int(d) for d in t.shape)
+        if not shape:
+            shape_spec = (1,)  # a scalar: one element
+        else:
+            shape_spec = shape
+        info = ModuleInfo.of(module, real.get(name, name))
+        kind, role, param, layer, fan_in, fan_out, padding = describe(name, shape_spec, info)
+        tensors.append(TensorSpec(name, shape_spec, kind=kind, role=role, param=param, layer=layer,
+                                  fan_in=fan_in, fan_out=fan_out, padding_idx=padding))
+        pieces[name] = [(len(tensors) - 1, (0,) * len(shape), tuple(range(len(shape))) if shape else (-1,))]
+    layers = [t.layer for t in tensors if t.layer is not None]
+    hidden = max((t.fan_in for t in tensors if t.kind in ("linear", "embedding")), default=1) or 1
+    spec = ModelSpec(
+        family="module", architecture=type(getattr(module, "_orig_mod", module)).__name__, config={},
+        tensors=tuple(tensors), n_layers=max(layers) + 1 if layers else 1, hidden_size=hidden,
+        initializer_range=0.02, tied=tied,
+    )
+    return spec, pieces
+
+
+def _core_policy(policy: Any) -> Policy:
+    if isinstance(policy, Policy):
+        return policy
+    if policy is None:
+        return Policy()  # hf-default, without importing the client's policy parsing
+    from .convert import policy_from_pb
+
+    try:
+        from modelinit.client import model_policy
+    except ImportError:  # the client package is being reorganized: the same conversion, by hand
+        model_policy = _model_policy
+    from modelinit.v1 import modelinit_pb2 as pb
+
+    msg = policy if isinstance(policy, pb.Policy) else model_policy(policy)
+    return policy_from_pb(msg)
+
+
+def _model_policy(policy: Any):
+    import os
+
+    from modelinit import policy_file
+    from modelinit.v1 import modelinit_pb2 as pb
+
+    if policy is None:
+        return pb.Policy()
+    if isinstance(policy, Mapping):
+        return policy_file.from_dict(policy)
+    if isinstance(policy, os.PathLike) or policy_file.looks_like_file(policy) or os.path.isfile(policy):
+        return policy_file.load(policy)
+    return pb.Policy(preset=policy)
+
+
+# --- generation ----------------------------------------------------------------------------------
+
+
+class _Filler:
+    """Writes pieces of stored tensors into (local shards of) module tensors."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self._cpu = None
+
+    def _cpu_fill(self):
+        if self._cpu is None:
+            from .engine.backends import REFERENCE, select
+
+            if self.device == "reference":
+                self._cpu = REFERENCE.fill
+            else:
+                try:
+                    self._cpu = select("cpu").fill
+                except ValueError:
+                    if self.device == "cpu":
+                        raise
+                    self._cpu = REFERENCE.fill
+        return self._cpu
+
+    def _gen(self, flat_u8, sampler, key, start: int, count: int, dtype: str) -> None:
+        """Elements [start, start + count) into ``flat_u8`` (a contiguous 1-D uint8 torch tensor)."""
+        if count == 0:
+            return
+        if flat_u8.device.type == "cpu":
+            self._cpu_fill()(flat_u8.numpy(), sampler, key, start, count, dtype)
+        elif flat_u8.device.type == "cuda":
+            from .engine import cuda
+
+            cuda.generate_into(flat_u8, sampler, key, start, count, dtype)
+        else:
+            raise ValueError(f"module: tensors on {flat_u8.device.type} are not supported (cpu, cuda)")
+
+    def fill_piece(self, local, sets, tspec: TensorSpec, sampler, key, dtype: str,
+                   start: tuple[int, ...], disk_to_src: tuple[int, ...]) -> None:
+        import torch
+
+        disk_shape = tspec.shape
+        ndim = local.dim()
+        # per module dim: the box, the global indices held, the local positions of those in the box
+        ext = [1] * ndim
+        for k, d in enumerate(disk_to_src):
+            if d >= 0:
+                ext[d] = disk_shape[k]
+        pos: list[np.ndarray | None] = []  # None: every local position (the dim is whole and inside the box)
+        rel: list[np.ndarray | None] = []  # box-relative indices (None: the whole box)
+        for d in range(ndim):
+            s = sets[d]
+            b0, n = start[d], ext[d]
+            full_dim = local.shape[d]
+            if s is None:
+                if b0 == 0 and n == full_dim:
+                    pos.append(None)
+                    rel.append(None)
+                else:
+                    pos.append(np.arange(b0, b0 + n))
+                    rel.append(None)
+                continue
+            mask = (s >= b0) & (s < b0 + n)
+            p = np.nonzero(mask)[0]
+            if p.size == 0:
+                return
+            r = s[p] - b0
+            pos.append(None if p.size == full_dim else p)
+            rel.append(None if (r.size == n) else r)  # sorted and unique, so n of them: all
+        # index sets in disk order
+        krel = [([0] if d < 0 else (None if rel[d] is None else rel[d])) for d in disk_to_src]
+        sizes = [1 if d < 0 else (disk_shape[k] if rel[d] is None else len(rel[d])) for k, d in enumerate(disk_to_src)]
+        identity = tuple(disk_to_src) == tuple(range(ndim)) and len(disk_shape) == ndim
+        direct = identity and all(p is None for p in pos) and local.is_contiguous()
+        if direct:
+            buf = local
+        else:
+            buf = torch.empty(sizes, dtype=local.dtype, device=local.device)
+        flat = buf.reshape(-1).view(torch.uint8)
+        self._runs(flat, disk_shape, krel, sampler, key, dtype)
+        if direct:
+            return
+        # disk order -> module order: drop unit disk dims, permute, add the module's unit dims
+        mapped = [(d, k) for k, d in enumerate(disk_to_src) if d >= 0]
+        vals = buf.reshape([sizes[k] for _, k in mapped]) if mapped else buf.reshape([])
+        order = sorted(range(len(mapped)), key=lambda i: mapped[i][0])
+        vals = vals.permute(order) if mapped else vals
+        shape = [1] * ndim
+        for d, k in mapped:
+            shape[d] = sizes[k]
+        vals = vals.reshape(shape)
+        if all(p is None or _is_range(p) for p in pos):
+            index = tuple(slice(None) if p is None else slice(int(p[0]), int(p[-1]) + 1) for p in pos)
+            local[index] = vals
+        else:
+            index = tuple(
+                (torch.arange(local.shape[d]) if p is None else torch.from_numpy(p)).to(local.device).view(
+                    [-1 if j == d else 1 for j in range(ndim)])
+                for d, p in enumerate(pos)
+            )
+            local[index] = vals
+
+    def _runs(self, flat_u8, disk_shape, krel, sampler, key, dtype: str) -> None:
+        """Generate the product of ``krel`` (per disk dim: indices, None for all) in row-major
+        order into ``flat_u8``, as runs of consecutive flat indices."""
+        item = DTYPE_ITEMSIZE[dtype]
+        m = len(disk_shape)
+        strides = [math.prod(disk_shape[k + 1:]) for k in range(m)]
+        q = m - 1  # the last dim that is not whole; those after it form one block
+        while q >= 0 and (krel[q] is None or (len(krel[q]) == disk_shape[q] and disk_shape[q] == 1)):
+            q -= 1
+        if q < 0:
+            self._gen(flat_u8, sampler, key, 0, math.prod(disk_shape), dtype)
+            return
+        block = strides[q]
+        idx = np.asarray(krel[q], dtype=np.int64)
+        breaks = np.nonzero(np.diff(idx) != 1)[0] + 1
+        seg_starts = np.concatenate(([0], breaks))
+        seg_ends = np.concatenate((breaks, [idx.size]))
+        segments = [(int(idx[a]), int(b - a)) for a, b in zip(seg_starts, seg_ends)]
+        leading = [range(disk_shape[k]) if krel[k] is None else [int(v) for v in krel[k]] for k in range(q)]
+        pos = 0
+        for combo in itertools.product(*leading):
+            base = sum(i * s for i, s in zip(combo, strides))
+            for first, length in segments:
+                n = length * block
+                self._gen(flat_u8[pos * item:(pos + n) * item], sampler, key, base + first * block, n, dtype)
+                pos += n
+
+
+def _is_range(p: np.ndarray) -> bool:
+    return p.size > 0 and int(p[-1]) - int(p[0]) + 1 == p.size
+

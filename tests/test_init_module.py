@@ -1,0 +1,356 @@
+"""modelinit.init_module_: a materialized module filled in place with the files' exact bytes.
+
+Single process: tiny Llama (float32, bfloat16) and Mixtral (fused experts) against the files
+``Client().init_model`` writes; plain modules with a policy; errors. Several processes (gloo on
+CPU, spawned): FSDP2, tensor parallel, FSDP x TP on a 2x2 mesh (``_StridedShard``), an uneven
+vocabulary (97 rows) — each rank fills only its shards, and ``full_tensor()`` equals the files.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+import modelinit  # noqa: E402
+from modelinit_server.training import _Filler, init_module_, strip_wrappers  # noqa: E402
+
+SEED = 1234
+
+LLAMA = dict(model_type="llama", vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+MIXTRAL = dict(model_type="mixtral", vocab_size=97, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+               max_position_embeddings=64)
+
+
+def _config(doc):
+    doc = dict(doc)
+    return transformers.AutoConfig.for_model(doc.pop("model_type"), **doc)
+
+
+def _config_dict(model) -> dict:
+    """What a user passes to modelinit for this model: its config, without the dtype."""
+    cfg = {k: v for k, v in model.config.to_dict().items() if k not in ("dtype", "torch_dtype")}
+    cfg["architectures"] = [type(model).__name__]
+    return cfg
+
+
+def _files(config: dict, dtype: str, out: pathlib.Path, policy=None) -> tuple[dict, str]:
+    with modelinit.Client() as client:
+        client.init_model(config, seed=SEED, dtype=dtype, out_dir=out, policy=policy)
+    tensors = {}
+    for f in sorted(out.glob("*.safetensors")):
+        tensors.update(safetensors_torch.load_file(f))
+    return tensors, json.loads((out / "modelinit.json").read_text())["fingerprint"]
+
+
+def _fused_reference(files: dict, n_layers: int, n_experts: int) -> dict:
+    """The files' per-expert tensors put where transformers 5 holds them in memory."""
+    ref = dict(files)
+    for layer in range(n_layers):
+        p = f"model.layers.{layer}"
+        e = f"{p}.block_sparse_moe.experts"
+        ref[f"{p}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([files[f"{e}.{i}.w1.weight"], files[f"{e}.{i}.w3.weight"]]) for i in range(n_experts)])
+        ref[f"{p}.mlp.experts.down_proj"] = torch.stack([files[f"{e}.{i}.w2.weight"] for i in range(n_experts)])
+        ref[f"{p}.mlp.gate.weight"] = files[f"{p}.block_sparse_moe.gate.weight"]
+    return ref
+
+
+def _same_bytes(a, b) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+
+
+# --- one process ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_llama_equals_files(tmp_path, dtype):
+    model = transformers.LlamaForCausalLM(_config(LLAMA)).to(getattr(torch, dtype))
+    summary = init_module_(model, seed=SEED)
+    files, fingerprint = _files(_config_dict(model), dtype, tmp_path)
+    state = model.state_dict()
+    assert set(state) == set(files)
+    assert [k for k in state if not _same_bytes(state[k], files[k])] == []
+    assert summary.fingerprint == fingerprint
+    assert summary.tensors == len(state) and summary.elements == sum(t.numel() for t in state.values())
+    assert summary.dtypes == (dtype,) and summary.architecture == "LlamaForCausalLM"
+
+
+def test_tied_llama_filled_once(tmp_path):
+    model = transformers.LlamaForCausalLM(_config({**LLAMA, "tie_word_embeddings": True}))
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    summary = init_module_(model, seed=SEED)
+    files, _ = _files(_config_dict(model), "float32", tmp_path)
+    assert "lm_head.weight" not in files
+    assert _same_bytes(model.lm_head.weight, files["model.embed_tokens.weight"])
+    assert summary.tensors == len(files)
+
+
+def test_mixtral_fused_experts_equal_per_expert_files(tmp_path):
+    model = transformers.MixtralForCausalLM(_config(MIXTRAL))
+    summary = init_module_(model, seed=SEED)
+    files, fingerprint = _files(_config_dict(model), "float32", tmp_path)
+    assert "model.layers.0.block_sparse_moe.experts.3.w2.weight" in files  # the hub's per-expert layout
+    ref = _fused_reference(files, 2, 4)
+    state = model.state_dict()
+    assert [k for k in state if not _same_bytes(state[k], ref[k])] == []
+    assert summary.fingerprint == fingerprint
+
+
+def test_base_class_shares_the_head_classes_backbone():
+    """Version 2 names: the backbone's bytes do not depend on the head class around it."""
+    head = transformers.LlamaForCausalLM(_config(LLAMA))
+    base = transformers.LlamaModel(_config(LLAMA))
+    init_module_(head, seed=SEED)
+    init_module_(base, seed=SEED)
+    for name, t in base.state_dict().items():
+        assert _same_bytes(t, head.state_dict()["model." + name]), name
+
+
+def test_wrappers_are_ignored(tmp_path):
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    model = transformers.LlamaForCausalLM(_config(LLAMA))
+    model.model.layers[0] = checkpoint_wrapper(model.model.layers[0])
+    assert any("_checkpoint_wrapped_module" in k for k, _ in model.named_parameters())
+    init_module_(model, seed=SEED)
+    files, _ = _files(_config_dict(model), "float32", tmp_path)
+    state = {strip_wrappers(k): v for k, v in model.state_dict().items()}
+    assert [k for k in files if not _same_bytes(state[k], files[k])] == []
+    assert strip_wrappers("_orig_mod.model._fsdp_wrapped_module.layers.0.w") == "model.layers.0.w"
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn_norm = torch.nn.LayerNorm(8)
+        self.proj = torch.nn.Linear(8, 8)
+
+
+class Plain(torch.nn.Module):
+    def __init__(self, extra: bool = False, vocab: int = 11):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, 8, padding_idx=0)
+        self.layers = torch.nn.ModuleList([Block(), Block()])
+        self.head = torch.nn.Linear(8, vocab, bias=False)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+        if extra:
+            self.scale = torch.nn.Parameter(torch.ones(3))
+
+
+POLICY = {"rules": [
+    {"match": {"kinds": ["embedding"]}, "init": {"normal": {"std": 1.0}}, "zero_padding_row": True},
+    {"match": {"kinds": ["norm"], "params": ["weight"]}, "init": "ones"},
+    {"match": {"params": ["bias"]}, "init": "zeros"},
+    {"match": {"kinds": ["linear"], "params": ["weight"], "min_layer": 0}, "init": {"trunc_normal": {"std": 0.02}},
+     "depth_scaling": "layer"},
+    {"match": {"names": ["head.weight"]}, "init": {"trunc_normal": {"std": 0.02}}},
+]}
+
+
+def test_plain_module_with_policy():
+    a, b = Plain(), Plain()
+    b.head.weight.data.fill_(7)
+    s = init_module_(a, seed=SEED, policy=POLICY)
+    init_module_(b, seed=SEED, policy=POLICY)
+    assert all(_same_bytes(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert s.skipped == ("steps",) and s.tensors == 10
+    assert torch.all(a.embed.weight[0] == 0) and a.embed.weight[1:].std() > 0.5
+    assert torch.all(a.layers[1].attn_norm.weight == 1) and torch.all(a.layers[0].proj.bias == 0)
+    assert a.head.weight.abs().max() <= 0.04 and a.layers[1].proj.weight.abs().max() <= 0.02
+    c = Plain()
+    init_module_(c, seed=SEED + 1, policy=POLICY)
+    assert not torch.equal(a.head.weight, c.head.weight)
+
+
+def test_plain_module_unmatched_parameter_is_named():
+    with pytest.raises(ValueError, match=r"no rule matches tensor 'scale'"):
+        init_module_(Plain(extra=True), seed=SEED, policy=POLICY)
+
+
+def test_meta_module_is_refused():
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(_config(LLAMA))
+    with pytest.raises(ValueError, match=r"meta device; materialize first with module.to_empty\(device=...\)"):
+        init_module_(model, seed=SEED)
+
+
+def test_dtype_check():
+    model = transformers.LlamaForCausalLM(_config(LLAMA))
+    with pytest.raises(ValueError, match="is float32, not bfloat16"):
+        init_module_(model, seed=SEED, dtype="bfloat16")
+
+
+def test_any_local_block_equals_the_slice_of_the_whole():
+    """The piece filler on hand-made index sets (what a shard holds), fused boxes included."""
+    from modelinit_server.engine import Sampler
+
+    rng = np.random.default_rng(0)
+    sampler = Sampler("normal", std=0.02)
+    shape = (4, 10, 6)
+    whole = torch.empty(shape)
+    filler = _Filler("auto")
+    from modelinit_server.tensors import TensorSpec
+
+    spec = TensorSpec("w", shape, kind="linear", role="qkv", param="weight")
+    filler.fill_piece(whole, [None] * 3, spec, sampler, (1, 2), "float32", (0, 0, 0), (0, 1, 2))
+    for _ in range(20):
+        sets = [np.sort(rng.choice(n, size=rng.integers(1, n + 1), replace=False)) for n in shape]
+        local = torch.full([len(s) for s in sets], float("nan"))
+        filler.fill_piece(local, sets, spec, sampler, (1, 2), "float32", (0, 0, 0), (0, 1, 2))
+        assert torch.equal(local, whole[np.ix_(*sets)])
+    # a [5, 6] tensor stored at [2, 5:10, :] of a fused [4, 10, 6] one, filled from shards
+    part = TensorSpec("p", (5, 6), kind="expert", role="mlp_in", param="weight")
+    ref = torch.empty(5, 6)
+    filler.fill_piece(ref, [None] * 2, part, sampler, (3, 4), "float32", (0, 0), (0, 1))
+    sets = [np.array([1, 2]), np.array([0, 3, 6, 7, 9]), np.array([1, 2, 3])]
+    local = torch.full([2, 5, 3], float("nan"))
+    filler.fill_piece(local, sets, part, sampler, (3, 4), "float32", (2, 5, 0), (1, 2))
+    assert torch.equal(local[1, 2:], ref[[1, 2, 4]][:, [1, 2, 3]])
+    assert torch.isnan(local[0]).all() and torch.isnan(local[1, :2]).all()
+
+
+# --- several processes ------------------------------------------------------------------------
+
+dist = pytest.importorskip("torch.distributed")
+needs_dist = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="torch.distributed with gloo is not available")
+
+_COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
+                "scatter", "barrier", "send", "recv", "all_to_all", "all_to_all_single")
+
+
+def _tp_plan(model):
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan = {"model.embed_tokens": RowwiseParallel(), "lm_head": ColwiseParallel()}
+    for i in range(len(model.model.layers)):
+        for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+            plan[f"model.layers.{i}.{n}"] = ColwiseParallel()
+        for n in ("self_attn.o_proj", "mlp.down_proj"):
+            plan[f"model.layers.{i}.{n}"] = RowwiseParallel()
+    return plan
+
+
+def _build(kind: str, layout: str, world: int):
+    """A model built on meta, parallelized, then materialized (torchtitan's order). ``layout``:
+    ``fsdp``/``tp`` over all ranks (1-D mesh), ``fsdp2``/``tp2`` over 2 (one of the two groups
+    of a 2x2 mesh: each group shards on its own, as a world of 2 would), ``fsdp_tp`` (2x2)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if kind == "plain":
+        with torch.device("meta"):
+            model = Plain(vocab=97)
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.to_empty(device="cpu")
+        return model
+    doc = MIXTRAL if kind == "mixtral" else LLAMA
+    with torch.device("meta"):
+        model = (transformers.MixtralForCausalLM if kind == "mixtral" else transformers.LlamaForCausalLM)(_config(doc))
+    if layout in ("fsdp", "tp"):
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=(layout,))
+        dp, tp = (mesh, None) if layout == "fsdp" else (None, mesh)
+    else:
+        mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+        # fsdp2 / tp2: the 2 ranks of one "tp" row (a group of 2)
+        dp, tp = {"fsdp2": (mesh["tp"], None), "tp2": (None, mesh["tp"]), "fsdp_tp": (mesh["dp"], mesh["tp"])}[layout]
+    if tp is not None:
+        parallelize_module(model, tp, _tp_plan(model))
+    if dp is not None:
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=dp)
+        fully_shard(model, mesh=dp)
+    model.to_empty(device="cpu")
+    return model
+
+
+def _worker(rank: int, world: int, init_file: str, cases: list, refs: dict):
+    import torch.distributed as d
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    d.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        for kind, layout in cases:
+            model = _build(kind, layout, world)
+            saved = {n: getattr(d, n) for n in _COLLECTIVES if hasattr(d, n)}
+
+            def refuse(*args, **kwargs):
+                raise AssertionError("init_module_ must not communicate")
+
+            for n in saved:
+                setattr(d, n, refuse)
+            try:
+                summary = init_module_(model, seed=SEED)
+            finally:
+                for n, f in saved.items():
+                    setattr(d, n, f)
+            state = model.state_dict()
+            assert any(isinstance(t, DTensor) for t in state.values())
+            if layout == "fsdp_tp":
+                assert any(isinstance(p, _StridedShard) for t in state.values() if isinstance(t, DTensor) for p in t.placements)
+            assert summary.elements < summary.global_elements  # each rank wrote its shards only
+            ref = torch.load(refs[kind])
+            for name, t in state.items():
+                if name == "steps":
+                    continue
+                full = t.full_tensor() if isinstance(t, DTensor) else t
+                if rank == 0:
+                    assert _same_bytes(full, ref[name]), (kind, layout, name, getattr(t, "placements", None))
+            d.barrier()
+    finally:
+        d.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """Each model's files, as the in-memory tensors (fused experts fused), saved for the ranks."""
+    out = tmp_path_factory.mktemp("refs")
+    paths = {}
+    for kind, doc in (("llama", LLAMA), ("mixtral", MIXTRAL)):
+        model_cls = transformers.MixtralForCausalLM if kind == "mixtral" else transformers.LlamaForCausalLM
+        with torch.device("meta"):
+            model = model_cls(_config(doc))
+        files, _ = _files(_config_dict(model), "float32", out / kind)
+        if kind == "mixtral":
+            files = _fused_reference(files, 2, 4)
+        paths[kind] = str(out / f"{kind}.pt")
+        torch.save(files, paths[kind])
+    plain = Plain(vocab=97)
+    init_module_(plain, seed=SEED)  # no files for a plain module: one device is the reference (hf-default rules)
+    paths["plain"] = str(out / "plain.pt")
+    torch.save(plain.state_dict(), paths["plain"])
+    return paths
+
+
+def _spawn(world: int, cases: list, refs: dict, tmp_path):
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_worker, args=(world, str(tmp_path / "pg"), cases, refs), nprocs=world, join=True)
+
+
+@needs_dist
+def test_sharded_models_equal_files(tmp_path, references):
+    """One world of 4 processes (their imports dominate the cost, ~10 s each on 2 cores, so sizes 2
+    run as the 2-rank groups of a 2x2 mesh, each sharding on its own as a world of 2 would): FSDP2
+    and TP over 4 ranks (97 vocab rows: 25, 25, 25, 22) and over groups of 2 (49, 48), fused
+    experts sharded over 2 and 4, FSDP x TP on a 2x2 mesh (``_StridedShard``), a plain module
+    under FSDP2 against its single-device init. No rank communicates while it fills."""
+    cases = [("llama", "fsdp"), ("llama", "tp"), ("llama", "fsdp2"), ("llama", "tp2"), ("llama", "fsdp_tp"),
+             ("mixtral", "fsdp"), ("mixtral", "fsdp2"), ("plain", "fsdp")]
+    _spawn(4, cases, references, tmp_path)

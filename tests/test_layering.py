@@ -1,0 +1,27 @@
+"""The import layering of pyproject.toml's [tool.importlinter] contracts, checked by `lint-imports`:
+the client package's layers (no import cycles), the wire layer the server shares, a client that
+imports no server code (but through modelinit.local) and no torch/numpy/numba/transformers, and
+an engine without grpc. import-linter reads the imports inside functions too."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import REPO
+
+
+def test_import_contracts_hold(tmp_path):
+    exe = shutil.which("lint-imports", path=os.path.dirname(sys.executable)) or shutil.which("lint-imports")
+    if exe is None:
+        pytest.fail("lint-imports not found: pip install -e '.[test]' (import-linter)")
+    # The source trees first on the path: the contracts are about this checkout, installed or not.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "client"), str(REPO / "server"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([exe, "--no-logo", "--cache-dir", str(tmp_path)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 broken" in r.stdout, r.stdout
