@@ -107,7 +107,7 @@ def main() -> None:
             for dtype in args.dtypes:
                 buf = np.empty(n * core.DTYPE_ITEMSIZE[dtype], dtype=np.uint8)
                 krate = best_rate(lambda: cpu.generate_into(buf, sampler, key, 0, n, dtype, threads=th), n, args.repeat)
-                del buf
+                buf = None  # free it before the next dtype
                 if dtype in trate:
                     tname = {"normal": "normal_", "trunc_normal": "trunc_normal_", "uniform": "uniform_"}[kind]
                     if dtype != "float32":

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             t = timed(lambda: cuda.generate_into(out, s, key, 0, n, dtype, block=args.block))
             print(f"{kind:<13} {dtype:<9} {n / t / 1e9:>9.2f} {nbytes / t / 1e9:>9.1f} {nbytes / t_copy / 1e9:>10.1f} "
                   f"{t / t_copy:>7.1f}x {n / t_normal / 1e9:>16.2f} {t / t_normal:>10.1f}x")
-        del out, src, dst, ref
+        out = src = dst = ref = None  # free them before empty_cache
         torch.cuda.empty_cache()
     print("'vs copy' / 'vs normal_': the kernel's time divided by the yardstick's (1.0x = as fast).")
     return 0

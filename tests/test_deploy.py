@@ -23,7 +23,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 
 import pytest
 import yaml

@@ -346,11 +346,17 @@ def _spawn(world: int, cases: list, refs: dict, tmp_path):
 
 @needs_dist
 def test_sharded_models_equal_files(tmp_path, references):
-    """One world of 4 processes (their imports dominate the cost, ~10 s each on 2 cores, so sizes 2
-    run as the 2-rank groups of a 2x2 mesh, each sharding on its own as a world of 2 would): FSDP2
+    """One world of 4 processes (their imports dominate the cost; sizes 2 also run here as the
+    2-rank groups of a 2x2 mesh, each sharding on its own as a world of 2 would): FSDP2
     and TP over 4 ranks (97 vocab rows: 25, 25, 25, 22) and over groups of 2 (49, 48), fused
     experts sharded over 2 and 4, FSDP x TP on a 2x2 mesh (``_StridedShard``), a plain module
     under FSDP2 against its single-device init. No rank communicates while it fills."""
     cases = [("llama", "fsdp"), ("llama", "tp"), ("llama", "fsdp2"), ("llama", "tp2"), ("llama", "fsdp_tp"),
              ("mixtral", "fsdp"), ("mixtral", "fsdp2"), ("plain", "fsdp")]
     _spawn(4, cases, references, tmp_path)
+
+
+@needs_dist
+def test_world_of_two(tmp_path, references):
+    """A world of 2 processes: FSDP2 and TP on a 1-D mesh, the vocabulary split 49/48."""
+    _spawn(2, [("llama", "fsdp"), ("llama", "tp")], references, tmp_path)

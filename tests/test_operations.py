@@ -3,7 +3,6 @@ cancelled and stalled clients, a full house of streams, SIGTERM, limits, auth, T
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -370,8 +369,8 @@ def test_json_logs_from_the_server_process(tmp_path):
             c.init_model(TINY["gpt2"], seed=1, out_dir=tmp_path)
     finally:
         assert server.stop() == 0
-    lines = [json.loads(l) for l in server.proc.stderr.read().splitlines() if l.startswith("{")]
-    init = [l for l in lines if l["msg"].startswith("Init done")]
+    lines = [json.loads(line) for line in server.proc.stderr.read().splitlines() if line.startswith("{")]
+    init = [entry for entry in lines if entry["msg"].startswith("Init done")]
     assert init and re.fullmatch(r"[0-9a-f]{32}", init[0]["request_id"])
 
 

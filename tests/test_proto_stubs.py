@@ -1,6 +1,5 @@
 """The committed stubs are exactly what the pinned grpcio-tools generates from proto/."""
 import importlib.util
-import pathlib
 
 import pytest
 

@@ -6,6 +6,8 @@
     modelinit.reproduce("ckpt/", "ckpt-again/")   # the run recorded in ckpt/modelinit.json, byte for byte
 
 The client is thin (no torch); the embedded server needs ``pip install modelinit[server]``.
+In the training process, ``modelinit.init_module_(module, seed=42)`` fills a materialized (or
+sharded) module with the same bytes (docs/training.md); it loads the server extra on first use.
 """
 from .client import Client, InitResult, reproduce
 from .errors import ModelInitError
@@ -22,7 +24,17 @@ from .v1.modelinit_pb2 import (  # typed policy objects, e.g. Rule(match=Match(r
 )
 
 __all__ = [
-    "Client", "InitResult", "ModelInitError", "reproduce",
+    "Client", "InitResult", "ModelInitError", "reproduce", "init_module_",
     "Policy", "Rule", "Match", "Distribution", "Normal", "TruncNormal", "Uniform", "Constant", "FanScaled",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``init_module_`` on first use: it needs torch and the server extra, which ``import
+    modelinit`` never loads."""
+    if name == "init_module_":
+        from modelinit_server.training import init_module_
+
+        return init_module_
+    raise AttributeError(f"module 'modelinit' has no attribute {name!r}")

@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 
 import grpc
 
@@ -355,7 +356,7 @@ def _print_plan(plan, as_json: bool, tensors: bool = True) -> None:
     print(f"{plan.architecture} ({plan.family}): {plan.total_params:,} parameters, {plan.total_bytes:,} bytes, "
           f"{sum(f.shard for f in plan.files)} shard(s); algorithm v{plan.algorithm_version}; fingerprint {plan.fingerprint}")
     if not tensors:
-        rows = [(f.name, f"{f.size:,}", str(f.tensors) if f.shard else "-") for f in plan.files]
+        rows: list[tuple[str, ...]] = [(f.name, f"{f.size:,}", str(f.tensors) if f.shard else "-") for f in plan.files]
         _print_table(("file", "bytes", "tensors"), rows)
         print(f"\n{plan.tensor_count:,} tensors in {len(plan.groups)} groups (--tensors lists them, `modelinit explain` shows the groups)")
         return
@@ -373,7 +374,7 @@ def _policy_doc(plan) -> dict:
         return json_format.MessageToDict(plan.request.policy, preserving_proto_field_name=True)
 
 
-def _print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     """Columns left-aligned to their widest cell."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:

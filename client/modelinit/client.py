@@ -211,7 +211,7 @@ class Client:
             try:
                 files = None if len(todo) == len(plan.files) else todo
                 if not todo:
-                    written = []
+                    written: list[FileResult] = []
                 elif isinstance(self.source, RemoteSource) and (parallel > 1 or len(self.source.targets) > 1):
                     written, self.last_served = fetch(self.source, request, plan, out, parallel, bar, fsync, direct_io,
                                                       files=files, on_written=record.add)

@@ -19,6 +19,10 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # typing only: collections.abc.Buffer from Python 3.12
+    from typing_extensions import Buffer
 
 #: Alignment for O_DIRECT: a multiple of every common logical block size (512, 4096).
 ALIGN = 4096
@@ -61,7 +65,7 @@ class DirectFile:
     def fileno(self) -> int:
         return self._fd
 
-    def write(self, data) -> None:
+    def write(self, data: Buffer) -> None:
         # Every view is released on the way out, an error included: a view left to a traceback
         # would keep the staging buffer exported and make closing it fail (BufferError).
         with memoryview(data) as raw, raw.cast("B") as mv:
@@ -112,6 +116,7 @@ class DirectFile:
             return
         try:
             if self._fill:
+                assert self._stage is not None  # bytes are staged only in the staging buffer
                 with memoryview(self._stage) as stage:
                     if self.direct:
                         padded = -(-self._fill // ALIGN) * ALIGN
@@ -128,13 +133,13 @@ class DirectFile:
         finally:
             self._fill = 0
             fd, self._fd = self._fd, -1
-            stage, self._stage = self._stage, None
+            mapping, self._stage = self._stage, None
             try:
                 os.close(fd)
             finally:
-                if stage is not None:
+                if mapping is not None:
                     try:
-                        stage.close()
+                        mapping.close()
                     except BufferError:  # a caller still holds a view: the mapping goes with it
                         pass
 

@@ -6,7 +6,10 @@ so one writer (temp file, SHA-256 check, atomic rename) serves both paths.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:  # typing only: collections.abc.Buffer from Python 3.12
+    from typing_extensions import Buffer
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,7 @@ class Begin:
 
 @dataclass(frozen=True)
 class Data:
-    data: object
+    data: Buffer
     """The next bytes of the current file: ``bytes`` or any contiguous buffer (memoryview, numpy)."""
 
 

@@ -16,7 +16,7 @@ import os
 import pathlib
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, TypeGuard
 
 import grpc
 from google.protobuf import json_format
@@ -115,8 +115,9 @@ def read_record(path: pathlib.Path) -> "Record | None":
         except ModelInitError:
             return False
 
-    files = doc.get("files") if isinstance(doc.get("files"), list) else []
-    stale = doc.get("stale") if isinstance(doc.get("stale"), list) else []
+    raw_files, raw_stale = doc.get("files"), doc.get("stale")
+    files = raw_files if isinstance(raw_files, list) else []
+    stale = raw_stale if isinstance(raw_stale, list) else []
     fingerprint, version = doc.get("fingerprint"), doc.get("algorithm_version")
     return Record(
         fingerprint if isinstance(fingerprint, str) else "",
@@ -178,7 +179,7 @@ def _bad_manifest(path: pathlib.Path, what: str) -> ModelInitError:
     return ModelInitError(grpc.StatusCode.FAILED_PRECONDITION, f"{file}: malformed manifest: {what}")
 
 
-def _is_int(x: Any) -> bool:
+def _is_int(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 

@@ -153,7 +153,7 @@ def split_targets(target: str) -> tuple[str, ...]:
 
 def channel_options(target: str) -> list[tuple[str, object]]:
     """A name resolving to several replicas (``dns:///``, ``ipv4:a,b``) is balanced call by call."""
-    options = list(_CHANNEL_OPTIONS)
+    options: list[tuple[str, object]] = list(_CHANNEL_OPTIONS)
     if target.startswith(("dns:", "ipv4:", "ipv6:")):
         options.append(("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})))
     return options

@@ -11,7 +11,7 @@ current file's hasher, fed by the caller (the writer on a second thread, while i
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import grpc
 
@@ -19,6 +19,9 @@ from .errors import ModelInitError
 from .events import Begin, End
 from .manifest import FileResult
 from .v1 import modelinit_pb2 as pb
+
+if TYPE_CHECKING:  # typing only: collections.abc.Buffer from Python 3.12
+    from typing_extensions import Buffer
 
 
 class StreamCheck:
@@ -55,7 +58,7 @@ class StreamCheck:
         self.index, self.received, self.sha256 = event.index, 0, hashlib.sha256()
         return planned
 
-    def data(self, data: object) -> int:
+    def data(self, data: Buffer) -> int:
         """The current file's next bytes (any contiguous buffer): their count. Refused outside a
         file, and at the first byte past the file's planned size."""
         if self.index is None:

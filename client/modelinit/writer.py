@@ -199,12 +199,13 @@ def write_files(source: Events, plan: pb.PlanResponse, out: pathlib.Path, indice
     byte past its planned size. Closes ``source``; an interrupted file is
     deleted; an OSError (disk full) is raised as ModelInitError."""
     check = StreamCheck(plan, indices)
-    current = None  # (temp path, file object, name) of the file being written
+    current: tuple[pathlib.Path, DirectFile, str] | None = None  # (temp path, file object, name) of the file being written
     hasher = ThreadPoolExecutor(1, thread_name_prefix="modelinit-sha256")
     try:
         for event in source:
             if isinstance(event, Data):
                 n = check.data(event.data)
+                assert current is not None  # check.data refuses data outside a file (DATA_LOSS)
                 # Hash on a second thread while this one writes: both release the GIL.
                 hashed = hasher.submit(check.sha256.update, event.data)
                 try:
@@ -220,6 +221,7 @@ def write_files(source: Events, plan: pb.PlanResponse, out: pathlib.Path, indice
             else:
                 index = check.index
                 result = check.end(event)  # on a mismatch, the finally below deletes the temp file
+                assert index is not None and current is not None  # check.end refuses an End outside a file
                 tmp, fh, _ = current
                 fh.close(fsync)
                 current = None

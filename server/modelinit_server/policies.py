@@ -11,7 +11,7 @@ import decimal
 import fnmatch
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .engine import Sampler, std_normal_cdf
 from .engine.sampler import MIN_TRUNC_MASS

@@ -31,7 +31,7 @@ import itertools
 import math
 import sys
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -448,35 +448,17 @@ def _plain_spec(module, named, real: dict[str, str]) -> tuple[ModelSpec, dict[st
 
 
 def _core_policy(policy: Any) -> Policy:
+    """The core Policy of what callers give: a core Policy, or anything ``policy_file.from_arg``
+    takes (None for hf-default, a preset name, a policy dict, a file path, the message)."""
     if isinstance(policy, Policy):
         return policy
     if policy is None:
-        return Policy()  # hf-default, without importing the client's policy parsing
+        return Policy()  # hf-default, without importing the policy text format
+    from modelinit import policy_file
+
     from .convert import policy_from_pb
 
-    try:
-        from modelinit.client import model_policy
-    except ImportError:  # the client package is being reorganized: the same conversion, by hand
-        model_policy = _model_policy
-    from modelinit.v1 import modelinit_pb2 as pb
-
-    msg = policy if isinstance(policy, pb.Policy) else model_policy(policy)
-    return policy_from_pb(msg)
-
-
-def _model_policy(policy: Any):
-    import os
-
-    from modelinit import policy_file
-    from modelinit.v1 import modelinit_pb2 as pb
-
-    if policy is None:
-        return pb.Policy()
-    if isinstance(policy, Mapping):
-        return policy_file.from_dict(policy)
-    if isinstance(policy, os.PathLike) or policy_file.looks_like_file(policy) or os.path.isfile(policy):
-        return policy_file.load(policy)
-    return pb.Policy(preset=policy)
+    return policy_from_pb(policy_file.from_arg(policy))
 
 
 # --- generation ----------------------------------------------------------------------------------

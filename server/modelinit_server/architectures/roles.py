@@ -9,7 +9,6 @@ hand-written specs give the same answers (tests/test_generic.py checks it).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 from typing import Any
 

@@ -1,0 +1,29 @@
+"""Static checks CI runs with the tests: ruff over the tree (pyflakes and error-level pycodestyle,
+configured in pyproject.toml) and mypy over the client package (the thin, typed public API)."""
+from __future__ import annotations
+
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name, path=str(pathlib.Path(sys.executable).parent)) or shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed; it is in the 'test' extra (pip install -e '.[test]')")
+    return path
+
+
+def test_ruff():
+    out = subprocess.run([_tool("ruff"), "check", "."], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_mypy_client_package():
+    out = subprocess.run([_tool("mypy"), "client/modelinit"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
