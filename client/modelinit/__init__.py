@@ -9,7 +9,7 @@ The client is thin (no torch); the embedded server needs ``pip install modelinit
 In the training process, ``modelinit.init_module_(module, seed=42)`` fills a materialized (or
 sharded) module with the same bytes (docs/training.md); it loads the server extra on first use.
 """
-from .client import Client, InitResult, reproduce
+from .client import Client, InitResult, TensorBytes, reproduce
 from .errors import ModelInitError
 from .v1.modelinit_pb2 import (  # typed policy objects, e.g. Rule(match=Match(roles=["mlp_out"]), init=...)
     Constant,
@@ -24,7 +24,7 @@ from .v1.modelinit_pb2 import (  # typed policy objects, e.g. Rule(match=Match(r
 )
 
 __all__ = [
-    "Client", "InitResult", "ModelInitError", "reproduce", "init_module_",
+    "Client", "InitResult", "TensorBytes", "ModelInitError", "reproduce", "init_module_",
     "Policy", "Rule", "Match", "Distribution", "Normal", "TruncNormal", "Uniform", "Constant", "FanScaled",
 ]
 __version__ = "0.1.0"

@@ -11,7 +11,7 @@ import logging
 import os
 import pathlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import grpc
 
@@ -60,6 +60,84 @@ class InitResult:
     kept: tuple[str, ...] = ()
     """Files an interrupted run of the same weights had finished, re-hashed and kept (not fetched
     again)."""
+
+
+@dataclass(frozen=True)
+class TensorBytes:
+    """A tensor (or slice) as raw bytes: what ``Client.tensors(..., as_="bytes")`` returns."""
+
+    data: bytearray
+    """The elements in row-major order, little-endian ``dtype`` (bfloat16: the upper 16 bits of
+    the float32 pattern); the same bytes as in the files."""
+    shape: tuple[int, ...]
+    """The block's shape (the whole tensor's when it was not sliced)."""
+    dtype: str
+    """``float32``, ``bfloat16`` or ``float16``."""
+
+
+#: Client.tensors' ``as_`` values.
+TENSOR_FORMATS = ("numpy", "torch", "bytes")
+
+
+def _slice_dims(name: str, dims: Any) -> list[pb.SliceDim]:
+    """``slices[name]`` as SliceDims: one (start, stop) pair, ``slice(start, stop)`` or None (the
+    whole dimension) per dimension; stop None: to the end. INVALID_ARGUMENT naming the entry."""
+    where = f"slices[{name!r}]"
+    if not isinstance(dims, (tuple, list)):
+        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"{where}: give one (start, stop) per dimension, as a tuple, got {type(dims).__name__}")
+    out = []
+    for d, dim in enumerate(dims):
+        if dim is None:
+            dim = (0, None)
+        elif isinstance(dim, slice):
+            if dim.step not in (None, 1):
+                raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"{where}[{d}]: steps are not supported, got {dim.step!r}")
+            dim = (dim.start or 0, dim.stop)
+        if not isinstance(dim, (tuple, list)) or len(dim) != 2:
+            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"{where}[{d}]: must be a (start, stop) pair, a slice or None, got {dim!r}")
+        start, stop = dim
+        for what, v in (("start", start), ("stop", stop)):
+            if v is None and what == "stop":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**64:
+                raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT,
+                                     f"{where}[{d}].{what}: must be an integer >= 0 (no negative indices), got {v!r}")
+        out.append(pb.SliceDim(start=start) if stop is None else pb.SliceDim(start=start, stop=stop))
+    return out
+
+
+def _convert(raw: TensorBytes, as_: str) -> Any:
+    """``raw`` as a numpy array or torch tensor (sharing its buffer), or itself for ``bytes``."""
+    if as_ == "bytes":
+        return raw
+    if as_ == "torch":
+        try:
+            import torch
+        except ImportError:
+            raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 "as_='torch' needs torch (pip install torch); or pass as_='numpy' or as_='bytes'") from None
+        tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[raw.dtype]
+        if not raw.data:
+            return torch.empty(raw.shape, dtype=tdtype)
+        return torch.frombuffer(raw.data, dtype=tdtype).reshape(raw.shape)
+    try:
+        import numpy as np
+    except ImportError:
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                             "as_='numpy' needs numpy (pip install numpy); or pass as_='bytes'") from None
+    if raw.dtype == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 "as_='numpy': numpy has no bfloat16 of its own; pip install ml_dtypes (its bfloat16 is "
+                                 "JAX's), or pass as_='bytes' (the raw bits) or as_='torch'") from None
+        ndtype = np.dtype(ml_dtypes.bfloat16)
+    else:
+        ndtype = np.dtype({"float32": "<f4", "float16": "<f2"}[raw.dtype])
+    return np.frombuffer(raw.data, dtype=ndtype).reshape(raw.shape)
 
 
 class Client:
@@ -140,6 +218,67 @@ class Client:
         request = model_request(spec, seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size,
                                 algorithm_version=algorithm_version, architecture=architecture)
         return full_plan(self.source, request, tensors)
+
+    def tensors(
+        self,
+        spec: Spec,
+        *,
+        seed: int,
+        names: list[str] | tuple[str, ...] | None = None,
+        slices: Mapping[str, Any] | None = None,
+        policy: PolicyArg = None,
+        dtype: str | None = None,
+        algorithm_version: int | None = None,
+        architecture: str | None = None,
+        as_: str = "numpy",
+    ) -> dict[str, Any]:
+        """Chosen tensors, or n-d slices of them, without writing any file: ``{name: array}``,
+        each equal, byte for byte, to the same elements of the files ``init_model`` writes for
+        the same arguments. Only the selected elements are generated (``Tensors`` RPC).
+
+        ``names``: on-disk names (``plan(..., tensors=True).tensors[].name``), whole tensors;
+        ``slices``: ``{name: ((start, stop), ...)}`` with one pair per dimension (``slice(a, b)``
+        or ``None`` for the whole dimension also work; stop ``None``: to the end; no negative
+        indices). A name in ``slices`` is fetched sliced, whether or not it is in ``names``.
+        Both None: every stored tensor (at most 4 GiB per call). ``as_``: ``"numpy"`` (bfloat16
+        needs ``ml_dtypes``), ``"torch"`` (needs torch) or ``"bytes"`` (:class:`TensorBytes`).
+        numpy and torch are imported only here. A bad name or range: INVALID_ARGUMENT naming it
+        (``selections[i].dims[d].stop: ...``)."""
+        if as_ not in TENSOR_FORMATS:
+            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"as_: must be one of {', '.join(TENSOR_FORMATS)}, got {as_!r}")
+        model = model_request(spec, seed=seed, policy=policy, dtype=dtype, algorithm_version=algorithm_version,
+                              architecture=architecture)
+        request = pb.TensorsRequest(request=model)
+        wanted = list(dict.fromkeys([*(names or ()), *(slices or {})]))
+        if (names is not None or slices is not None) and not wanted:
+            return {}  # asked for nothing (empty selections would mean every tensor)
+        for name in wanted:
+            if not isinstance(name, str):
+                raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"names: tensor names are strings, got {name!r}")
+            sel = request.selections.add(name=name)
+            if slices is not None and name in slices:
+                sel.dims.extend(_slice_dims(name, slices[name]))
+        raw: dict[str, TensorBytes] = {}
+        current: TensorBytes | None = None
+        expected = 0
+
+        def finish() -> None:
+            if current is not None and len(current.data) != expected:
+                raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"tensors: {len(current.data)} bytes of {expected} "
+                                                                "received for a selection")
+
+        for msg in self.source.tensors(request):
+            if msg.WhichOneof("event") == "begin":
+                finish()
+                b = msg.begin
+                current, expected = TensorBytes(bytearray(), tuple(b.shape), b.dtype), b.nbytes
+                raw[b.name] = current
+            elif current is not None and len(current.data) + len(msg.data) <= expected:
+                current.data.extend(msg.data)
+            else:
+                raise ModelInitError(grpc.StatusCode.DATA_LOSS, "tensors: data outside a selection's announced bytes")
+        finish()
+        return {name: _convert(t, as_) for name, t in raw.items()}
 
     def init_model(
         self,

@@ -9,7 +9,7 @@ import-linter contracts in pyproject.toml allow these imports here and nowhere e
 from __future__ import annotations
 
 import argparse
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import grpc
 
@@ -48,6 +48,14 @@ class LocalSource:
             return self.engine.events(request) if files is None else self.engine.events(request, files)
         except ValueError as e:  # e.g. the requested device's engine is unavailable
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+
+    def tensors(self, request: pb.TensorsRequest) -> Iterator[pb.TensorsResponse]:
+        """The engine's Tensors stream (the server's own code, in-process)."""
+        try:
+            stream = self.engine.tensors(request)
+        except ValueError as e:  # the same field-named message the server sends
+            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        return stream
 
     def close(self) -> None:
         pass

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import grpc
 
@@ -327,6 +327,33 @@ class RemoteSource:
                 self._reached.add(k)
                 self.planner = k
                 return check_version(request, plan)
+
+    def tensors(self, request: pb.TensorsRequest) -> Iterator[pb.TensorsResponse]:
+        """One Tensors call, starting on the replica that planned last. A call that fails before
+        its first message is retried like a Plan (next replica, backoff); one that fails later
+        raises (nothing resumes a Tensors stream: ask again, the bytes are the same)."""
+        backoff = Backoff(self.retry)
+        k = self.planner
+        while True:
+            received = False
+            try:
+                call = self.stubs[k].Tensors(request, timeout=self.timeout, metadata=call_metadata())
+                try:
+                    for msg in call:
+                        received = True
+                        yield msg
+                finally:
+                    call.cancel()  # a consumer that stops early ends the call (no-op after the end)
+                self._reached.add(k)
+                return
+            except grpc.RpcError as e:
+                error = ModelInitError.from_rpc(e)
+            if error.code != grpc.StatusCode.UNAVAILABLE:
+                self._reached.add(k)
+            if received:
+                raise error
+            backoff.wait_or_raise(error, self.targets[k], k in self._reached or len(self.stubs) > 1)
+            k = (k + 1) % len(self.stubs)
 
     def replicas(self, fingerprint: str) -> Replicas:
         """The servers, the one that answered the last :meth:`plan` known to plan ``fingerprint``."""

@@ -1,7 +1,7 @@
 """The one seam between the client and whatever makes the weights: a :class:`Source`.
 
-A source plans a request (one page at a time, as the ``Plan`` RPC) and streams a plan's files as
-:mod:`modelinit.events`. Two implement it: :class:`modelinit.local.LocalSource` (the embedded
+A source plans a request (one page at a time, as the ``Plan`` RPC), streams a plan's files as
+:mod:`modelinit.events`, and streams chosen tensors or slices of them (``Tensors``). Two implement it: :class:`modelinit.local.LocalSource` (the embedded
 engine, in-process) and :class:`modelinit.remote.RemoteSource` (gRPC stubs over one or more
 replicas: retries, replica fingerprint checks, resumed streams). ``Client``, the fan-out and
 ``verify`` use sources only through this protocol and the functions here; the fan-out alone
@@ -43,6 +43,10 @@ class Source(Protocol):
     def events(self, request: pb.ModelRequest, plan: pb.PlanResponse, files: Iterable[int] | None = None) -> Events:
         """Every file of ``plan`` (or those of ``files``, indices into its files, in that order),
         as one stream of events."""
+        ...
+
+    def tensors(self, request: pb.TensorsRequest) -> Iterator[pb.TensorsResponse]:
+        """The ``Tensors`` stream of ``request``: per selection a TensorBegin, then its bytes."""
         ...
 
     def close(self) -> None: ...

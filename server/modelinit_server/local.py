@@ -10,7 +10,7 @@ from typing import Iterator, Sequence
 from modelinit.events import Event
 from modelinit.v1 import modelinit_pb2 as pb
 
-from . import files
+from . import files, slices
 from .convert import check_page_size, plan_to_pb, request_from_pb
 from .engine.backends import DEVICES, Backend, select
 from .planner import Plan, build_plan
@@ -57,3 +57,11 @@ class LocalEngine:
         source: Iterator[Event] = files.events(plan, selected, 0, self.backend.fill, digest=False, ring=4,
                                                 alloc=self.backend.alloc)
         return files.Prefetch(source, depth=2)
+
+    def tensors(self, request: pb.TensorsRequest) -> Iterator[pb.TensorsResponse]:
+        """The Tensors stream of ``request``, as the server's: a TensorBegin per selection, then
+        its bytes in chunks. ValueError (field-named) for a bad request, before anything is generated."""
+        plan = self._build(request.request)
+        slices.check_chunk(request.chunk_size)
+        slices.select(plan, request)  # checked now, not on the first next()
+        return slices.responses(plan, request, self.backend.fill)

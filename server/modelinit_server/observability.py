@@ -6,14 +6,14 @@ Metrics
     HTTP port (:meth:`Metrics.serve_http`). The series:
 
     ``modelinit_requests_total{method, code}``
-        finished RPCs; ``method`` is ``Plan`` or ``Init`` (the full ``/pkg.Service/Method`` for any
+        finished RPCs; ``method`` is ``Plan``, ``Init`` or ``Tensors`` (the full ``/pkg.Service/Method`` for any
         other service, e.g. health checks), ``code`` the status code's name (``OK``, ...).
     ``modelinit_request_duration_seconds{method}``
         histogram of RPC wall time, 1 ms .. 30 min.
     ``modelinit_inflight_streams``
-        Init streams in progress.
+        Init and Tensors streams in progress.
     ``modelinit_stream_bytes_total``
-        file bytes sent to clients.
+        file (and Tensors) bytes sent to clients.
     ``modelinit_stream_files_total``, ``modelinit_stream_tensors_total``
         files / tensors completely sent.
     ``modelinit_generated_bytes_total``, ``modelinit_generation_seconds_total``

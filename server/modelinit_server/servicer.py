@@ -21,7 +21,7 @@ from modelinit.events import Begin, Data
 from modelinit.v1 import modelinit_pb2 as pb
 from modelinit.v1 import modelinit_pb2_grpc as pb_grpc
 
-from . import files
+from . import files, slices
 from .convert import check_page_size, plan_to_pb, request_from_pb
 from .engine.backends import Backend
 from .limits import Limits
@@ -39,10 +39,10 @@ PLAN_CACHE = 2
 
 @dataclass(frozen=True)
 class StreamPolicy:
-    """How Init streams are bounded."""
+    """How Init and Tensors streams are bounded (they share the limits)."""
 
     max_streams: int = 16
-    """Init streams served at once; one more gets RESOURCE_EXHAUSTED (clients back off and retry
+    """Init and Tensors streams served at once; one more gets RESOURCE_EXHAUSTED (clients back off and retry
     or go to another replica). Memory per stream is about three 8 MiB segments plus gRPC's
     flow-control window."""
     idle_timeout: float = 60.0
@@ -138,7 +138,7 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
 
     @property
     def inflight(self) -> int:
-        """Init streams in progress."""
+        """Init and Tensors streams in progress."""
         return self._inflight
 
     async def _plan(self, msg: pb.ModelRequest, context: grpc.aio.ServicerContext) -> Plan:
@@ -260,15 +260,85 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         elapsed = time.monotonic() - started
         log.info("Init done: %d bytes in %.1fs (%.0f MB/s)", sent, elapsed, sent / max(elapsed, 1e-9) / 1e6)
 
-    async def _write(self, context: grpc.aio.ServicerContext, message: pb.InitResponse) -> None:
+    @_observed
+    async def Tensors(self, request: pb.TensorsRequest, context: grpc.aio.ServicerContext) -> None:
+        # Checked before a stream slot is taken: a bad request costs no slot.
+        try:
+            chunk = slices.check_chunk(request.chunk_size)
+        except ValueError as e:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        plan = await self._plan(request.request, context)
+        try:
+            selections = slices.select(plan, request)
+        except ValueError as e:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            raise  # unreachable: abort raises
+        if self._inflight >= self._streams.max_streams:  # Init and Tensors share --max-streams
+            self._metrics.rejected("resource_exhausted")
+            await _abort(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this server is already serving {self._inflight} streams, its limit (--max-streams); "
+                "retry with backoff or use another replica",
+            )
+        self._inflight += 1
+        self._metrics.stream_started()
+        try:
+            await self._tensors(plan, selections, chunk, context)
+        finally:
+            self._inflight -= 1
+            self._metrics.stream_finished()
+
+    async def _tensors(self, plan: Plan, selections: list[slices.Selection], chunk: int,
+                       context: grpc.aio.ServicerContext) -> None:
+        started, sent = time.monotonic(), 0
+        log.info("Tensors %d selection(s), %d elements, from %s", len(selections), sum(s.numel for s in selections),
+                 context.peer())
+        loop = asyncio.get_running_loop()
+        source = slices.blocks(plan, selections, self._backend.fill)
+        metrics = self._metrics
+        busy = threading.Lock()  # the generator runs on the generation pool; never two steps at once
+
+        def produce():
+            with busy:
+                t = time.perf_counter()
+                item = next(source, None)
+            if item is not None and not isinstance(item, slices.Selection):
+                metrics.generated(len(item), time.perf_counter() - t)
+            return item
+
+        def close() -> None:
+            with busy:
+                source.close()
+
+        write = functools.partial(self._write, context)
+        ahead = loop.run_in_executor(self._generation, produce)
+        try:
+            while (item := await ahead) is not None:
+                ahead = loop.run_in_executor(self._generation, produce)  # the next block while this one is sent
+                if isinstance(item, slices.Selection):
+                    await write(slices.begin(plan, item))
+                    continue
+                for a in range(0, len(item), chunk):
+                    piece = item[a : a + chunk].tobytes()
+                    await write(pb.TensorsResponse(data=piece))
+                    sent += len(piece)
+                    metrics.sent(len(piece))
+        finally:
+            ahead.cancel()  # on cancellation or a stalled reader: stop after the step in progress
+            self._generation.submit(close)
+        elapsed = time.monotonic() - started
+        log.info("Tensors done: %d bytes in %.1fs", sent, elapsed)
+
+    async def _write(self, context: grpc.aio.ServicerContext, message) -> None:
         # A write waits while the client's flow-control window is full: that is the backpressure,
         # and a reader that takes nothing for idle_timeout seconds ends the stream.
         try:
             await asyncio.wait_for(context.write(message), self._streams.idle_timeout)
         except asyncio.TimeoutError:
-            log.warning("Init: the client took nothing for %gs; ending the stream", self._streams.idle_timeout)
+            log.warning("stream: the client took nothing for %gs; ending the stream", self._streams.idle_timeout)
             raise _Stalled(
-                f"the client read nothing for {self._streams.idle_timeout:g}s (--idle-timeout); resume with files and offset"
+                f"the client read nothing for {self._streams.idle_timeout:g}s (--idle-timeout); resume with files and offset (Init), or ask again (Tensors)"
             ) from None
         except Exception:  # grpc fails a write only when the call is over: cancelled, or its connection gone
             raise _ClientGone() from None

@@ -345,3 +345,57 @@ class FileEnd(_message.Message):
     index: int
     sha256: str
     def __init__(self, index: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class TensorsRequest(_message.Message):
+    __slots__ = ("request", "selections", "chunk_size")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    SELECTIONS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    request: ModelRequest
+    selections: _containers.RepeatedCompositeFieldContainer[TensorSelection]
+    chunk_size: int
+    def __init__(self, request: _Optional[_Union[ModelRequest, _Mapping]] = ..., selections: _Optional[_Iterable[_Union[TensorSelection, _Mapping]]] = ..., chunk_size: _Optional[int] = ...) -> None: ...
+
+class TensorSelection(_message.Message):
+    __slots__ = ("name", "dims")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIMS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dims: _containers.RepeatedCompositeFieldContainer[SliceDim]
+    def __init__(self, name: _Optional[str] = ..., dims: _Optional[_Iterable[_Union[SliceDim, _Mapping]]] = ...) -> None: ...
+
+class SliceDim(_message.Message):
+    __slots__ = ("start", "stop")
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    stop: int
+    def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
+
+class TensorsResponse(_message.Message):
+    __slots__ = ("begin", "data")
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    begin: TensorBegin
+    data: bytes
+    def __init__(self, begin: _Optional[_Union[TensorBegin, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class TensorBegin(_message.Message):
+    __slots__ = ("index", "name", "dtype", "tensor_shape", "dims", "shape", "nbytes", "fingerprint")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DIMS_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    name: str
+    dtype: str
+    tensor_shape: _containers.RepeatedScalarFieldContainer[int]
+    dims: _containers.RepeatedCompositeFieldContainer[SliceDim]
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    nbytes: int
+    fingerprint: str
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[str] = ..., tensor_shape: _Optional[_Iterable[int]] = ..., dims: _Optional[_Iterable[_Union[SliceDim, _Mapping]]] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...

@@ -46,6 +46,11 @@ class ModelInitStub:
                 request_serializer=modelinit_dot_v1_dot_modelinit__pb2.InitRequest.SerializeToString,
                 response_deserializer=modelinit_dot_v1_dot_modelinit__pb2.InitResponse.FromString,
                 _registered_method=True)
+        self.Tensors = channel.unary_stream(
+                '/modelinit.v1.ModelInit/Tensors',
+                request_serializer=modelinit_dot_v1_dot_modelinit__pb2.TensorsRequest.SerializeToString,
+                response_deserializer=modelinit_dot_v1_dot_modelinit__pb2.TensorsResponse.FromString,
+                _registered_method=True)
 
 
 class ModelInitServicer:
@@ -77,6 +82,23 @@ class ModelInitServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tensors(self, request, context):
+        """Streams chosen tensors, or n-d slices of them, without the files around them: for each
+        selection a TensorBegin, then the selected elements' bytes in chunks of at most
+        `chunk_size` bytes. The bytes equal the same elements of the files Init streams (the
+        request's dtype, little-endian), in row-major (C) order of the selected block; only the
+        selected elements are generated. Errors: INVALID_ARGUMENT (a bad request, an unknown
+        tensor name, a slice out of range: the message starts with the field's path, e.g.
+        "selections[0].dims[1].stop: ..."; more than MAX_TENSORS_BYTES selected in one call),
+        RESOURCE_EXHAUSTED (the server already serves --max-streams streams, Init and Tensors
+        together), DEADLINE_EXCEEDED (the client read nothing for --idle-timeout seconds),
+        CANCELLED when the client goes away (generation stops). A lost call is not resumable:
+        ask again (the bytes are the same).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModelInitServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +111,11 @@ def add_ModelInitServicer_to_server(servicer, server):
                     servicer.Init,
                     request_deserializer=modelinit_dot_v1_dot_modelinit__pb2.InitRequest.FromString,
                     response_serializer=modelinit_dot_v1_dot_modelinit__pb2.InitResponse.SerializeToString,
+            ),
+            'Tensors': grpc.unary_stream_rpc_method_handler(
+                    servicer.Tensors,
+                    request_deserializer=modelinit_dot_v1_dot_modelinit__pb2.TensorsRequest.FromString,
+                    response_serializer=modelinit_dot_v1_dot_modelinit__pb2.TensorsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -147,6 +174,33 @@ class ModelInit:
             '/modelinit.v1.ModelInit/Init',
             modelinit_dot_v1_dot_modelinit__pb2.InitRequest.SerializeToString,
             modelinit_dot_v1_dot_modelinit__pb2.InitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tensors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/modelinit.v1.ModelInit/Tensors',
+            modelinit_dot_v1_dot_modelinit__pb2.TensorsRequest.SerializeToString,
+            modelinit_dot_v1_dot_modelinit__pb2.TensorsResponse.FromString,
             options,
             channel_credentials,
             insecure,

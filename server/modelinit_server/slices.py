@@ -1,0 +1,161 @@
+"""Tensors and n-d slices of them, without the files: what the ``Tensors`` RPC streams.
+
+Element i of a tensor is generated independently of every other, so a block is produced by
+generating only the runs of consecutive flat (row-major) indices it covers: one run per index of
+the leading dimensions, the trailing whole dimensions folded into it. The bytes equal the same
+elements of the files (the same fill writes both). Used by the servicer and the embedded engine.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+from modelinit.v1 import modelinit_pb2 as pb
+
+from .engine import DTYPE_ITEMSIZE
+from .engine.backends import REFERENCE, Fill
+from .files import SEGMENT
+from .planner import Plan, TensorPlan
+
+#: Most selected bytes one Tensors call streams (4 GiB); more is INVALID_ARGUMENT. Memory does not
+#: grow with it (a call holds a couple of SEGMENT buffers); it bounds how long one call ties up a
+#: stream slot. Split larger selections over several calls.
+MAX_TENSORS_BYTES = 4 << 30
+DEFAULT_CHUNK = 1 << 20
+MAX_CHUNK = 3 << 20
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A checked selection: the tensor and the block, one (start, stop) per dimension."""
+
+    index: int
+    tensor: TensorPlan
+    dims: tuple[tuple[int, int], ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in self.dims)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def check_chunk(chunk_size: int) -> int:
+    """The chunk size in bytes (0: the default); ValueError naming ``chunk_size`` above the max."""
+    if chunk_size > MAX_CHUNK:
+        raise ValueError(f"chunk_size: {chunk_size} bytes is over the {MAX_CHUNK}-byte maximum; use 1048576 or 0")
+    return chunk_size or DEFAULT_CHUNK
+
+
+def select(plan: Plan, request: pb.TensorsRequest) -> list[Selection]:
+    """The request's selections, checked against the plan (ValueError naming the field)."""
+    if not request.selections:
+        out = [Selection(i, t, tuple((0, n) for n in t.spec.shape)) for i, t in enumerate(plan.tensors)]
+    else:
+        by_name = {t.spec.name: t for t in plan.tensors}
+        tied = dict(plan.request.model.tied)
+        out = []
+        for i, sel in enumerate(request.selections):
+            field = f"selections[{i}]"
+            t = by_name.get(sel.name)
+            if t is None:
+                shown = sel.name if len(sel.name) <= 200 else sel.name[:197] + "..."
+                if sel.name in tied:
+                    raise ValueError(f"{field}.name: {shown!r} is tied to {tied[sel.name]!r} and not stored; select that one")
+                raise ValueError(f"{field}.name: no stored tensor is named {shown!r}; the names are PlanResponse.tensors[].name "
+                                 "(Plan with page_size)")
+            shape = t.spec.shape
+            if not sel.dims:
+                dims = tuple((0, n) for n in shape)
+            elif len(sel.dims) != len(shape):
+                raise ValueError(f"{field}.dims: {len(sel.dims)} dimensions given, {sel.name!r} has {len(shape)} "
+                                 f"(shape {list(shape)}); give one per dimension, or none for the whole tensor")
+            else:
+                parts = []
+                for d, (sd, n) in enumerate(zip(sel.dims, shape)):
+                    stop = sd.stop if sd.HasField("stop") else n
+                    if stop > n:
+                        raise ValueError(f"{field}.dims[{d}].stop: {stop} is past the end of dimension {d} of {sel.name!r} "
+                                         f"(size {n}, shape {list(shape)})")
+                    if sd.start > stop:
+                        raise ValueError(f"{field}.dims[{d}].start: {sd.start} is after stop {stop} (empty ranges have "
+                                         "start == stop)")
+                    parts.append((sd.start, stop))
+                dims = tuple(parts)
+            out.append(Selection(i, t, dims))
+    total = sum(s.numel for s in out) * DTYPE_ITEMSIZE[plan.request.dtype]
+    if total > MAX_TENSORS_BYTES:
+        raise ValueError(f"selections: {total:,} bytes selected, over the limit of {MAX_TENSORS_BYTES:,} per Tensors call; "
+                         "split them over several calls")
+    return out
+
+
+def runs(shape: tuple[int, ...], dims: tuple[tuple[int, int], ...]) -> Iterator[tuple[int, int]]:
+    """The block's elements as (first flat index, count) runs, in row-major order of the block."""
+    if any(a == b for a, b in dims):
+        return
+    # Fold the trailing dimensions that are whole into one run, with the first partial one.
+    k = len(shape)
+    while k > 0 and dims[k - 1] == (0, shape[k - 1]):
+        k -= 1
+    inner = math.prod(shape[k:])  # elements of one index of dims[:k]
+    if k == 0:
+        yield 0, inner
+        return
+    a, b = dims[k - 1]
+    count = (b - a) * inner
+    strides = [math.prod(shape[d + 1 : k]) * inner for d in range(k)]
+    for lead in itertools.product(*(range(a0, b0) for a0, b0 in dims[: k - 1])):
+        base = sum(i * s for i, s in zip(lead, strides))
+        yield base + a * strides[k - 1], count
+
+
+def blocks(plan: Plan, selections: list[Selection], fill: Fill = REFERENCE.fill,
+           segment: int = SEGMENT) -> Iterator[Selection | np.ndarray]:
+    """For each selection: the Selection, then its bytes as uint8 arrays of at most ``segment``
+    bytes (whole elements; each array is fresh, valid after the next one is made)."""
+    dtype = plan.request.dtype
+    itemsize = DTYPE_ITEMSIZE[dtype]
+    per = max(segment // itemsize, 1)  # elements per buffer
+    for sel in selections:
+        yield sel
+        t = sel.tensor
+        left = sel.numel
+        buf, used = np.empty(min(left, per) * itemsize, np.uint8), 0
+        for start, count in runs(t.spec.shape, sel.dims):
+            while count:
+                n = min(count, per - used)
+                fill(buf[used * itemsize : (used + n) * itemsize], t.sampler, t.key, start, n, dtype)
+                used, start, count, left = used + n, start + n, count - n, left - n
+                if used == per:
+                    yield buf
+                    buf, used = np.empty(min(left, per) * itemsize, np.uint8), 0
+        if used:
+            yield buf[: used * itemsize]
+
+
+def begin(plan: Plan, sel: Selection) -> pb.TensorsResponse:
+    """The TensorBegin that starts ``sel``."""
+    dtype = plan.request.dtype
+    return pb.TensorsResponse(begin=pb.TensorBegin(
+        index=sel.index, name=sel.tensor.spec.name, dtype=dtype, tensor_shape=sel.tensor.spec.shape,
+        dims=[pb.SliceDim(start=a, stop=b) for a, b in sel.dims], shape=sel.shape,
+        nbytes=sel.numel * DTYPE_ITEMSIZE[dtype], fingerprint=plan.fingerprint))
+
+
+def responses(plan: Plan, request: pb.TensorsRequest, fill: Fill = REFERENCE.fill) -> Iterator[pb.TensorsResponse]:
+    """The whole Tensors stream of ``request`` in-process (ValueError naming the field, before
+    anything is generated)."""
+    chunk = check_chunk(request.chunk_size)
+    selections = select(plan, request)
+    for item in blocks(plan, selections, fill):
+        if isinstance(item, Selection):
+            yield begin(plan, item)
+        else:
+            for a in range(0, len(item), chunk):
+                yield pb.TensorsResponse(data=item[a : a + chunk].tobytes())

@@ -1,0 +1,189 @@
+"""Slices over the wire (Tensors RPC, Client.tensors): the bytes equal the same elements of the files."""
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+
+import modelinit
+from modelinit.v1 import modelinit_pb2 as pb
+from modelinit.v1 import modelinit_pb2_grpc as pb_grpc
+from modelinit_server import slices
+from tests.conftest import TINY
+
+LLAMA = TINY["llama"]
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+UP = "model.layers.0.mlp.up_proj.weight"  # [160, 64]
+NORM = "model.layers.1.input_layernorm.weight"  # [64]
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory, server_target):
+    """dtype -> {name: (shape, file bytes)} of init_model's files (sharded, over the server)."""
+    out = {}
+    with modelinit.Client(server_target) as c:
+        for dtype in ITEMSIZE:
+            folder = tmp_path_factory.mktemp(dtype)
+            c.init_model(LLAMA, seed=5, dtype=dtype, max_shard_size="200KB", out_dir=folder)
+            tensors = {}
+            for path in sorted(folder.glob("*.safetensors")):
+                with safe_open(path, "pt") as f:
+                    for name in f.keys():
+                        t = f.get_tensor(name)
+                        tensors[name] = (tuple(t.shape), t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+            out[dtype] = tensors
+    return out
+
+
+def file_slice(written, dtype, name, dims=None) -> bytes:
+    """The block's bytes cut from the file bytes with numpy slicing."""
+    shape, data = written[dtype][name]
+    a = np.frombuffer(data, np.uint8).reshape(*shape, ITEMSIZE[dtype])
+    if dims is not None:
+        a = a[tuple(slice(lo, hi) for lo, hi in dims)]
+    return np.ascontiguousarray(a).tobytes()
+
+
+CASES = [
+    (UP, ((40, 90), (10, 30))),       # a middle block
+    (UP, ((7, 8), (63, 64))),         # one element
+    (UP, None),                        # the whole tensor
+    (UP, ((0, 160), (5, 6))),         # one column: a run per row
+    (UP, ((150, 160), (0, 64))),      # trailing whole dims: one run
+    (NORM, ((3, 60),)),
+    (UP, ((10, 10), (0, 64))),        # empty
+]
+
+
+@pytest.mark.parametrize("dtype", list(ITEMSIZE))
+def test_remote_slices_equal_the_file_bytes(client, written, dtype):
+    # One call per case (several slices of one tensor would share a dict key).
+    for name, dims in CASES:
+        got = client.tensors(LLAMA, seed=5, dtype=dtype, names=[name] if dims is None else None,
+                             slices=None if dims is None else {name: dims}, as_="bytes")
+        t = got[name]
+        assert t.dtype == dtype
+        assert t.shape == (written[dtype][name][0] if dims is None else tuple(b - a for a, b in dims))
+        assert bytes(t.data) == file_slice(written, dtype, name, dims), (name, dims)
+
+
+def test_as_numpy_and_torch(client, written):
+    dims = ((40, 90), (10, 30))
+    arr = client.tensors(LLAMA, seed=5, slices={UP: dims})[UP]
+    assert arr.dtype == np.float32 and arr.shape == (50, 20)
+    assert arr.tobytes() == file_slice(written, "float32", UP, dims)
+    t = client.tensors(LLAMA, seed=5, dtype="bfloat16", slices={UP: dims}, as_="torch")[UP]
+    assert t.dtype == torch.bfloat16 and tuple(t.shape) == (50, 20)
+    assert t.contiguous().view(torch.uint8).numpy().tobytes() == file_slice(written, "bfloat16", UP, dims)
+    try:
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        with pytest.raises(modelinit.ModelInitError, match="ml_dtypes") as e:
+            client.tensors(LLAMA, seed=5, dtype="bfloat16", slices={UP: dims})
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "as_='bytes'" in e.value.details
+    else:
+        a = client.tensors(LLAMA, seed=5, dtype="bfloat16", slices={UP: dims})[UP]
+        assert a.shape == (50, 20) and a.tobytes() == file_slice(written, "bfloat16", UP, dims)
+
+
+def test_stock_stub_fetches_a_slice(server_target, written):
+    req = modelinit.client.model_request(LLAMA, seed=5, dtype="float16")
+    sel = pb.TensorSelection(name=UP, dims=[pb.SliceDim(start=1, stop=100), pb.SliceDim(start=2)])  # stop unset: to the end
+    with grpc.insecure_channel(server_target) as ch:
+        msgs = list(pb_grpc.ModelInitStub(ch).Tensors(pb.TensorsRequest(request=req, selections=[sel], chunk_size=1000)))
+    begin = msgs[0].begin
+    assert (begin.name, begin.dtype, list(begin.shape), list(begin.tensor_shape)) == (UP, "float16", [99, 62], [160, 64])
+    assert [(d.start, d.stop) for d in begin.dims] == [(1, 100), (2, 64)] and begin.nbytes == 99 * 62 * 2
+    assert all(len(m.data) <= 1000 for m in msgs[1:]) and len(msgs) > 2
+    assert b"".join(m.data for m in msgs[1:]) == file_slice(written, "float16", UP, ((1, 100), (2, 64)))
+
+
+def test_embedded_equals_remote(client):
+    sel = {UP: ((17, 33), (9, 50)), NORM: ((0, 64),)}
+    names = ["model.embed_tokens.weight"]
+    remote = client.tensors(LLAMA, seed=11, dtype="bfloat16", names=names, slices=sel, as_="bytes")
+    with modelinit.Client() as local:
+        embedded = local.tensors(LLAMA, seed=11, dtype="bfloat16", names=names, slices=sel, as_="bytes")
+    assert list(remote) == names + list(sel) and remote == embedded
+
+
+def test_every_tensor_when_nothing_is_selected(client, written):
+    got = client.tensors(LLAMA, seed=5, dtype="float16", as_="bytes")
+    assert set(got) == set(written["float16"])
+    assert all(bytes(t.data) == written["float16"][n][1] for n, t in got.items())
+
+
+BAD = [
+    ({UP: ((0, 161), (0, 64))}, "selections[0].dims[0].stop"),
+    ({UP: ((0, 10), (0, 65))}, "selections[0].dims[1].stop"),
+    ({UP: ((5, 4), (0, 64))}, "selections[0].dims[0].start"),
+    ({UP: ((0, 10),)}, "selections[0].dims"),
+    ({"no.such.weight": ((0, 1),)}, "selections[0].name"),
+]
+
+
+@pytest.mark.parametrize("embedded", [False, True], ids=["remote", "embedded"])
+@pytest.mark.parametrize("sel, field", BAD, ids=[b[1] for b in BAD])
+def test_bad_selection_is_invalid_argument_naming_the_field(client, sel, field, embedded):
+    c = modelinit.Client() if embedded else client
+    with pytest.raises(modelinit.ModelInitError) as e:
+        c.tensors(LLAMA, seed=5, slices=sel)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details.startswith(field + ":"), e.value.details
+
+
+def test_tied_name_and_chunk_size_and_client_side_checks(client, server_target):
+    with pytest.raises(modelinit.ModelInitError) as e:
+        client.tensors(TINY["qwen2"], seed=1, names=["lm_head.weight"])  # tied to the embedding
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "model.embed_tokens.weight" in e.value.details
+    with pytest.raises(modelinit.ModelInitError, match=r"slices\['x'\]\[0\].start"):
+        client.tensors(LLAMA, seed=5, slices={"x": ((-1, 3),)})
+    with pytest.raises(modelinit.ModelInitError, match="as_"):
+        client.tensors(LLAMA, seed=5, names=[UP], as_="jax")
+    req = modelinit.client.model_request(LLAMA, seed=5)
+    with grpc.insecure_channel(server_target) as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            list(pb_grpc.ModelInitStub(ch).Tensors(pb.TensorsRequest(request=req, chunk_size=4 << 20)))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and err.value.details().startswith("chunk_size:")
+
+
+def test_runs_fold_trailing_whole_dims():
+    assert list(slices.runs((4, 5), ((1, 3), (0, 5)))) == [(5, 10)]
+    assert list(slices.runs((4, 5), ((1, 3), (2, 4)))) == [(7, 2), (12, 2)]
+    assert list(slices.runs((2, 3, 4), ((0, 2), (1, 2), (0, 4)))) == [(4, 4), (16, 4)]
+    assert list(slices.runs((2, 3), ((0, 2), (0, 3)))) == [(0, 6)]
+    assert list(slices.runs((2, 3), ((1, 1), (0, 3)))) == []
+
+
+@st.composite
+def blocks(draw):
+    dims = []
+    for n in (160, 64):
+        a = draw(st.integers(0, n))
+        dims.append((a, draw(st.integers(a, n))))
+    return tuple(dims)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(dims=blocks(), dtype=st.sampled_from(list(ITEMSIZE)))
+def test_random_slices_equal_numpy_slicing_of_the_file(client, written, dims, dtype):
+    got = client.tensors(LLAMA, seed=5, dtype=dtype, slices={UP: dims}, as_="bytes")[UP]
+    assert bytes(got.data) == file_slice(written, dtype, UP, dims)
+
+
+def test_small_segments_split_runs_exactly(written):
+    # A segment smaller than a run: runs are split across buffers, the bytes are unchanged.
+    from modelinit_server.convert import request_from_pb
+    from modelinit_server.planner import build_plan
+
+    msg = modelinit.client.model_request(LLAMA, seed=5, dtype="float32")
+    plan = build_plan(request_from_pb(msg))
+    request = pb.TensorsRequest(request=msg, selections=[pb.TensorSelection(name=UP, dims=[pb.SliceDim(start=3, stop=150),
+                                                                                             pb.SliceDim(start=1, stop=60)])])
+    parts = [b for b in slices.blocks(plan, slices.select(plan, request), segment=36) if isinstance(b, np.ndarray)]
+    assert all(len(p) <= 36 for p in parts)
+    assert b"".join(p.tobytes() for p in parts) == file_slice(written, "float32", UP, ((3, 150), (1, 60)))
