@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import logging
 import threading
@@ -177,8 +178,9 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
             raise  # unreachable: abort raises
 
-    @_observed
-    async def Init(self, request: pb.InitRequest, context: grpc.aio.ServicerContext) -> None:
+    @contextlib.asynccontextmanager
+    async def _stream_slot(self, context: grpc.aio.ServicerContext):
+        """One of the --max-streams stream slots for the body; RESOURCE_EXHAUSTED at once when none is free."""
         if self._inflight >= self._streams.max_streams:
             self._metrics.rejected("resource_exhausted")
             await _abort(
@@ -190,10 +192,15 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         self._inflight += 1
         self._metrics.stream_started()
         try:
-            await self._init(request, context)
+            yield
         finally:
             self._inflight -= 1
             self._metrics.stream_finished()
+
+    @_observed
+    async def Init(self, request: pb.InitRequest, context: grpc.aio.ServicerContext) -> None:
+        async with self._stream_slot(context):
+            await self._init(request, context)
 
     async def _init(self, request: pb.InitRequest, context: grpc.aio.ServicerContext) -> None:
         plan = await self._plan(request.request, context)
@@ -273,21 +280,8 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         except ValueError as e:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
             raise  # unreachable: abort raises
-        if self._inflight >= self._streams.max_streams:  # Init and Tensors share --max-streams
-            self._metrics.rejected("resource_exhausted")
-            await _abort(
-                context,
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"this server is already serving {self._inflight} streams, its limit (--max-streams); "
-                "retry with backoff or use another replica",
-            )
-        self._inflight += 1
-        self._metrics.stream_started()
-        try:
+        async with self._stream_slot(context):  # Init and Tensors share --max-streams
             await self._tensors(plan, selections, chunk, context)
-        finally:
-            self._inflight -= 1
-            self._metrics.stream_finished()
 
     async def _tensors(self, plan: Plan, selections: list[slices.Selection], chunk: int,
                        context: grpc.aio.ServicerContext) -> None:
