@@ -259,8 +259,8 @@ def _hub_layout(tf, model, stored: dict[str, Any]):
         if key in emitted:
             continue
         emitted.add(key)
-        for out_name, (shape, src) in outputs:
-            yield out_name, shape, sources[src].for_output(shape, out_name)
+        for out_name, (shape, srcs) in outputs:
+            yield out_name, shape, sources[srcs[0]].for_output(shape, srcs)
 
 
 def _reverse_conversion(tf, model, stored: dict[str, Any]):
@@ -296,7 +296,7 @@ def _reverse_conversion(tf, model, stored: dict[str, Any]):
         names.append(name)
     groups: dict[str, tuple[Any, list]] = {}
     for name, new in renamed.items():
-        groups[name] = (name, [(new, (tuple(stored[name].shape), name))])
+        groups[name] = (name, [(new, (tuple(stored[name].shape), (name,)))])
     for target, (converter, names) in pending.items():
         with _quiet():
             outputs = converter.convert(target, model=model, config=model.config)
@@ -307,18 +307,12 @@ def _reverse_conversion(tf, model, stored: dict[str, Any]):
             listed.append((out_name, (tuple(tensor.shape), names)))
         listed.sort(key=lambda item: dot_natural_key(item[0]))
         key = f"group:{target}"
-        resolved = [(n, (shape, _single_source(n, srcs))) for n, (shape, srcs) in listed]
+        # every output records all the in-memory tensors its converter read: one when it is cut from a
+        # single tensor; several (concatenated) must share one rule, which _tensor_spec checks
+        resolved = [(n, (shape, tuple(srcs))) for n, (shape, srcs) in listed]
         for name in names:
             groups[name] = (key, resolved)
     return groups
-
-
-def _single_source(out_name: str, sources: list[str]) -> str:
-    """The in-memory tensor an output was cut from; several sources must share one rule (checked later)."""
-    if len(sources) == 1:
-        return sources[0]
-    # a concatenation of several in-memory tensors: keep them all, the caller checks their rules agree
-    return "\x00".join(sources)
 
 
 def _tensor_spec(name: str, shape: tuple[int, ...], info: "ModuleInfo", records: dict[str, Record], model) -> TensorSpec:

@@ -90,9 +90,9 @@ class ModuleInfo:
             fan_in, fan_out = _torch_fans(shape) if len(shape) >= 2 else (0, 0)
         return cls((name,), kind, int(fan_in), int(fan_out), padding, type(parent).__name__, lm_bias)
 
-    def for_output(self, shape: tuple[int, ...], out_name: str) -> "ModuleInfo":
-        """The info of one tensor a conversion made from this source (e.g. one expert's w1)."""
-        sources = tuple(self.sources[0].split("\x00")) if "\x00" in self.sources[0] else self.sources
+    def for_output(self, shape: tuple[int, ...], sources: tuple[str, ...]) -> "ModuleInfo":
+        """The info of one stored tensor a conversion made from ``sources`` (e.g. one expert's w1,
+        cut from the fused ``gate_up_proj`` this info describes)."""
         if self.kind == "expert" and len(shape) == 2:
             return replace(self, sources=sources, fan_in=shape[1], fan_out=shape[0])
         return replace(self, sources=sources)
