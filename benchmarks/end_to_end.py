@@ -110,24 +110,16 @@ def main() -> None:
     print(f"embedded default:     {best_median(emb)}  ({nbytes / min(emb) / 1e9:.2f} GB/s best; peak RSS {rss / 1e9:.2f} GB)")
 
     if args.hf_reps:
-        hf = []
-        for _ in range(args.hf_reps):
-            os.sync()
-            out = subprocess.run([PY, str(BASELINES / "hf_init_save.py"), args.model], capture_output=True, text=True,
-                                 env=env_tmp, check=True).stdout
-            hf.append(float(re.search(r"total ([\d.]+)s", out).group(1)))
-        print(f"transformers:         {best_median(hf)}  ({out.strip()})")
-        print(f"  -> embedded / transformers: {min(hf) / min(emb):.1f}x (best vs best), "
-              f"{statistics.median(hf) / statistics.median(emb):.1f}x (median vs median); goal >= 5x")
-        loop = []
-        for _ in range(args.hf_reps):
-            os.sync()
-            out = subprocess.run([PY, str(BASELINES / "torch_loop.py"), args.model], capture_output=True, text=True,
-                                 env=env_tmp, check=True).stdout
-            loop.append(float(re.search(r"total ([\d.]+)s", out).group(1)))
-        print(f"plain PyTorch loop:   {best_median(loop)}  ({out.strip()})")
-        print(f"  -> embedded / PyTorch loop: {min(loop) / min(emb):.1f}x (best vs best), "
-              f"{statistics.median(loop) / statistics.median(emb):.1f}x (median vs median); goal >= 3x")
+        for label, script, goal in (("transformers", "hf_init_save.py", 5), ("plain PyTorch loop", "torch_loop.py", 3)):
+            times, out = [], ""
+            for _ in range(args.hf_reps):
+                os.sync()
+                out = subprocess.run([PY, str(BASELINES / script), args.model], capture_output=True, text=True,
+                                     env=env_tmp, check=True).stdout
+                times.append(float(re.search(r"total ([\d.]+)s", out).group(1)))
+            print(f"{label + ':':<22}{best_median(times)}  ({out.strip()})")
+            print(f"  -> embedded / {label}: {min(times) / min(emb):.1f}x (best vs best), "
+                  f"{statistics.median(times) / statistics.median(emb):.1f}x (median vs median); goal >= {goal}x")
 
     server = Server()
     srv = []

@@ -11,7 +11,6 @@ import errno
 import hashlib
 import json
 import threading
-from concurrent import futures
 
 import grpc
 import pytest
@@ -24,6 +23,7 @@ from modelinit.v1 import modelinit_pb2 as pb
 from modelinit.v1 import modelinit_pb2_grpc as pb_grpc
 from modelinit.verify import verify_folder
 from tests.conftest import TINY
+from tests.test_hostile_server import hostile  # noqa: F401 - fixture, reused below
 
 LOCK_FILE = ".modelinit.lock"  # another part of the client may keep it in the folder: not ours to compare
 SPEC = TINY["gpt2"]
@@ -40,21 +40,9 @@ def _client(target: str) -> modelinit.Client:
 
 
 @pytest.fixture()
-def grpc_server():
-    """Start a servicer on a free loopback port; stopped after the test."""
-    servers = []
-
-    def start(servicer: pb_grpc.ModelInitServicer) -> str:
-        server = grpc.server(futures.ThreadPoolExecutor(4))
-        pb_grpc.add_ModelInitServicer_to_server(servicer, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        server.start()
-        servers.append(server)
-        return f"127.0.0.1:{port}"
-
-    yield start
-    for s in servers:
-        s.stop(None)
+def grpc_server(hostile):
+    """Start a servicer on a free loopback port; stopped after the test (test_hostile_server's fixture)."""
+    return hostile
 
 
 @pytest.fixture(scope="module")
