@@ -219,6 +219,26 @@ def test_any_local_block_equals_the_slice_of_the_whole():
     assert torch.isnan(local[0]).all() and torch.isnan(local[1, :2]).all()
 
 
+def test_a_column_shard_is_one_launch(monkeypatch):
+    """A row-wise TP shard of a matrix (half of every row) is one run per row: all of them go to the
+    kernel in one call, which shares them among its threads (not one call per row)."""
+    from modelinit_server.engine import Sampler, cpu
+    from modelinit_server.tensors import TensorSpec
+
+    if not cpu.available():
+        pytest.skip("numba is not installed")
+    calls = []
+    real = cpu.generate_runs_into
+    monkeypatch.setattr(cpu, "generate_runs_into", lambda out, *a, **k: (calls.append(len(a[2])), real(out, *a, **k)))
+    filler = _Filler("cpu")
+    sampler, spec = Sampler("normal", std=0.02), TensorSpec("w", (300, 64), kind="linear", role="mlp_out", param="weight")
+    whole, local = torch.empty(300, 64), torch.empty(300, 32)
+    filler.fill_piece(whole, [None, None], spec, sampler, (1, 2), "float32", (0, 0), (0, 1))
+    filler.fill_piece(local, [None, np.arange(32, 64)], spec, sampler, (1, 2), "float32", (0, 0), (0, 1))
+    assert calls == [1, 300]
+    assert torch.equal(local, whole[:, 32:])
+
+
 # --- several processes ------------------------------------------------------------------------
 
 dist = pytest.importorskip("torch.distributed")
@@ -261,6 +281,8 @@ def _build(kind: str, layout: str, world: int):
     doc = MIXTRAL if kind == "mixtral" else LLAMA
     with torch.device("meta"):
         model = (transformers.MixtralForCausalLM if kind == "mixtral" else transformers.LlamaForCausalLM)(_config(doc))
+    if kind == "llama_bf16":
+        model = model.to(torch.bfloat16)
     if layout in ("fsdp", "tp"):
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=(layout,))
         dp, tp = (mesh, None) if layout == "fsdp" else (None, mesh)
@@ -303,7 +325,8 @@ def _worker(rank: int, world: int, init_file: str, cases: list, refs: dict):
             assert any(isinstance(t, DTensor) for t in state.values())
             if layout == "fsdp_tp":
                 assert any(isinstance(p, _StridedShard) for t in state.values() if isinstance(t, DTensor) for p in t.placements)
-            assert summary.elements < summary.global_elements  # each rank wrote its shards only
+            if world > 1:
+                assert summary.elements < summary.global_elements  # each rank wrote its shards only
             ref = torch.load(refs[kind])
             for name, t in state.items():
                 if name == "steps":
@@ -321,11 +344,11 @@ def references(tmp_path_factory):
     """Each model's files, as the in-memory tensors (fused experts fused), saved for the ranks."""
     out = tmp_path_factory.mktemp("refs")
     paths = {}
-    for kind, doc in (("llama", LLAMA), ("mixtral", MIXTRAL)):
+    for kind, doc in (("llama", LLAMA), ("llama_bf16", LLAMA), ("mixtral", MIXTRAL)):
         model_cls = transformers.MixtralForCausalLM if kind == "mixtral" else transformers.LlamaForCausalLM
         with torch.device("meta"):
             model = model_cls(_config(doc))
-        files, _ = _files(_config_dict(model), "float32", out / kind)
+        files, _ = _files(_config_dict(model), "bfloat16" if kind == "llama_bf16" else "float32", out / kind)
         if kind == "mixtral":
             files = _fused_reference(files, 2, 4)
         paths[kind] = str(out / f"{kind}.pt")
@@ -352,11 +375,17 @@ def test_sharded_models_equal_files(tmp_path, references):
     experts sharded over 2 and 4, FSDP x TP on a 2x2 mesh (``_StridedShard``), a plain module
     under FSDP2 against its single-device init. No rank communicates while it fills."""
     cases = [("llama", "fsdp"), ("llama", "tp"), ("llama", "fsdp2"), ("llama", "tp2"), ("llama", "fsdp_tp"),
-             ("mixtral", "fsdp"), ("mixtral", "fsdp2"), ("plain", "fsdp")]
+             ("llama_bf16", "fsdp_tp"), ("mixtral", "fsdp"), ("mixtral", "fsdp2"), ("plain", "fsdp")]
     _spawn(4, cases, references, tmp_path)
 
 
 @needs_dist
 def test_world_of_two(tmp_path, references):
-    """A world of 2 processes: FSDP2 and TP on a 1-D mesh, the vocabulary split 49/48."""
-    _spawn(2, [("llama", "fsdp"), ("llama", "tp")], references, tmp_path)
+    """A world of 2 processes: FSDP2 and TP on a 1-D mesh, the vocabulary split 49/48, bfloat16 too."""
+    _spawn(2, [("llama", "fsdp"), ("llama", "tp"), ("llama_bf16", "fsdp"), ("llama_bf16", "tp")], references, tmp_path)
+
+
+@needs_dist
+def test_world_of_one(tmp_path, references):
+    """A world of 1: DTensors on a 1-rank mesh hold everything (Shard over one rank)."""
+    _spawn(1, [("llama", "fsdp"), ("llama_bf16", "tp")], references, tmp_path)

@@ -60,6 +60,16 @@ def kernel_into(sampler, key, start, count, dtype, *, threads=None, pad=3) -> by
     return buf[pad : pad + n].tobytes()
 
 
+def runs_into(sampler, key, starts, counts, dtype, *, threads=None, pad=3) -> bytes:
+    """generate_runs_into on a view at an odd byte offset of a larger buffer (neighbours intact)."""
+    n = int(sum(counts)) * DTYPE_ITEMSIZE[dtype]
+    buf = np.full(n + 2 * pad, 0xA5, dtype=np.uint8)
+    cpu.generate_runs_into(buf[pad : pad + n], sampler, key, np.asarray(starts, np.int64), np.asarray(counts, np.int64),
+                           dtype, threads=threads)
+    assert (buf[:pad] == 0xA5).all() and (buf[pad + n :] == 0xA5).all()
+    return buf[pad : pad + n].tobytes()
+
+
 # ------------------------------------------------------------------------------------------------
 # golden vectors
 # ------------------------------------------------------------------------------------------------
@@ -182,6 +192,52 @@ def test_slices_concatenate_to_the_whole():
     assert parts == whole == ref(s, key, 11, 70_000, "bfloat16")
 
 
+RUN_SAMPLERS = [
+    Sampler("normal", std=0.02),
+    Sampler("trunc_normal", std=0.5, a=-1.0, b=2.5),
+    Sampler("trunc_normal", mean=0.0, std=1.0, a=4.0, b=9.0),  # deep, reflected tail
+    Sampler("uniform", low=-0.3, high=0.7),
+    Sampler("normal", std=1.0, zero_row=3, row_size=1000),  # a padding row across runs
+    Sampler("constant", value=1.5),
+]
+
+
+@pytest.mark.parametrize("sampler", RUN_SAMPLERS, ids=lambda s: s.kind)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_runs_equal_one_call_per_run(sampler, dtype):
+    """A list of runs in one launch (serial and parallel) is the runs' bytes back to back: empty runs,
+    runs of one element, runs crossing block boundaries, overlapping and unsorted runs, huge starts."""
+    rng = np.random.default_rng(7)
+    key = tensor_key(3, "runs")
+    cases = [
+        ([0], [0]),
+        ([5, 5, 9], [1, 0, 1]),
+        (list(range(0, 40 * 2816, 2816)), [1408] * 40),  # a column block: one short run per row
+        (rng.integers(0, 10**6, 60).tolist(), rng.integers(0, 9000, 60).tolist()),
+        ([2**62 - 5000, 3, 2500], [5000, cpu.BLOCK + 1, 700]),
+        ([2900, 2000], [1000, 2000]),  # overlapping, out of order
+    ]
+    for starts, counts in cases:
+        want = b"".join(ref(sampler, key, s, c, dtype) for s, c in zip(starts, counts))
+        for threads in (1, None):
+            assert_same(runs_into(sampler, key, starts, counts, dtype, threads=threads), want, dtype, (starts[:3], threads))
+
+
+def test_runs_check_their_arguments():
+    s, key = GOOD[0], GOOD[1]
+    out = np.empty(20, np.uint8)
+    for starts, counts, field in [([0, 1], [5], "counts"), ([-1], [10], "starts"), ([0], [-10], "counts"),
+                                  ([0.5], [10], "starts"), ([[0]], [10], "starts"), ([2**62], [10], "counts"),
+                                  (["a"], [10], "starts")]:
+        with pytest.raises(ValueError, match=f"^{field}: "):
+            cpu.generate_runs_into(out, s, key, starts, counts, "bfloat16")
+    with pytest.raises(ValueError, match="^out: "):
+        cpu.generate_runs_into(out, s, key, [0, 100], [5, 6], "bfloat16")
+    with pytest.raises(ValueError, match="^sampler: "):
+        cpu.generate_runs_into(out, "normal", key, [0], [10], "bfloat16")
+    cpu.generate_runs_into(np.empty(0, np.uint8), s, key, [], [], "bfloat16")
+
+
 def test_one_specialization_per_kernel():
     """Every dtype, alignment, kind and range runs the same machine code: warmup() compiles everything a
     server will ever need (a new specialization at request time would stall it for seconds)."""
@@ -190,7 +246,9 @@ def test_one_specialization_per_kernel():
         for pad in (0, 1, 2, 3):
             kernel_into(s, key, 1, 5, dtype, pad=pad)
             kernel_into(s, key, 1, cpu.SERIAL_MAX + 5, dtype, pad=pad)
-    assert len(cpu._kernel_ser.signatures) == 1 and len(cpu._kernel_par.signatures) == 1
+        runs_into(s, key, [1, 9], [5, cpu.SERIAL_MAX + 5], dtype, pad=pad)
+    for k in (cpu._kernel_ser, cpu._kernel_par, cpu._kernel_runs_ser, cpu._kernel_runs_par):
+        assert len(k.signatures) == 1, k
 
 
 def test_thread_counts_give_identical_bytes():
@@ -355,7 +413,12 @@ FMA = re.compile(r"^\s*v?f(?:n)?m(?:add|sub)\w*", re.M | re.I)  # vfmadd231pd, v
 def _asm_of(kernel, parallel: bool) -> str:
     """Assembly of an uncached copy of ``kernel`` compiled with the module's options (cached code has none)."""
     d = numba.njit(parallel=parallel, **cpu.JIT_OPTIONS)(kernel.py_func)
-    d(np.empty(16, np.uint8), 8, 0, np.uint64(0), np.uint64(0), 1, 2, 0.0, 1.0, -1.0, 1.0, 0.1, 0.8, True, 1)
+    if "runs" in kernel.py_func.__name__:
+        one = np.zeros(1, np.int64)
+        head = (np.empty(16, np.uint8), one, one + 8, one, np.array([0, 1], np.int64), 2)
+    else:
+        head = (np.empty(16, np.uint8), 8, 0)
+    d(*head, np.uint64(0), np.uint64(0), 1, 2, 0.0, 1.0, -1.0, 1.0, 0.1, 0.8, True, 1)
     (asm,) = d.inspect_asm().values()
     return asm
 
@@ -370,9 +433,10 @@ def test_fma_detector_detects_contraction():
     assert FMA.search("\n".join(f.inspect_asm().values())), "the pattern misses a fastmath multiply-add"
 
 
-@pytest.mark.parametrize("parallel", [False, True], ids=["serial", "parallel"])
-def test_no_fma_in_kernels(parallel):
-    asm = _asm_of(cpu._kernel_par if parallel else cpu._kernel_ser, parallel)
+@pytest.mark.parametrize("name, parallel", [("_kernel_ser", False), ("_kernel_par", True),
+                                            ("_kernel_runs_ser", False), ("_kernel_runs_par", True)])
+def test_no_fma_in_kernels(name, parallel):
+    asm = _asm_of(getattr(cpu, name), parallel)
     assert "div" in asm and "sqrt" in asm, "not the kernel's code"
     found = FMA.findall(asm)
     assert not found, f"FMA instructions in the compiled kernel: {sorted(set(found))}"
@@ -467,7 +531,7 @@ def test_cache_failure_at_first_call_compiles_without_cache(tmp_path, monkeypatc
     monkeypatch.setattr(d._cache, "save_overload", broken_save)
     view = np.zeros(4, np.uint16)
     with pytest.warns(UserWarning, match="numba cache failed"):
-        cpu._launch(d, view, 7, 0, (0, 0), 0, "bfloat16", (0.0, 1.0, -np.inf, np.inf, 0.0, 1.0, False), 1)
+        cpu._launch(d, view, 7, 0, *cpu._kernel_args(Sampler("normal"), (0, 0), "bfloat16"), 1)
     assert view[0] == 7
-    cpu._launch(d, view, 9, 0, (0, 0), 0, "bfloat16", (0.0, 1.0, -np.inf, np.inf, 0.0, 1.0, False), 1)
+    cpu._launch(d, view, 9, 0, *cpu._kernel_args(Sampler("normal"), (0, 0), "bfloat16"), 1)
     assert view[0] == 9

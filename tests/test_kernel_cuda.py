@@ -220,6 +220,26 @@ def _check_generate_tensor(device: str) -> list[str]:
     return errs
 
 
+def _check_runs(device: str) -> list[str]:
+    """generate_runs_into: the runs' bytes back to back (empty runs, a padding row, odd starts)."""
+    errs = []
+    s, key = Sampler("normal", std=0.5, zero_row=2, row_size=30), tensor_key(4, "runs")
+    starts, counts = [5, 61, 61, 200, 7], [40, 0, 3, 1, 1030]
+    for dtype in DTYPE_ITEMSIZE:
+        out = torch.empty(sum(counts) * DTYPE_ITEMSIZE[dtype], dtype=torch.uint8, device=device)
+        cuda.generate_runs_into(out, s, key, starts, counts, dtype)
+        want = b"".join(core.generate(s, key, a, c, dtype) for a, c in zip(starts, counts))
+        if out.cpu().numpy().tobytes() != want:
+            errs.append(f"generate_runs_into {dtype}: bytes differ")
+    try:
+        cuda.generate_runs_into(torch.empty(3, dtype=torch.uint8, device=device), s, key, [0], [2], "bfloat16")
+        errs.append("generate_runs_into: no error for a short out")
+    except ValueError as e:
+        if not str(e).startswith("out: must hold exactly sum(counts) * itemsize = 4 bytes"):
+            errs.append(f"generate_runs_into: {e}")
+    return errs
+
+
 def _check_out_errors(device: str) -> list[str]:
     """ValueErrors about ``out`` (after the argument checks of core.generate)."""
     errs = []
@@ -379,7 +399,7 @@ def _worker(mode: str) -> dict:
         return {"results": [_run_case(c, "cpu") for c in _golden_cases()]}
     if mode == "random":
         return {"results": [_run_case(c, "cpu") for c in _random_cases()],
-                "errors": _check_generate_tensor("cpu") + _check_out_errors("cpu")}
+                "errors": _check_generate_tensor("cpu") + _check_out_errors("cpu") + _check_runs("cpu")}
     if mode == "blocks":
         return _interp_building_blocks()
     raise ValueError(mode)
@@ -573,6 +593,7 @@ def test_gpu_random_table():
     assert _failures([_run_case(c, "cuda") for c in _random_cases()]) == []
     assert _check_generate_tensor("cuda") == []
     assert _check_out_errors("cuda") == []
+    assert _check_runs("cuda") == []
 
 
 @needs_gpu

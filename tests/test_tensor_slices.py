@@ -151,12 +151,36 @@ def test_tied_name_and_chunk_size_and_client_side_checks(client, server_target):
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and err.value.details().startswith("chunk_size:")
 
 
+def _runs(shape, dims):
+    return [(int(a), int(c)) for starts, counts in slices.runs(shape, dims) for a, c in zip(starts, counts)]
+
+
 def test_runs_fold_trailing_whole_dims():
-    assert list(slices.runs((4, 5), ((1, 3), (0, 5)))) == [(5, 10)]
-    assert list(slices.runs((4, 5), ((1, 3), (2, 4)))) == [(7, 2), (12, 2)]
-    assert list(slices.runs((2, 3, 4), ((0, 2), (1, 2), (0, 4)))) == [(4, 4), (16, 4)]
-    assert list(slices.runs((2, 3), ((0, 2), (0, 3)))) == [(0, 6)]
-    assert list(slices.runs((2, 3), ((1, 1), (0, 3)))) == []
+    assert _runs((4, 5), ((1, 3), (0, 5))) == [(5, 10)]
+    assert _runs((4, 5), ((1, 3), (2, 4))) == [(7, 2), (12, 2)]
+    assert _runs((2, 3, 4), ((0, 2), (1, 2), (0, 4))) == [(4, 4), (16, 4)]
+    assert _runs((2, 3), ((0, 2), (0, 3))) == [(0, 6)]
+    assert _runs((2, 3), ((1, 1), (0, 3))) == []
+
+
+@pytest.mark.parametrize("segment", [2, 6, 14, 1000, 1 << 20])
+def test_blocks_split_runs_across_buffers(segment):
+    """Buffers cut runs anywhere (mid-run, at run ends, several runs per buffer): the bytes are the
+    block of the whole tensor, whatever the buffer size."""
+    from types import SimpleNamespace
+
+    from modelinit_server.engine import Sampler, core
+
+    shape, dtype, key = (37, 23), "bfloat16", (4, 9)
+    sampler = Sampler("normal", std=0.02)
+    whole = np.frombuffer(core.generate(sampler, key, 0, 37 * 23, dtype), np.uint16).reshape(shape)
+    tensor = SimpleNamespace(spec=SimpleNamespace(shape=shape), sampler=sampler, key=key)
+    plan = SimpleNamespace(request=SimpleNamespace(dtype=dtype))
+    dims = ((3, 30), (5, 12))
+    items = list(slices.blocks(plan, [slices.Selection(0, tensor, dims)], segment=segment))
+    assert isinstance(items[0], slices.Selection)
+    assert all(len(b) <= max(segment, 2) for b in items[1:])
+    assert b"".join(b.tobytes() for b in items[1:]) == np.ascontiguousarray(whole[3:30, 5:12]).tobytes()
 
 
 @st.composite

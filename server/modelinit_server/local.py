@@ -64,4 +64,4 @@ class LocalEngine:
         plan = self._build(request.request)
         slices.check_chunk(request.chunk_size)
         slices.select(plan, request)  # checked now, not on the first next()
-        return slices.responses(plan, request, self.backend.fill)
+        return slices.responses(plan, request, self.backend.fill_runs)

@@ -289,7 +289,7 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         log.info("Tensors %d selection(s), %d elements, from %s", len(selections), sum(s.numel for s in selections),
                  context.peer())
         loop = asyncio.get_running_loop()
-        source = slices.blocks(plan, selections, self._backend.fill)
+        source = slices.blocks(plan, selections, self._backend.fill_runs)
         metrics = self._metrics
         busy = threading.Lock()  # the generator runs on the generation pool; never two steps at once
 

@@ -1,13 +1,13 @@
 """Tensors and n-d slices of them, without the files: what the ``Tensors`` RPC streams.
 
 Element i of a tensor is generated independently of every other, so a block is produced by
-generating only the runs of consecutive flat (row-major) indices it covers: one run per index of
-the leading dimensions, the trailing whole dimensions folded into it. The bytes equal the same
+generating only the runs of consecutive flat (row-major) indices it covers (engine/runs.py: one
+run per index of the leading dimensions, the trailing whole dimensions folded into it), many runs
+per launch. The bytes equal the same
 elements of the files (the same fill writes both). Used by the servicer and the embedded engine.
 """
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Iterator
@@ -16,7 +16,8 @@ import numpy as np
 from modelinit.v1 import modelinit_pb2 as pb
 
 from .engine import DTYPE_ITEMSIZE
-from .engine.backends import REFERENCE, Fill
+from .engine.backends import REFERENCE, FillRuns
+from .engine.runs import box_runs
 from .files import SEGMENT
 from .planner import Plan, TensorPlan
 
@@ -95,27 +96,25 @@ def select(plan: Plan, request: pb.TensorsRequest) -> list[Selection]:
     return out
 
 
-def runs(shape: tuple[int, ...], dims: tuple[tuple[int, int], ...]) -> Iterator[tuple[int, int]]:
-    """The block's elements as (first flat index, count) runs, in row-major order of the block."""
-    if any(a == b for a, b in dims):
-        return
-    # Fold the trailing dimensions that are whole into one run, with the first partial one.
-    k = len(shape)
-    while k > 0 and dims[k - 1] == (0, shape[k - 1]):
-        k -= 1
-    inner = math.prod(shape[k:])  # elements of one index of dims[:k]
-    if k == 0:
-        yield 0, inner
-        return
-    a, b = dims[k - 1]
-    count = (b - a) * inner
-    strides = [math.prod(shape[d + 1 : k]) * inner for d in range(k)]
-    for lead in itertools.product(*(range(a0, b0) for a0, b0 in dims[: k - 1])):
-        base = sum(i * s for i, s in zip(lead, strides))
-        yield base + a * strides[k - 1], count
+def runs(shape: tuple[int, ...], dims: tuple[tuple[int, int], ...]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The block's elements as batches of (first flat index, count) runs, in row-major order."""
+    return box_runs(shape, [None if (a, b) == (0, n) else np.arange(a, b, dtype=np.int64)
+                            for (a, b), n in zip(dims, shape)])
 
 
-def blocks(plan: Plan, selections: list[Selection], fill: Fill = REFERENCE.fill,
+def _take(starts: np.ndarray, counts: np.ndarray, cum: np.ndarray, p: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Elements [p, p + n) of the runs' concatenation (``cum``: its running totals), as runs."""
+    i = int(np.searchsorted(cum, p, side="right"))  # the run holding element p
+    j = int(np.searchsorted(cum, p + n, side="left"))  # the run holding element p + n - 1
+    s, c = starts[i : j + 1].copy(), counts[i : j + 1].copy()
+    cut = p - int(cum[i] - counts[i])
+    s[0] += cut
+    c[0] -= cut
+    c[-1] -= int(cum[j]) - (p + n)
+    return s, c
+
+
+def blocks(plan: Plan, selections: list[Selection], fill_runs: FillRuns = REFERENCE.fill_runs,
            segment: int = SEGMENT) -> Iterator[Selection | np.ndarray]:
     """For each selection: the Selection, then its bytes as uint8 arrays of at most ``segment``
     bytes (whole elements; each array is fresh, valid after the next one is made)."""
@@ -127,11 +126,14 @@ def blocks(plan: Plan, selections: list[Selection], fill: Fill = REFERENCE.fill,
         t = sel.tensor
         left = sel.numel
         buf, used = np.empty(min(left, per) * itemsize, np.uint8), 0
-        for start, count in runs(t.spec.shape, sel.dims):
-            while count:
-                n = min(count, per - used)
-                fill(buf[used * itemsize : (used + n) * itemsize], t.sampler, t.key, start, n, dtype)
-                used, start, count, left = used + n, start + n, count - n, left - n
+        for starts, counts in runs(t.spec.shape, sel.dims):
+            cum = np.cumsum(counts)
+            p, total = 0, int(cum[-1])
+            while p < total:
+                n = min(per - used, total - p)
+                s, c = _take(starts, counts, cum, p, n)
+                fill_runs(buf[used * itemsize : (used + n) * itemsize], t.sampler, t.key, s, c, dtype)
+                used, p, left = used + n, p + n, left - n
                 if used == per:
                     yield buf
                     buf, used = np.empty(min(left, per) * itemsize, np.uint8), 0
@@ -148,12 +150,13 @@ def begin(plan: Plan, sel: Selection) -> pb.TensorsResponse:
         nbytes=sel.numel * DTYPE_ITEMSIZE[dtype], fingerprint=plan.fingerprint))
 
 
-def responses(plan: Plan, request: pb.TensorsRequest, fill: Fill = REFERENCE.fill) -> Iterator[pb.TensorsResponse]:
+def responses(plan: Plan, request: pb.TensorsRequest, fill_runs: FillRuns = REFERENCE.fill_runs
+              ) -> Iterator[pb.TensorsResponse]:
     """The whole Tensors stream of ``request`` in-process (ValueError naming the field, before
     anything is generated)."""
     chunk = check_chunk(request.chunk_size)
     selections = select(plan, request)
-    for item in blocks(plan, selections, fill):
+    for item in blocks(plan, selections, fill_runs):
         if isinstance(item, Selection):
             yield begin(plan, item)
         else:

@@ -27,7 +27,6 @@ allows, else into a buffer that is scattered once.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import math
 import sys
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from .engine import ALGORITHM_VERSION, DTYPE_ITEMSIZE, check_dtype
+from .engine.runs import box_runs
 from .planner import Request, fingerprint, tensor_keys
 from .policies import Policy, Resolved, resolve
 from .tensors import ModelSpec, TensorSpec
@@ -471,31 +471,29 @@ class _Filler:
         self.device = device
         self._cpu = None
 
-    def _cpu_fill(self):
+    def _cpu_fill_runs(self):
         if self._cpu is None:
             from .engine.backends import REFERENCE, select
 
             if self.device == "reference":
-                self._cpu = REFERENCE.fill
+                self._cpu = REFERENCE.fill_runs
             else:
                 try:
-                    self._cpu = select("cpu").fill
+                    self._cpu = select("cpu").fill_runs
                 except ValueError:
                     if self.device == "cpu":
                         raise
-                    self._cpu = REFERENCE.fill
+                    self._cpu = REFERENCE.fill_runs
         return self._cpu
 
-    def _gen(self, flat_u8, sampler, key, start: int, count: int, dtype: str) -> None:
-        """Elements [start, start + count) into ``flat_u8`` (a contiguous 1-D uint8 torch tensor)."""
-        if count == 0:
-            return
+    def _gen_runs(self, flat_u8, sampler, key, starts, counts, dtype: str) -> None:
+        """The runs' elements, back to back, into ``flat_u8`` (a contiguous 1-D uint8 torch tensor)."""
         if flat_u8.device.type == "cpu":
-            self._cpu_fill()(flat_u8.numpy(), sampler, key, start, count, dtype)
+            self._cpu_fill_runs()(flat_u8.numpy(), sampler, key, starts, counts, dtype)
         elif flat_u8.device.type == "cuda":
             from .engine import cuda
 
-            cuda.generate_into(flat_u8, sampler, key, start, count, dtype)
+            cuda.generate_runs_into(flat_u8, sampler, key, starts, counts, dtype)
         else:
             raise ValueError(f"module: tensors on {flat_u8.device.type} are not supported (cpu, cuda)")
 
@@ -566,30 +564,13 @@ class _Filler:
 
     def _runs(self, flat_u8, disk_shape, krel, sampler, key, dtype: str) -> None:
         """Generate the product of ``krel`` (per disk dim: indices, None for all) in row-major
-        order into ``flat_u8``, as runs of consecutive flat indices."""
+        order into ``flat_u8``, a batch of runs of consecutive flat indices at a time."""
         item = DTYPE_ITEMSIZE[dtype]
-        m = len(disk_shape)
-        strides = [math.prod(disk_shape[k + 1:]) for k in range(m)]
-        q = m - 1  # the last dim that is not whole; those after it form one block
-        while q >= 0 and (krel[q] is None or (len(krel[q]) == disk_shape[q] and disk_shape[q] == 1)):
-            q -= 1
-        if q < 0:
-            self._gen(flat_u8, sampler, key, 0, math.prod(disk_shape), dtype)
-            return
-        block = strides[q]
-        idx = np.asarray(krel[q], dtype=np.int64)
-        breaks = np.nonzero(np.diff(idx) != 1)[0] + 1
-        seg_starts = np.concatenate(([0], breaks))
-        seg_ends = np.concatenate((breaks, [idx.size]))
-        segments = [(int(idx[a]), int(b - a)) for a, b in zip(seg_starts, seg_ends)]
-        leading = [range(disk_shape[k]) if krel[k] is None else [int(v) for v in krel[k]] for k in range(q)]
         pos = 0
-        for combo in itertools.product(*leading):
-            base = sum(i * s for i, s in zip(combo, strides))
-            for first, length in segments:
-                n = length * block
-                self._gen(flat_u8[pos * item:(pos + n) * item], sampler, key, base + first * block, n, dtype)
-                pos += n
+        for starts, counts in box_runs(disk_shape, krel):
+            n = int(counts.sum()) * item
+            self._gen_runs(flat_u8[pos:pos + n], sampler, key, starts, counts, dtype)
+            pos += n
 
 
 def _is_range(p: np.ndarray) -> bool:

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from .core import generate_array
+from .core import DTYPE_ITEMSIZE, check_runs, generate_array
 from .sampler import Sampler
 
 log = logging.getLogger("modelinit.engine")
@@ -19,6 +19,9 @@ log = logging.getLogger("modelinit.engine")
 #: fill(out, sampler, key, start, count, dtype): write the bytes of elements [start, start+count)
 #: into ``out``, a contiguous uint8 numpy array of exactly count * itemsize bytes.
 Fill = Callable[[np.ndarray, Sampler, tuple[int, int], int, int, str], None]
+#: fill_runs(out, sampler, key, starts, counts, dtype): the bytes of elements [starts[r], starts[r] +
+#: counts[r]) of every run r, back to back in ``out`` (sum(counts) * itemsize bytes).
+FillRuns = Callable[[np.ndarray, Sampler, tuple[int, int], np.ndarray, np.ndarray, str], None]
 
 DEVICES = ("auto", "cpu", "cuda", "reference")
 
@@ -32,6 +35,9 @@ class Backend:
     parallel: bool
     """The fill uses every core itself: run one fill at a time (numba's default threading layer
     also refuses concurrent parallel calls)."""
+    fill_runs: FillRuns
+    """Writes many ranges of one tensor, back to back, into a host buffer (one parallel launch on the
+    CPU kernel: a column block of a matrix is one short range per row)."""
     alloc: Callable[[int], np.ndarray] | None = None
     """Allocates the host segment buffers the fills write into (page-aligned uint8); CUDA gives
     page-locked (pinned) memory so device-to-host copies run at full DMA speed. None: plain memory."""
@@ -41,7 +47,23 @@ def _reference_fill(out: np.ndarray, sampler: Sampler, key: tuple[int, int], sta
     out[:] = generate_array(sampler, key, start, count, dtype).view(np.uint8)
 
 
-REFERENCE = Backend("reference", _reference_fill, parallel=False)
+def looped(fill: Fill) -> FillRuns:
+    """``fill_runs`` as one ``fill`` per run."""
+
+    def fill_runs(out: np.ndarray, sampler: Sampler, key: tuple[int, int], starts, counts, dtype: str) -> None:
+        starts, counts = check_runs(starts, counts)
+        item = DTYPE_ITEMSIZE[dtype]
+        if out.nbytes != int(counts.sum()) * item:
+            raise ValueError(f"out: must hold exactly sum(counts) * itemsize = {int(counts.sum()) * item} bytes, got {out.nbytes}")
+        pos = 0
+        for s, c in zip(starts.tolist(), counts.tolist()):
+            fill(out[pos : pos + c * item], sampler, key, s, c, dtype)
+            pos += c * item
+
+    return fill_runs
+
+
+REFERENCE = Backend("reference", _reference_fill, parallel=False, fill_runs=looped(_reference_fill))
 
 
 def _cpu(warmup: bool) -> Backend | None:
@@ -53,7 +75,7 @@ def _cpu(warmup: bool) -> Backend | None:
         return None
     if warmup:
         cpu.warmup()
-    return Backend("cpu", cpu.generate_into, parallel=True)
+    return Backend("cpu", cpu.generate_into, parallel=True, fill_runs=cpu.generate_runs_into)
 
 
 def _cuda(warmup: bool) -> Backend | None:
@@ -74,6 +96,11 @@ def _cuda(warmup: bool) -> Backend | None:
         cuda.generate_into(staging, sampler, key, start, count, dtype)
         torch.from_numpy(out).copy_(staging)
 
+    def fill_runs(out: np.ndarray, sampler: Sampler, key: tuple[int, int], starts, counts, dtype: str) -> None:
+        staging = torch.empty(out.nbytes, dtype=torch.uint8, device="cuda")
+        cuda.generate_runs_into(staging, sampler, key, starts, counts, dtype)
+        torch.from_numpy(out).copy_(staging)
+
     def alloc(n: int) -> np.ndarray:
         # Pinned, and page-aligned (cudaHostAlloc returns pages) for O_DIRECT writers too; the
         # numpy view keeps the tensor, hence the pinned block, alive.
@@ -81,7 +108,7 @@ def _cuda(warmup: bool) -> Backend | None:
         skip = -pinned.ctypes.data % 4096
         return pinned[skip : skip + n]
 
-    return Backend("cuda", fill, parallel=True, alloc=alloc)
+    return Backend("cuda", fill, parallel=True, fill_runs=fill_runs, alloc=alloc)
 
 
 def select(device: str, warmup: bool = False) -> Backend:

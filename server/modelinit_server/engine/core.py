@@ -128,6 +128,25 @@ def _values(sampler: Sampler, key: tuple[int, int], start: int, count: int) -> n
     return transform(sampler, uniforms(key, start, count))
 
 
+def check_runs(starts: object, counts: object) -> tuple[np.ndarray, np.ndarray]:
+    """``starts`` and ``counts`` of element runs as int64 arrays, checked as ``start``/``count`` are
+    (non-negative integers, ``start + count <= 2**62``; ValueError naming ``starts``/``counts``)."""
+    out = []
+    for name, v in (("starts", starts), ("counts", counts)):
+        a = np.asarray(v)
+        if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+            raise ValueError(f"{name}: must be a 1-D array of non-negative integers, got {a.dtype} of shape {a.shape}")
+        if a.size and (a.min() < 0 or a.max() > MAX_ELEMENTS):
+            raise ValueError(f"{name}: every value must be in [0, 2**62]")
+        out.append(a.astype(np.int64, copy=False))
+    s, c = out
+    if s.size != c.size:
+        raise ValueError(f"counts: {c.size} counts for {s.size} starts; give one count per start")
+    if s.size and bool(np.any(s > MAX_ELEMENTS - c)):
+        raise ValueError("counts: start + count must be <= 2**62 for every run")
+    return s, c
+
+
 def _check_range(start: object, count: object) -> tuple[int, int]:
     vals = []
     for name, v in (("start", start), ("count", count)):

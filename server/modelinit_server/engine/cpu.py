@@ -53,12 +53,12 @@ import warnings
 
 import numpy as np
 
-from .core import DTYPE_ITEMSIZE, _check_range, check_dtype, to_dtype
+from .core import DTYPE_ITEMSIZE, _check_range, check_dtype, check_runs, to_dtype
 from .philox import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, _check_key
 from .sampler import U2_MAX, Sampler
 from .special import AS241_A, AS241_B, AS241_C, AS241_D, AS241_E, AS241_F, LN2_HI, LN2_LO, LOG_C, SQRT_HALF
 
-__all__ = ["BLOCK", "available", "generate", "generate_into", "warmup"]
+__all__ = ["BLOCK", "available", "generate", "generate_into", "generate_runs_into", "warmup"]
 
 #: Elements per block. A speed knob only: values never depend on it.
 BLOCK = 4096
@@ -507,6 +507,38 @@ if available():
         nb = (count + BLOCK - 1) // BLOCK
         _blocks(out, 0, nb, count, start, k0, k1, kind, dt, mean, std, a, b, plo, pw, flip)
 
+    # -- runs: many ranges of one tensor, back to back in out (a column block is one run per row) ----
+    @_jit(cache=False)
+    def _runs_body(out, starts, counts, offs, cum, u0, u1, item, k0, k1, kind, dt, mean, std, a, b, plo, pw, flip):
+        """Work units u0 <= u < u1 of a list of non-empty runs: unit u is block u - cum[r] of run r
+        (cum[r] <= u < cum[r + 1]); run r's bytes start at out[offs[r] * item]."""
+        r = np.searchsorted(cum, u0, side="right") - 1
+        u = u0
+        while u < u1:
+            while cum[r + 1] <= u:
+                r += 1
+            b0 = u - cum[r]
+            b1 = min(u1, cum[r + 1]) - cum[r]
+            o = offs[r] * item
+            _blocks(out[o : o + counts[r] * item], b0, b1, counts[r], starts[r], k0, k1, kind, dt,
+                    mean, std, a, b, plo, pw, flip)
+            u += b1 - b0
+
+    @_jit(parallel=True)
+    def _kernel_runs_par(out, starts, counts, offs, cum, item, k0, k1, kind, dt, mean, std, a, b, plo, pw, flip,
+                         nchunks):
+        total = cum[cum.size - 1]
+        nch = min(total, nchunks)
+        for ch in _numba.prange(nch):
+            _runs_body(out, starts, counts, offs, cum, ch * total // nch, (ch + 1) * total // nch, item, k0, k1,
+                       kind, dt, mean, std, a, b, plo, pw, flip)
+
+    @_jit()
+    def _kernel_runs_ser(out, starts, counts, offs, cum, item, k0, k1, kind, dt, mean, std, a, b, plo, pw, flip,
+                         nchunks):
+        _runs_body(out, starts, counts, offs, cum, 0, cum[cum.size - 1], item, k0, k1, kind, dt,
+                   mean, std, a, b, plo, pw, flip)
+
 
 # ------------------------------------------------------------------------------------------------
 # public API
@@ -537,9 +569,7 @@ def _validate(sampler: Sampler, key: tuple[int, int], start: int, count: int, dt
     return key, start, count
 
 
-def _launch(kern, out, count, start, key, kind, dtype, args, nthreads):
-    call = (out, count, start, np.uint64(key[0]), np.uint64(key[1]), kind, _DTYPE_CODE[dtype], *args,
-            CHUNKS_PER_THREAD * nthreads)
+def _launch(kern, *call) -> None:
     try:
         kern(*call)
     except Exception as e:
@@ -553,37 +583,52 @@ def _launch(kern, out, count, start, key, kind, dtype, args, nthreads):
         kern(*call)
 
 
+def _kernel_args(sampler: Sampler, key: tuple[int, int], dtype: str) -> tuple:
+    """The kernels' trailing arguments from key on, without ``nchunks``."""
+    kind = _KIND_CODE[sampler.kind]
+    a, b, plo, pw, flip = -np.inf, np.inf, 0.0, 1.0, False
+    if kind == 0:
+        mean, std = sampler.mean, sampler.std
+    elif kind == 1:
+        mean, std, a, b = sampler.mean, sampler.std, sampler.a, sampler.b
+        plo, _, pw, flip = sampler.trunc_scalars  # host scalars, never recomputed
+    else:  # v = low + d * u is the kernel's mean + std * z with mean = low, std = d, z = u
+        mean, std = sampler.low, sampler.high - sampler.low
+    return (np.uint64(key[0]), np.uint64(key[1]), kind, _DTYPE_CODE[dtype],
+            float(mean), float(std), float(a), float(b), float(plo), float(pw), bool(flip))
+
+
+def _dispatch(serial, parallel, head: tuple, tail: tuple, count: int, threads: int | None) -> None:
+    """Run ``kernel(*head, *tail, nchunks)`` on this thread (small or ``threads=1``) or on numba's pool."""
+    if count <= SERIAL_MAX or threads == 1:
+        _launch(serial, *head, *tail, CHUNKS_PER_THREAD)
+        return
+    with _launch_lock:
+        before = _numba.get_num_threads()  # per-thread settings in numba
+        if threads is not None:
+            _numba.set_num_threads(threads)
+        chunksize = _numba.set_parallel_chunksize(1)  # dynamic: a busy core gets fewer chunks
+        try:
+            _launch(parallel, *head, *tail, CHUNKS_PER_THREAD * _numba.get_num_threads())
+        finally:
+            _numba.set_parallel_chunksize(chunksize)
+            _numba.set_num_threads(before)
+
+
+def _constant(view: np.ndarray, sampler: Sampler, dtype: str) -> None:
+    # no random bits: one value, rounded by the reference's own code
+    view[:] = to_dtype(np.array([sampler.value], dtype=np.float64), dtype).view(view.dtype)[0]
+
+
 def _run(out: np.ndarray, sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str,
          threads: int | None) -> None:
     """Fill the uint8 array ``out`` (count * itemsize bytes, any alignment)."""
     view = out.view(_OUT_VIEW[dtype])  # for numpy's fills only (it may be unaligned; numpy copes)
     if count:
-        if sampler.kind == "constant":  # no random bits: one value, rounded by the reference's own code
-            view[:] = to_dtype(np.array([sampler.value], dtype=np.float64), dtype).view(view.dtype)[0]
+        if sampler.kind == "constant":
+            _constant(view, sampler, dtype)
         else:
-            kind = _KIND_CODE[sampler.kind]
-            a, b, plo, pw, flip = -np.inf, np.inf, 0.0, 1.0, False
-            if kind == 0:
-                mean, std = sampler.mean, sampler.std
-            elif kind == 1:
-                mean, std, a, b = sampler.mean, sampler.std, sampler.a, sampler.b
-                plo, _, pw, flip = sampler.trunc_scalars  # host scalars, never recomputed
-            else:  # v = low + d * u is the kernel's mean + std * z with mean = low, std = d, z = u
-                mean, std = sampler.low, sampler.high - sampler.low
-            args = (float(mean), float(std), float(a), float(b), float(plo), float(pw), bool(flip))
-            if count <= SERIAL_MAX or threads == 1:
-                _launch(_kernel_ser, out, count, start, key, kind, dtype, args, 1)
-            else:
-                with _launch_lock:
-                    before = _numba.get_num_threads()  # per-thread settings in numba
-                    if threads is not None:
-                        _numba.set_num_threads(threads)
-                    chunksize = _numba.set_parallel_chunksize(1)  # dynamic: a busy core gets fewer chunks
-                    try:
-                        _launch(_kernel_par, out, count, start, key, kind, dtype, args, _numba.get_num_threads())
-                    finally:
-                        _numba.set_parallel_chunksize(chunksize)
-                        _numba.set_num_threads(before)
+            _dispatch(_kernel_ser, _kernel_par, (out, count, start), _kernel_args(sampler, key, dtype), count, threads)
     if sampler.zero_row is not None:
         lo = sampler.zero_row * sampler.row_size
         i0, i1 = max(lo, start), min(lo + sampler.row_size, start + count)
@@ -624,6 +669,47 @@ def generate_into(out: np.ndarray, sampler: Sampler, key: tuple[int, int], start
     _run(out, sampler, key, start, count, dtype, threads)
 
 
+def generate_runs_into(out: np.ndarray, sampler: Sampler, key: tuple[int, int], starts, counts, dtype: str,
+                       *, threads: int | None = None) -> None:
+    """Write the bytes of elements ``[starts[r], starts[r] + counts[r])`` for every run ``r``, back to
+    back in run order, into ``out`` (a C-contiguous 1-D ``uint8`` array of exactly ``sum(counts) *
+    itemsize`` bytes): the bytes of :func:`generate_into` called once per run, in one launch whose
+    threads share all the runs' blocks (a column block of a matrix is one short run per row).
+    ``starts``/``counts``: 1-D integer arrays of one length (ValueError naming them)."""
+    _require()
+    key, _, _ = _validate(sampler, key, 0, 0, dtype)
+    starts, counts = check_runs(starts, counts)
+    _check_threads(threads)
+    item = DTYPE_ITEMSIZE[dtype]
+    total = int(counts.sum())
+    if not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.ndim != 1:
+        raise ValueError(f"out: must be a 1-D uint8 numpy array, got {getattr(out, 'dtype', type(out).__name__)}")
+    if out.nbytes != total * item:
+        raise ValueError(f"out: must hold exactly sum(counts) * itemsize = {total * item} bytes, got {out.nbytes}")
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError("out: must be C-contiguous and writable")
+    if total == 0:
+        return
+    offs = np.zeros(counts.size, dtype=np.int64)
+    np.cumsum(counts[:-1], out=offs[1:])
+    view = out.view(_OUT_VIEW[dtype])
+    if sampler.kind == "constant":
+        _constant(view, sampler, dtype)
+    else:
+        keep = counts > 0
+        s, c, o = starts[keep], counts[keep], offs[keep]
+        cum = np.zeros(c.size + 1, dtype=np.int64)
+        np.cumsum((c + BLOCK - 1) // BLOCK, out=cum[1:])
+        _dispatch(_kernel_runs_ser, _kernel_runs_par, (out, s, c, o, cum, item), _kernel_args(sampler, key, dtype),
+                  total, threads)
+    if sampler.zero_row is not None:
+        lo = sampler.zero_row * sampler.row_size
+        i0 = np.maximum(starts, lo)
+        i1 = np.minimum(starts + counts, lo + sampler.row_size)
+        for r in np.nonzero(i0 < i1)[0]:
+            view[offs[r] + i0[r] - starts[r] : offs[r] + i1[r] - starts[r]] = 0  # +0.0 in every dtype
+
+
 def generate(sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str,
              *, threads: int | None = None) -> bytes:
     """The bytes of :func:`.core.generate` (same arguments, same ``ValueError``s), computed by the kernel."""
@@ -636,15 +722,20 @@ def generate(sampler: Sampler, key: tuple[int, int], start: int, count: int, dty
 
 
 def warmup() -> None:
-    """Compile, or load from numba's on-disk cache, both kernels, so that no request waits for it.
+    """Compile, or load from numba's on-disk cache, every kernel, so that no request waits for it.
 
-    There are two machine-code specializations, the parallel and the serial kernel: kind and dtype are
-    run-time arguments, and the output is always the uint8 buffer (any alignment). About 5 s of
-    compilation on 2 cores the first time (the GIL is held meanwhile), about 0.3 s from the cache.
+    There are four machine-code specializations, the parallel and the serial kernel of one range and of
+    a list of runs: kind and dtype are run-time arguments, and the output is always the uint8 buffer
+    (any alignment). About 10 s of compilation on 2 cores the first time (the GIL is held meanwhile),
+    under a second from the cache.
     """
     _require()
     out = np.empty(32, dtype=np.uint8)
-    args = (0.0, 1.0, -np.inf, np.inf, 0.0, 1.0, False)
-    _launch(_kernel_ser, out, 8, 0, (0, 0), 0, "float32", args, 1)
+    tail = _kernel_args(Sampler("normal"), (0, 0), "float32")
+    one = np.zeros(1, dtype=np.int64)
+    runs = (out, one, one + 8, one, np.array([0, 1], dtype=np.int64), 4)
+    _launch(_kernel_ser, out, 8, 0, *tail, 1)
+    _launch(_kernel_runs_ser, *runs, *tail, 1)
     with _launch_lock:
-        _launch(_kernel_par, out, 8, 0, (0, 0), 0, "float32", args, 1)
+        _launch(_kernel_par, out, 8, 0, *tail, 1)
+        _launch(_kernel_runs_par, *runs, *tail, 1)

@@ -86,7 +86,7 @@ from __future__ import annotations
 import os
 import struct
 
-from .core import DTYPE_ITEMSIZE, _check_range, check_dtype
+from .core import DTYPE_ITEMSIZE, _check_range, check_dtype, check_runs
 from .philox import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, _check_key
 from .sampler import U2_MAX, Sampler
 from .special import AS241_A, AS241_B, AS241_C, AS241_D, AS241_E, AS241_F, LN2_HI, LN2_LO, LOG_C, SQRT_HALF
@@ -96,6 +96,7 @@ __all__ = [
     "NUM_WARPS",
     "available",
     "generate_into",
+    "generate_runs_into",
     "generate_tensor",
     "interpreting",
     "ptx",
@@ -515,6 +516,29 @@ def generate_into(out, sampler: Sampler, key: tuple[int, int], start: int, count
         out.copy_(tmp)
         return
     _run(out.view(view_dtype), sampler, key, start, count, dtype, blk, soft_cvt)
+
+
+def generate_runs_into(out, sampler: Sampler, key: tuple[int, int], starts, counts, dtype: str, *,
+                       block: int | None = None, soft_cvt: bool = False) -> None:
+    """Elements ``[starts[r], starts[r] + counts[r])`` of every run ``r``, back to back in run order,
+    into ``out`` (as :func:`generate_into`, of ``sum(counts) * itemsize`` bytes): the bytes of one
+    :func:`generate_into` per run. One launch per non-empty run (a kernel over a run table is left
+    for when a GPU can measure it)."""
+    key, _, _ = _validate(sampler, key, 0, 0, dtype)
+    starts, counts = check_runs(starts, counts)
+    item = DTYPE_ITEMSIZE[dtype]
+    total = int(counts.sum())
+    import torch
+
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.uint8 or out.dim() != 1:
+        raise ValueError(f"out: must be a 1-D torch.uint8 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
+    if out.numel() != total * item:
+        raise ValueError(f"out: must hold exactly sum(counts) * itemsize = {total * item} bytes, got {out.numel()}")
+    pos = 0
+    for s, c in zip(starts.tolist(), counts.tolist()):
+        if c:
+            generate_into(out[pos : pos + c * item], sampler, key, s, c, dtype, block=block, soft_cvt=soft_cvt)
+        pos += c * item
 
 
 def _run(view, sampler, key, start, count, dtype, block, soft_cvt) -> None:
