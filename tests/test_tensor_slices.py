@@ -14,6 +14,7 @@ from modelinit.v1 import modelinit_pb2 as pb
 from modelinit.v1 import modelinit_pb2_grpc as pb_grpc
 from modelinit_server import slices
 from tests.conftest import TINY
+from tests.test_hostile_server import hostile  # noqa: F401 - fixture, reused below
 
 LLAMA = TINY["llama"]
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -211,3 +212,103 @@ def test_small_segments_split_runs_exactly(written):
     parts = [b for b in slices.blocks(plan, slices.select(plan, request), segment=36) if isinstance(b, np.ndarray)]
     assert all(len(p) <= 36 for p in parts)
     assert b"".join(p.tobytes() for p in parts) == file_slice(written, "float32", UP, ((3, 150), (1, 60)))
+
+
+# -- resuming a Tensors stream ---------------------------------------------------------------------
+
+
+def _stream(target, request):
+    """(begins, data per selection index) of one Tensors call with a stock stub."""
+    begins, data = [], {}
+    with grpc.insecure_channel(target) as ch:
+        for msg in pb_grpc.ModelInitStub(ch).Tensors(request):
+            if msg.WhichOneof("event") == "begin":
+                begins.append(msg.begin)
+                data[msg.begin.index] = b""
+            else:
+                data[begins[-1].index] += msg.data
+    return begins, data
+
+
+def test_start_and_offset_resume_inside_a_selection(server_target, written):
+    """start/offset skip whole selections and any bytes of the first one sent (also inside an
+    element); the restated TensorBegin says how many; the rest follows unchanged."""
+    req = modelinit.client.model_request(LLAMA, seed=5)
+    dims = ((40, 90), (10, 30))
+    sels = [pb.TensorSelection(name=UP, dims=[pb.SliceDim(start=a, stop=b) for a, b in dims]),
+            pb.TensorSelection(name=NORM)]
+    whole = {0: file_slice(written, "float32", UP, dims), 1: file_slice(written, "float32", NORM)}
+    for start, offset in [(0, 0), (0, 777), (0, 1), (0, len(whole[0])), (1, 6), (1, len(whole[1]))]:
+        begins, data = _stream(server_target, pb.TensorsRequest(request=req, selections=sels, start=start,
+                                                                offset=offset, chunk_size=1000))
+        assert [b.index for b in begins] == list(range(start, 2))
+        assert [b.offset for b in begins] == [offset] + [0] * (len(begins) - 1)
+        assert begins[0].nbytes == len(whole[start])  # the whole block's size, as before
+        assert data[start] == whole[start][offset:]
+        assert all(data[i] == whole[i] for i in range(start + 1, 2))
+    for start, offset, field in [(2, 0, "start"), (0, len(whole[0]) + 1, "offset"), (1, len(whole[1]) + 2, "offset")]:
+        with pytest.raises(grpc.RpcError) as e:
+            _stream(server_target, pb.TensorsRequest(request=req, selections=sels, start=start, offset=offset))
+        assert e.value.code() == grpc.StatusCode.OUT_OF_RANGE and e.value.details().startswith(f"{field}: ")
+    # embedded: the same stream and the same refusal
+    local = modelinit.Client()
+    stream = list(local.source.tensors(pb.TensorsRequest(request=req, selections=sels, start=0, offset=777)))
+    assert stream[0].begin.offset == 777 and b"".join(m.data for m in stream[1:] if m.HasField("data")) \
+        == whole[0][777:] + whole[1]
+    with pytest.raises(modelinit.ModelInitError) as e:
+        local.source.tensors(pb.TensorsRequest(request=req, selections=sels, start=5))
+    assert e.value.code == grpc.StatusCode.OUT_OF_RANGE
+
+
+class Cutter(pb_grpc.ModelInitServicer):
+    """Forwards Tensors to a real server, records each request's (start, offset), and fails the
+    first ``cuts`` calls (UNAVAILABLE: a lost server) once ``after`` bytes of selection ``at`` are
+    through, splitting a message there (the cut falls inside an element)."""
+
+    def __init__(self, upstream: str, at: int, after: int, cuts: int = 1, restate: bool = True) -> None:
+        self._channel = grpc.insecure_channel(upstream)
+        self._stub = pb_grpc.ModelInitStub(self._channel)
+        self.at, self.after, self.cuts, self.restate = at, after, cuts, restate
+        self.asked: list[tuple[int, int]] = []
+
+    def Plan(self, request, context):
+        return self._stub.Plan(request)
+
+    def Tensors(self, request, context):
+        self.asked.append((request.start, request.offset))
+        current, sent = None, 0
+        for msg in self._stub.Tensors(request):
+            if msg.WhichOneof("event") == "begin":
+                current, sent = msg.begin.index, msg.begin.offset
+                if not self.restate and len(self.asked) > 1:
+                    msg.begin.offset += 2  # a broken server: restates another byte
+                yield msg
+                continue
+            if current == self.at and self.cuts and sent + len(msg.data) > self.after:
+                self.cuts -= 1
+                yield pb.TensorsResponse(data=msg.data[: self.after - sent])
+                context.abort(grpc.StatusCode.UNAVAILABLE, "lost on purpose")
+            sent += len(msg.data)
+            yield msg
+
+
+FAST = modelinit.client.RetryPolicy(deadline=30, initial_backoff=0.01, max_backoff=0.05)
+
+
+@pytest.mark.parametrize("cuts", [1, 3])
+def test_a_lost_stream_resumes_where_it_stopped(server_target, hostile, written, cuts):
+    cutter = Cutter(server_target, at=2, after=1001, cuts=cuts)  # 1001 bytes into the third selection (UP)
+    dims = {UP: ((0, 160), (5, 40)), NORM: None}
+    with modelinit.Client(hostile(cutter), retry=FAST) as c:
+        got = c.tensors(LLAMA, seed=5, slices={UP: dims[UP]}, names=["model.embed_tokens.weight", NORM], as_="bytes")
+    assert cutter.asked == [(0, 0)] + [(2, 1001)] * cuts  # names first, then the sliced ones
+    assert bytes(got[UP].data) == file_slice(written, "float32", UP, dims[UP])
+    assert bytes(got[NORM].data) == file_slice(written, "float32", NORM)
+    assert bytes(got["model.embed_tokens.weight"].data) == file_slice(written, "float32", "model.embed_tokens.weight")
+
+
+def test_a_resumed_stream_that_restates_another_byte_is_refused(server_target, hostile):
+    cutter = Cutter(server_target, at=0, after=10, restate=False)
+    with pytest.raises(modelinit.ModelInitError) as e, modelinit.Client(hostile(cutter), retry=FAST) as c:
+        c.tensors(LLAMA, seed=5, names=[UP])
+    assert e.value.code == grpc.StatusCode.DATA_LOSS and "asked for selection 0 byte 10" in e.value.details

@@ -243,7 +243,8 @@ class Client:
         Both None: every stored tensor (at most 4 GiB per call). ``as_``: ``"numpy"`` (bfloat16
         needs ``ml_dtypes``), ``"torch"`` (needs torch) or ``"bytes"`` (:class:`TensorBytes`).
         numpy and torch are imported only here. A bad name or range: INVALID_ARGUMENT naming it
-        (``selections[i].dims[d].stop: ...``)."""
+        (``selections[i].dims[d].stop: ...``). A server lost mid-stream is ridden out like
+        ``init_model`` does (the client's ``retry``): the call resumes at the byte reached."""
         if as_ not in TENSOR_FORMATS:
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"as_: must be one of {', '.join(TENSOR_FORMATS)}, got {as_!r}")
         model = model_request(spec, seed=seed, policy=policy, dtype=dtype, algorithm_version=algorithm_version,

@@ -53,6 +53,8 @@ class LocalSource:
         """The engine's Tensors stream (the server's own code, in-process)."""
         try:
             stream = self.engine.tensors(request)
+        except IndexError as e:  # a resume point past the end (slices.OutOfRange), as the server says it
+            raise ModelInitError(grpc.StatusCode.OUT_OF_RANGE, str(e)) from None
         except ValueError as e:  # the same field-named message the server sends
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         return stream

@@ -329,18 +329,36 @@ class RemoteSource:
                 return check_version(request, plan)
 
     def tensors(self, request: pb.TensorsRequest) -> Iterator[pb.TensorsResponse]:
-        """One Tensors call, starting on the replica that planned last. A call that fails before
-        its first message is retried like a Plan (next replica, backoff); one that fails later
-        raises (nothing resumes a Tensors stream: ask again, the bytes are the same)."""
+        """One Tensors stream, starting on the replica that planned last. A failed call is retried
+        like a Plan (backoff, next replica); once a selection has begun, the next call resumes
+        at it, from the byte reached (``start``/``offset``), and the TensorBegin the server
+        restates is checked (same selection, byte and fingerprint: DATA_LOSS otherwise) and not
+        passed on: the consumer sees one continuous stream."""
         backoff = Backoff(self.retry)
         k = self.planner
+        current: pb.TensorBegin | None = None  # the selection being received
+        reached = 0  # the byte of its data reached
+        ask = request
         while True:
-            received = False
+            restated = current is not None
             try:
-                call = self.stubs[k].Tensors(request, timeout=self.timeout, metadata=call_metadata())
+                call = self.stubs[k].Tensors(ask, timeout=self.timeout, metadata=call_metadata())
                 try:
                     for msg in call:
-                        received = True
+                        if msg.WhichOneof("event") == "begin":
+                            b = msg.begin
+                            if restated and current is not None:
+                                restated = False
+                                if (b.index, b.offset, b.fingerprint) != (current.index, reached, current.fingerprint):
+                                    raise ModelInitError(grpc.StatusCode.DATA_LOSS,
+                                                         f"tensors: resumed at selection {b.index} byte {b.offset} (fingerprint "
+                                                         f"{b.fingerprint[:16]}), asked for selection {current.index} byte "
+                                                         f"{reached} (fingerprint {current.fingerprint[:16]})")
+                                continue
+                            current, reached = b, b.offset
+                        else:
+                            reached += len(msg.data)
+                            backoff.progress()
                         yield msg
                 finally:
                     call.cancel()  # a consumer that stops early ends the call (no-op after the end)
@@ -350,10 +368,13 @@ class RemoteSource:
                 error = ModelInitError.from_rpc(e)
             if error.code != grpc.StatusCode.UNAVAILABLE:
                 self._reached.add(k)
-            if received:
-                raise error
             backoff.wait_or_raise(error, self.targets[k], k in self._reached or len(self.stubs) > 1)
             k = (k + 1) % len(self.stubs)
+            if current is not None:
+                ask = pb.TensorsRequest()
+                ask.CopyFrom(request)
+                ask.start, ask.offset = current.index, reached
+                log.warning("resuming tensor %s at byte %d on %s", current.name, reached, self.targets[k])
 
     def replicas(self, fingerprint: str) -> Replicas:
         """The servers, the one that answered the last :meth:`plan` known to plan ``fingerprint``."""

@@ -63,5 +63,6 @@ class LocalEngine:
         its bytes in chunks. ValueError (field-named) for a bad request, before anything is generated."""
         plan = self._build(request.request)
         slices.check_chunk(request.chunk_size)
-        slices.select(plan, request)  # checked now, not on the first next()
+        # checked now, not on the first next()
+        slices.resume(slices.select(plan, request), request.start, request.offset, plan.request.dtype)
         return slices.responses(plan, request, self.backend.fill_runs)

@@ -276,20 +276,23 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         plan = await self._plan(request.request, context)
         try:
-            selections = slices.select(plan, request)
+            selections = slices.resume(slices.select(plan, request), request.start, request.offset, plan.request.dtype)
+        except slices.OutOfRange as e:
+            await _abort(context, grpc.StatusCode.OUT_OF_RANGE, str(e))
+            raise  # unreachable: abort raises
         except ValueError as e:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
             raise  # unreachable: abort raises
         async with self._stream_slot(context):  # Init and Tensors share --max-streams
-            await self._tensors(plan, selections, chunk, context)
+            await self._tensors(plan, selections, request.offset, chunk, context)
 
-    async def _tensors(self, plan: Plan, selections: list[slices.Selection], chunk: int,
+    async def _tensors(self, plan: Plan, selections: list[slices.Selection], offset: int, chunk: int,
                        context: grpc.aio.ServicerContext) -> None:
         started, sent = time.monotonic(), 0
-        log.info("Tensors %d selection(s), %d elements, from %s", len(selections), sum(s.numel for s in selections),
-                 context.peer())
+        log.info("Tensors %d selection(s), %d elements, offset %d, from %s", len(selections),
+                 sum(s.numel for s in selections), offset, context.peer())
         loop = asyncio.get_running_loop()
-        source = slices.blocks(plan, selections, self._backend.fill_runs)
+        source = slices.blocks(plan, selections, self._backend.fill_runs, offset=offset)
         metrics = self._metrics
         busy = threading.Lock()  # the generator runs on the generation pool; never two steps at once
 
@@ -311,7 +314,8 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
             while (item := await ahead) is not None:
                 ahead = loop.run_in_executor(self._generation, produce)  # the next block while this one is sent
                 if isinstance(item, slices.Selection):
-                    await write(slices.begin(plan, item))
+                    await write(slices.begin(plan, item, offset))
+                    offset = 0  # only the first selection resumes inside its data
                     continue
                 for a in range(0, len(item), chunk):
                     piece = item[a : a + chunk].tobytes()
@@ -332,7 +336,7 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         except asyncio.TimeoutError:
             log.warning("stream: the client took nothing for %gs; ending the stream", self._streams.idle_timeout)
             raise _Stalled(
-                f"the client read nothing for {self._streams.idle_timeout:g}s (--idle-timeout); resume with files and offset (Init), or ask again (Tensors)"
+                f"the client read nothing for {self._streams.idle_timeout:g}s (--idle-timeout); resume with files and offset (Init), or start and offset (Tensors)"
             ) from None
         except Exception:  # grpc fails a write only when the call is over: cancelled, or its connection gone
             raise _ClientGone() from None

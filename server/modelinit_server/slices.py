@@ -114,40 +114,62 @@ def _take(starts: np.ndarray, counts: np.ndarray, cum: np.ndarray, p: int, n: in
     return s, c
 
 
+class OutOfRange(IndexError):
+    """A resume point past the end: OUT_OF_RANGE, as Init's offset (an IndexError, so that the
+    embedded client tells it from a bad request without importing this module)."""
+
+
+def resume(selections: list[Selection], start: int, offset: int, dtype: str) -> list[Selection]:
+    """The selections from ``start`` on, after checking that ``offset`` bytes of the first exist."""
+    if start and start >= len(selections):
+        raise OutOfRange(f"start: selection {start} is past the last one ({len(selections) - 1})")
+    rest = selections[start:]
+    nbytes = rest[0].numel * DTYPE_ITEMSIZE[dtype] if rest else 0
+    if offset > nbytes:
+        raise OutOfRange(f"offset: {offset} is past the end of selection {start} ({nbytes} bytes)")
+    return rest
+
+
 def blocks(plan: Plan, selections: list[Selection], fill_runs: FillRuns = REFERENCE.fill_runs,
-           segment: int = SEGMENT) -> Iterator[Selection | np.ndarray]:
+           segment: int = SEGMENT, offset: int = 0) -> Iterator[Selection | np.ndarray]:
     """For each selection: the Selection, then its bytes as uint8 arrays of at most ``segment``
-    bytes (whole elements; each array is fresh, valid after the next one is made)."""
+    bytes (each array is fresh, valid after the next one is made). The first selection's data
+    starts at byte ``offset`` (a resumed stream; it may fall inside an element)."""
     dtype = plan.request.dtype
     itemsize = DTYPE_ITEMSIZE[dtype]
     per = max(segment // itemsize, 1)  # elements per buffer
-    for sel in selections:
+    for k, sel in enumerate(selections):
         yield sel
+        skip, cut = divmod(offset, itemsize) if k == 0 else (0, 0)  # whole elements, then bytes of the next
         t = sel.tensor
-        left = sel.numel
+        left = sel.numel - skip
         buf, used = np.empty(min(left, per) * itemsize, np.uint8), 0
         for starts, counts in runs(t.spec.shape, sel.dims):
             cum = np.cumsum(counts)
-            p, total = 0, int(cum[-1])
+            total = int(cum[-1])
+            if skip >= total:
+                skip -= total
+                continue
+            p, skip = skip, 0
             while p < total:
                 n = min(per - used, total - p)
                 s, c = _take(starts, counts, cum, p, n)
                 fill_runs(buf[used * itemsize : (used + n) * itemsize], t.sampler, t.key, s, c, dtype)
                 used, p, left = used + n, p + n, left - n
                 if used == per:
-                    yield buf
-                    buf, used = np.empty(min(left, per) * itemsize, np.uint8), 0
-        if used:
-            yield buf[: used * itemsize]
+                    yield buf[cut:]
+                    buf, used, cut = np.empty(min(left, per) * itemsize, np.uint8), 0, 0
+        if used and used * itemsize > cut:
+            yield buf[cut : used * itemsize]
 
 
-def begin(plan: Plan, sel: Selection) -> pb.TensorsResponse:
-    """The TensorBegin that starts ``sel``."""
+def begin(plan: Plan, sel: Selection, offset: int = 0) -> pb.TensorsResponse:
+    """The TensorBegin that starts ``sel`` (its data from byte ``offset`` on)."""
     dtype = plan.request.dtype
     return pb.TensorsResponse(begin=pb.TensorBegin(
         index=sel.index, name=sel.tensor.spec.name, dtype=dtype, tensor_shape=sel.tensor.spec.shape,
         dims=[pb.SliceDim(start=a, stop=b) for a, b in sel.dims], shape=sel.shape,
-        nbytes=sel.numel * DTYPE_ITEMSIZE[dtype], fingerprint=plan.fingerprint))
+        nbytes=sel.numel * DTYPE_ITEMSIZE[dtype], fingerprint=plan.fingerprint, offset=offset))
 
 
 def responses(plan: Plan, request: pb.TensorsRequest, fill_runs: FillRuns = REFERENCE.fill_runs
@@ -155,10 +177,12 @@ def responses(plan: Plan, request: pb.TensorsRequest, fill_runs: FillRuns = REFE
     """The whole Tensors stream of ``request`` in-process (ValueError naming the field, before
     anything is generated)."""
     chunk = check_chunk(request.chunk_size)
-    selections = select(plan, request)
-    for item in blocks(plan, selections, fill_runs):
+    selections = resume(select(plan, request), request.start, request.offset, plan.request.dtype)
+    offset = request.offset
+    for item in blocks(plan, selections, fill_runs, offset=offset):
         if isinstance(item, Selection):
-            yield begin(plan, item)
+            yield begin(plan, item, offset)
+            offset = 0
         else:
             for a in range(0, len(item), chunk):
                 yield pb.TensorsResponse(data=item[a : a + chunk].tobytes())

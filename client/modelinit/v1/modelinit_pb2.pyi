@@ -347,14 +347,18 @@ class FileEnd(_message.Message):
     def __init__(self, index: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class TensorsRequest(_message.Message):
-    __slots__ = ("request", "selections", "chunk_size")
+    __slots__ = ("request", "selections", "chunk_size", "start", "offset")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     SELECTIONS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     request: ModelRequest
     selections: _containers.RepeatedCompositeFieldContainer[TensorSelection]
     chunk_size: int
-    def __init__(self, request: _Optional[_Union[ModelRequest, _Mapping]] = ..., selections: _Optional[_Iterable[_Union[TensorSelection, _Mapping]]] = ..., chunk_size: _Optional[int] = ...) -> None: ...
+    start: int
+    offset: int
+    def __init__(self, request: _Optional[_Union[ModelRequest, _Mapping]] = ..., selections: _Optional[_Iterable[_Union[TensorSelection, _Mapping]]] = ..., chunk_size: _Optional[int] = ..., start: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class TensorSelection(_message.Message):
     __slots__ = ("name", "dims")
@@ -381,7 +385,7 @@ class TensorsResponse(_message.Message):
     def __init__(self, begin: _Optional[_Union[TensorBegin, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class TensorBegin(_message.Message):
-    __slots__ = ("index", "name", "dtype", "tensor_shape", "dims", "shape", "nbytes", "fingerprint")
+    __slots__ = ("index", "name", "dtype", "tensor_shape", "dims", "shape", "nbytes", "fingerprint", "offset")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -390,6 +394,7 @@ class TensorBegin(_message.Message):
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     index: int
     name: str
     dtype: str
@@ -398,4 +403,5 @@ class TensorBegin(_message.Message):
     shape: _containers.RepeatedScalarFieldContainer[int]
     nbytes: int
     fingerprint: str
-    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[str] = ..., tensor_shape: _Optional[_Iterable[int]] = ..., dims: _Optional[_Iterable[_Union[SliceDim, _Mapping]]] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+    offset: int
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[str] = ..., tensor_shape: _Optional[_Iterable[int]] = ..., dims: _Optional[_Iterable[_Union[SliceDim, _Mapping]]] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ..., fingerprint: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...

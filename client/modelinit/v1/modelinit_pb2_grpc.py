@@ -92,8 +92,9 @@ class ModelInitServicer:
         "selections[0].dims[1].stop: ..."; more than MAX_TENSORS_BYTES selected in one call),
         RESOURCE_EXHAUSTED (the server already serves --max-streams streams, Init and Tensors
         together), DEADLINE_EXCEEDED (the client read nothing for --idle-timeout seconds),
-        CANCELLED when the client goes away (generation stops). A lost call is not resumable:
-        ask again (the bytes are the same).
+        OUT_OF_RANGE (`start` or `offset` past the end), CANCELLED when the client goes away
+        (generation stops). A lost call resumes: ask again with `start` (the selection reached)
+        and `offset` (its bytes received); the stream restates that selection's TensorBegin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
