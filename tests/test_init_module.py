@@ -95,7 +95,16 @@ def test_tied_llama_filled_once(tmp_path):
     assert summary.tensors == len(files)
 
 
-def test_mixtral_fused_experts_equal_per_expert_files(tmp_path):
+@pytest.mark.parametrize("probe", ["views", "index probe"])
+def test_mixtral_fused_experts_equal_per_expert_files(tmp_path, monkeypatch, probe):
+    """Located on the meta device (the conversion's chunks and unbinds are views: no memory, any
+    size; the index probe is refused by a cap of 0), and with the index probe (no views)."""
+    from modelinit_server import training
+
+    if probe == "views":
+        monkeypatch.setattr(training, "MAX_PROBE_ELEMENTS", 0)
+    else:
+        monkeypatch.setattr(training, "_all_views", lambda outputs, probe: False)
     model = transformers.MixtralForCausalLM(_config(MIXTRAL))
     summary = init_module_(model, seed=SEED)
     files, fingerprint = _files(_config_dict(model), "float32", tmp_path)
@@ -104,6 +113,32 @@ def test_mixtral_fused_experts_equal_per_expert_files(tmp_path):
     state = model.state_dict()
     assert [k for k in state if not _same_bytes(state[k], ref[k])] == []
     assert summary.fingerprint == fingerprint
+
+
+def test_a_conversion_that_copies_is_located_with_the_index_probe(monkeypatch):
+    """Outputs that are copies (not views of the probe) are located with an arange probe, within
+    its cap; a non-block output is refused by name."""
+    from modelinit_server import training
+
+    class Copying:
+        def __init__(self, outputs):
+            self.outputs = outputs
+
+        def add_tensor(self, target, name, pattern, probe):
+            self.probe = probe
+
+        def convert(self, target, **kwargs):
+            return {name: f(self.probe) for name, f in self.outputs.items()}
+
+    model = transformers.LlamaForCausalLM(_config(LLAMA))
+    halves = Copying({"a": lambda p: p[:, 2:].clone(), "b": lambda p: [p[1:, :2].clone()]})
+    boxes = training._locate(halves, "t", "w", "w", (3, 5), model)
+    assert boxes == {"a": ((0, 2), (0, 1)), "b": ((1, 0), (0, 1))}
+    with pytest.raises(ValueError, match="'c' is not a block of 'w'"):
+        training._locate(Copying({"c": lambda p: p.flip(0).clone()}), "t", "w", "w", (3, 5), model)
+    monkeypatch.setattr(training, "MAX_PROBE_ELEMENTS", 14)
+    with pytest.raises(ValueError, match="'w' is too large to locate"):
+        training._locate(halves, "t", "w", "w", (3, 5), model)
 
 
 def test_base_class_shares_the_head_classes_backbone():

@@ -26,6 +26,7 @@ allows, else into a buffer that is scattered once.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import sys
@@ -322,17 +323,9 @@ def _hf_spec(model, names: list[str]) -> tuple[ModelSpec, dict[str, list[Piece]]
 
 def _disk_sources(tf, model) -> dict[str, tuple[str, tuple[int, ...], tuple[int, ...]]]:
     """For every disk tensor save_pretrained would write from ``model``'s state_dict: the in-memory
-    tensor it comes from and where it sits there. Mirrors ``architectures.hf._reverse_conversion``,
-    with index probes (an arange of the fused tensor's shape) run through transformers' own converters
-    instead of meta tensors, so the place of each output's elements is read off the probe."""
-    import copy
-
-    import torch
-
-    from .architectures import hf
-
-    state = model.state_dict()
-    identity = {name: (name, (0,) * t.dim(), tuple(range(t.dim()))) for name, t in state.items()}
+    tensor it comes from and where it sits there. Mirrors ``architectures.hf._reverse_conversion``:
+    transformers' own converters run on a probe of each fused tensor, and where each output's
+    elements come from is read off the probe (:func:`_locate`)."""
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import (
         PrefixChange,
@@ -343,6 +336,10 @@ def _disk_sources(tf, model) -> dict[str, tuple[str, tuple[int, ...], tuple[int,
         dot_natural_key,
     )
 
+    from .architectures import hf
+
+    state = model.state_dict()
+    identity = {name: (name, (0,) * t.dim(), tuple(range(t.dim()))) for name, t in state.items()}
     with hf._quiet():
         conversions = get_model_conversion_mapping(model, add_legacy=False)
     conversions = [c for c in conversions if not isinstance(c, PrefixChange)]
@@ -353,29 +350,83 @@ def _disk_sources(tf, model) -> dict[str, tuple[str, tuple[int, ...], tuple[int,
     converters = [c for c in reverse if isinstance(c, WeightConverter)]
     by_pattern = {p: c for c in converters for p in c.source_patterns}
     out: dict[str, tuple[str, tuple[int, ...], tuple[int, ...]]] = {}
-    pending: dict[str, tuple[Any, list[str]]] = {}
+    pending: dict[str, tuple[str, list[str]]] = {}
     for name in sorted(state, key=dot_natural_key):
         target, pattern = apply_converters(name, converters)
         if pattern is None:
             out[apply_renamings(name, renamings)] = identity[name]
             continue
-        shape = tuple(state[name].shape)
-        if math.prod(shape) > MAX_PROBE_ELEMENTS:
-            raise ValueError(f"module: {name!r} is too large to locate its stored tensors ({math.prod(shape)} elements)")
-        probe = torch.arange(math.prod(shape), dtype=torch.int64).view(shape)
-        converter, names = pending.setdefault(target, (copy.deepcopy(by_pattern[pattern]), []))
-        converter.add_tensor(target, name, pattern, probe)
-        names.append(name)
-    for target, (converter, names) in pending.items():
+        pending.setdefault(target, (pattern, []))[1].append(name)
+    for target, (pattern, names) in pending.items():
         if len(names) != 1:
             raise ValueError(f"module: stored tensors made from several in-memory tensors ({names}) are not supported yet")
         src = names[0]
-        with hf._quiet():
-            outputs = converter.convert(target, model=model, config=model.config)
-        for out_name, tensor in outputs.items():
-            tensor = tensor[0] if isinstance(tensor, list) else tensor
-            out[apply_renamings(out_name, renamings)] = (src, *_box(tensor, tuple(state[src].shape), out_name, src))
+        for out_name, box in _locate(by_pattern[pattern], target, src, pattern, tuple(state[src].shape), model).items():
+            out[apply_renamings(out_name, renamings)] = (src, *box)
     return out
+
+
+def _locate(converter, target: str, src: str, pattern: str, shape: tuple[int, ...],
+            model) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each output of ``converter`` on in-memory tensor ``src`` as a box of it (see :func:`_box`).
+
+    First on the meta device with ``contiguous()`` made a no-op: transformers' MoE conversions are
+    chunks, unbinds, squeezes and transposes, so every output is then a view of the probe and its
+    storage offset and strides say where it sits, whatever the size (DeepSeek-V3's experts hold
+    7.5e9 elements per layer). Otherwise (an output that is a copy) on an ``arange`` probe of
+    one int64 per element, up to :data:`MAX_PROBE_ELEMENTS`."""
+    import copy
+
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    from .architectures import hf
+
+    class _NoCopies(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.contiguous:
+                return args[0]
+            return func(*args, **(kwargs or {}))
+
+    def run(probe, mode) -> dict[str, Any]:
+        fresh = copy.deepcopy(converter)
+        fresh.add_tensor(target, src, pattern, probe)
+        with hf._quiet(), mode:
+            outputs = fresh.convert(target, model=model, config=model.config)
+        return {k: (v[0] if isinstance(v, list) else v) for k, v in outputs.items()}
+
+    meta = torch.empty(shape, dtype=torch.int64, device="meta")
+    outputs = run(meta, _NoCopies())
+    if _all_views(outputs, meta):
+        return {k: _view_box(t, shape, k, src) for k, t in outputs.items()}
+    if math.prod(shape) > MAX_PROBE_ELEMENTS:
+        raise ValueError(f"module: {src!r} is too large to locate its stored tensors ({math.prod(shape)} elements)")
+    outputs = run(torch.arange(math.prod(shape), dtype=torch.int64).view(shape), contextlib.nullcontext())
+    return {k: _box(t, shape, k, src) for k, t in outputs.items()}
+
+
+def _all_views(outputs: dict[str, Any], probe) -> bool:
+    return all(t is probe or t._base is probe for t in outputs.values())
+
+
+def _view_box(view, src_shape: tuple[int, ...], out_name: str, src: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A view of a contiguous tensor of ``src_shape`` as a box of it: each dimension of the view
+    that is longer than 1 steps one source dimension (the one with that stride), from the start
+    its storage offset gives, without running past that dimension's end."""
+    strides = [math.prod(src_shape[d + 1:]) for d in range(len(src_shape))]
+    off = view.storage_offset()
+    start = [int(s) for s in np.unravel_index(off, src_shape)] if src_shape else []
+    d2s, used = [], set()
+    for n, st in zip(view.shape, view.stride()):
+        if n == 1:
+            d2s.append(-1)
+            continue
+        cands = [d for d in range(len(src_shape)) if strides[d] == st and src_shape[d] > 1 and d not in used]
+        if not cands or start[cands[0]] + n > src_shape[cands[0]]:
+            raise ValueError(f"module: the stored tensor {out_name!r} is not a block of {src!r}; this conversion is not supported")
+        used.add(cands[0])
+        d2s.append(cands[0])
+    return tuple(start), tuple(d2s)
 
 
 def _box(probe, src_shape: tuple[int, ...], out_name: str, src: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
