@@ -115,30 +115,67 @@ def test_mixtral_fused_experts_equal_per_expert_files(tmp_path, monkeypatch, pro
     assert summary.fingerprint == fingerprint
 
 
+class _Converter:
+    """A stand-in for a transformers WeightConverter: its outputs are functions of its inputs."""
+
+    def __init__(self, outputs):
+        self.outputs, self.probes = outputs, []
+
+    def add_tensor(self, target, name, pattern, probe):
+        self.probes.append(probe)
+
+    def convert(self, target, **kwargs):
+        return {name: f(*self.probes) for name, f in self.outputs.items()}
+
+
 def test_a_conversion_that_copies_is_located_with_the_index_probe(monkeypatch):
     """Outputs that are copies (not views of the probe) are located with an arange probe, within
     its cap; a non-block output is refused by name."""
     from modelinit_server import training
 
-    class Copying:
-        def __init__(self, outputs):
-            self.outputs = outputs
-
-        def add_tensor(self, target, name, pattern, probe):
-            self.probe = probe
-
-        def convert(self, target, **kwargs):
-            return {name: f(self.probe) for name, f in self.outputs.items()}
-
     model = transformers.LlamaForCausalLM(_config(LLAMA))
-    halves = Copying({"a": lambda p: p[:, 2:].clone(), "b": lambda p: [p[1:, :2].clone()]})
-    boxes = training._locate(halves, "t", "w", "w", (3, 5), model)
-    assert boxes == {"a": ((0, 2), (0, 1)), "b": ((1, 0), (0, 1))}
-    with pytest.raises(ValueError, match="'c' is not a block of 'w'"):
-        training._locate(Copying({"c": lambda p: p.flip(0).clone()}), "t", "w", "w", (3, 5), model)
+    w = [("w", "w")]
+    halves = _Converter({"a": lambda p: p[:, 2:].clone(), "b": lambda p: [p[1:, :2].clone()]})
+    boxes = training._locate(halves, "t", w, {"w": (3, 5)}, model)
+    assert boxes == {"a": [("w", ((0, 2), (0, 1), (0, 0), (3, 3)))], "b": [("w", ((1, 0), (0, 1), (0, 0), (2, 2)))]}
+    with pytest.raises(ValueError, match="'c' is not made of blocks of 'w'"):
+        training._locate(_Converter({"c": lambda p: p.flip(0).clone()}), "t", w, {"w": (3, 5)}, model)
     monkeypatch.setattr(training, "MAX_PROBE_ELEMENTS", 14)
     with pytest.raises(ValueError, match="'w' is too large to locate"):
-        training._locate(halves, "t", "w", "w", (3, 5), model)
+        training._locate(halves, "t", w, {"w": (3, 5)}, model)
+
+
+def test_a_stored_tensor_made_of_several_in_memory_ones_is_located():
+    """Nomic-BERT style: the stored ``Wqkv`` is q, k and v concatenated (here also stacked and
+    transposed); each in-memory tensor is a box of it."""
+    from modelinit_server import training
+
+    model = transformers.LlamaForCausalLM(_config(LLAMA))
+    inputs = [("q", "q"), ("k", "k"), ("v", "v")]
+    shapes = {"q": (4, 3), "k": (2, 3), "v": (2, 3)}
+    cat = _Converter({"qkv": lambda q, k, v: torch.cat([q, k, v], 0), "t": lambda q, k, v: torch.stack([k.T, v.T])})
+    boxes = training._locate(cat, "t", inputs, shapes, model)
+    assert boxes["qkv"] == [("q", ((0, 0), (0, 1), (0, 0), (4, 3))), ("k", ((0, 0), (0, 1), (4, 0), (2, 3))),
+                            ("v", ((0, 0), (0, 1), (6, 0), (2, 3)))]
+    assert boxes["t"] == [("k", ((0, 0), (-1, 1, 0), (0, 0, 0), (1, 3, 2))), ("v", ((0, 0), (-1, 1, 0), (1, 0, 0), (1, 3, 2)))]
+    padded = _Converter({"qkv": lambda q, k, v: torch.cat([q, k, v, torch.full((1, 3), -1, dtype=q.dtype)], 0)})
+    with pytest.raises(ValueError, match="'qkv' holds values that no in-memory tensor has"):
+        training._locate(padded, "t", inputs, shapes, model)
+
+
+def test_nomic_bert_fused_qkv_equals_the_files(tmp_path):
+    """A real model whose stored ``attn.Wqkv`` is made of three in-memory tensors."""
+    doc = dict(model_type="nomic_bert", vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+               num_attention_heads=4, max_position_embeddings=64)
+    model = transformers.AutoModel.from_config(_config(doc))
+    summary = init_module_(model, seed=SEED)
+    files, fingerprint = _files(_config_dict(model), "float32", tmp_path)
+    assert "layers.0.attn.Wqkv.weight" in files or any(k.endswith("attn.Wqkv.weight") for k in files)
+    qkv = next(v for k, v in files.items() if k.endswith("layers.0.attn.Wqkv.weight"))
+    state = model.state_dict()
+    got = torch.cat([state[f"layers.0.self_attn.{p}_proj.weight"] for p in "qkv"], 0)
+    assert _same_bytes(got, qkv)
+    assert summary.fingerprint == fingerprint
 
 
 def test_base_class_shares_the_head_classes_backbone():
@@ -252,6 +289,18 @@ def test_any_local_block_equals_the_slice_of_the_whole():
     filler.fill_piece(local, sets, part, sampler, (3, 4), "float32", (2, 5, 0), (1, 2))
     assert torch.equal(local[1, 2:], ref[[1, 2, 4]][:, [1, 2, 3]])
     assert torch.isnan(local[0]).all() and torch.isnan(local[1, :2]).all()
+    # the other way round: a [3, 6] module tensor is rows 4:7 of a stored [10, 6] one (a fused qkv),
+    # shards of it included
+    fused = TensorSpec("qkv", (10, 6), kind="linear", role="qkv", param="weight")
+    ref = torch.empty(10, 6)
+    filler.fill_piece(ref, [None] * 2, fused, sampler, (5, 6), "float32", (0, 0), (0, 1))
+    for sets in ([None, None], [np.array([0, 2]), None], [np.array([1]), np.array([0, 4, 5])]):
+        local = torch.full([3 if s is None else len(s) for s in sets[:1]] + [6 if sets[1] is None else len(sets[1])],
+                           float("nan"))
+        filler.fill_piece(local, sets, fused, sampler, (5, 6), "float32", (0, 0), (0, 1), (4, 0), (3, 6))
+        rows = np.arange(4, 7) if sets[0] is None else 4 + sets[0]
+        cols = np.arange(6) if sets[1] is None else sets[1]
+        assert torch.equal(local, ref[np.ix_(rows, cols)])
 
 
 def test_a_column_shard_is_one_launch(monkeypatch):

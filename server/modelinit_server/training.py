@@ -48,7 +48,7 @@ __all__ = ["InitSummary", "init_module_", "strip_wrappers"]
 WRAPPER_COMPONENTS = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
 
 #: The probe that locates a fused parameter's pieces holds one int64 per element; refuse beyond this.
-MAX_PROBE_ELEMENTS = 2**31
+MAX_PROBE_ELEMENTS = 2**28
 
 _TORCH_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -144,8 +144,8 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
             dt = _dtype_name(t)
             resolved, keys, _ = plans[dt]
             local, sets = _local_and_index_sets(t, name)
-            for ti, start, disk_to_src in pieces[name]:
-                filler.fill_piece(local, sets, spec.tensors[ti], resolved[ti].sampler, keys[ti], dt, start, disk_to_src)
+            for ti, *box in pieces[name]:
+                filler.fill_piece(local, sets, spec.tensors[ti], resolved[ti].sampler, keys[ti], dt, *box)
             count += 1
             elements += local.numel()
             total += t.numel()
@@ -252,8 +252,12 @@ def dtensor_index_sets(t) -> list[np.ndarray | None]:
 
 # --- specs ---------------------------------------------------------------------------------------
 
-#: (index into spec.tensors, start of its box in the module tensor per dim, module dim of each disk dim or -1)
-Piece = tuple[int, tuple[int, ...], tuple[int, ...]]
+#: Where a stored tensor's elements sit in an in-memory tensor: a box of one in the other.
+#: (start per in-memory dim, in-memory dim of each disk dim or -1 for a unit one, start per disk
+#: dim, length per disk dim)
+Box = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+#: (index into spec.tensors, *Box)
+Piece = tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 
 def _hf_model(module):
@@ -297,11 +301,12 @@ def _hf_spec(model, names: list[str]) -> tuple[ModelSpec, dict[str, list[Piece]]
     meta = hf._meta_model(tf, cls, config)
     with hf._quiet():
         meta.tie_weights()
-    layout = _disk_sources(tf, meta)  # disk name -> (in-memory name, start, disk_to_src)
+    layout = _disk_sources(tf, meta)  # disk name -> [(in-memory name, Box)]
     by_source: dict[str, list[Piece]] = {}
-    for disk, (src, start, d2s) in layout.items():
+    for disk, parts in layout.items():
         if disk in index:
-            by_source.setdefault(src, []).append((index[disk], start, d2s))
+            for src, box in parts:
+                by_source.setdefault(src, []).append((index[disk], *box))
     pieces: dict[str, list[Piece]] = {}
     known = set(meta.state_dict())
     for name in names:
@@ -321,11 +326,12 @@ def _hf_spec(model, names: list[str]) -> tuple[ModelSpec, dict[str, list[Piece]]
     return spec, pieces
 
 
-def _disk_sources(tf, model) -> dict[str, tuple[str, tuple[int, ...], tuple[int, ...]]]:
+def _disk_sources(tf, model) -> dict[str, list[tuple[str, Box]]]:
     """For every disk tensor save_pretrained would write from ``model``'s state_dict: the in-memory
-    tensor it comes from and where it sits there. Mirrors ``architectures.hf._reverse_conversion``:
-    transformers' own converters run on a probe of each fused tensor, and where each output's
-    elements come from is read off the probe (:func:`_locate`)."""
+    tensors it is made of and where (one, unless a conversion concatenates several: Nomic-BERT's
+    ``attn.Wqkv`` of ``q_proj``, ``k_proj``, ``v_proj``). Mirrors
+    ``architectures.hf._reverse_conversion``: transformers' own converters run on probes of the
+    in-memory tensors, and where each output's elements come from is read off them (:func:`_locate`)."""
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import (
         PrefixChange,
@@ -339,42 +345,45 @@ def _disk_sources(tf, model) -> dict[str, tuple[str, tuple[int, ...], tuple[int,
     from .architectures import hf
 
     state = model.state_dict()
-    identity = {name: (name, (0,) * t.dim(), tuple(range(t.dim()))) for name, t in state.items()}
+
+    def whole(name: str) -> list[tuple[str, Box]]:
+        shape = tuple(state[name].shape)
+        return [(name, ((0,) * len(shape), tuple(range(len(shape))), (0,) * len(shape), shape))]
+
     with hf._quiet():
         conversions = get_model_conversion_mapping(model, add_legacy=False)
     conversions = [c for c in conversions if not isinstance(c, PrefixChange)]
     if not conversions:
-        return identity
+        return {name: whole(name) for name in state}
     reverse = [c.reverse_transform() for c in conversions[::-1]]
     renamings = [c for c in reverse if isinstance(c, WeightRenaming)]
     converters = [c for c in reverse if isinstance(c, WeightConverter)]
     by_pattern = {p: c for c in converters for p in c.source_patterns}
-    out: dict[str, tuple[str, tuple[int, ...], tuple[int, ...]]] = {}
-    pending: dict[str, tuple[str, list[str]]] = {}
+    out: dict[str, list[tuple[str, Box]]] = {}
+    pending: dict[str, list[tuple[str, str]]] = {}
     for name in sorted(state, key=dot_natural_key):
         target, pattern = apply_converters(name, converters)
         if pattern is None:
-            out[apply_renamings(name, renamings)] = identity[name]
+            out[apply_renamings(name, renamings)] = whole(name)
             continue
-        pending.setdefault(target, (pattern, []))[1].append(name)
-    for target, (pattern, names) in pending.items():
-        if len(names) != 1:
-            raise ValueError(f"module: stored tensors made from several in-memory tensors ({names}) are not supported yet")
-        src = names[0]
-        for out_name, box in _locate(by_pattern[pattern], target, src, pattern, tuple(state[src].shape), model).items():
-            out[apply_renamings(out_name, renamings)] = (src, *box)
+        pending.setdefault(target, []).append((name, pattern))
+    for target, inputs in pending.items():
+        shapes = {src: tuple(state[src].shape) for src, _ in inputs}
+        for out_name, parts in _locate(by_pattern[inputs[0][1]], target, inputs, shapes, model).items():
+            out[apply_renamings(out_name, renamings)] = parts
     return out
 
 
-def _locate(converter, target: str, src: str, pattern: str, shape: tuple[int, ...],
-            model) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
-    """Each output of ``converter`` on in-memory tensor ``src`` as a box of it (see :func:`_box`).
+def _locate(converter, target: str, inputs: list[tuple[str, str]], shapes: dict[str, tuple[int, ...]],
+            model) -> dict[str, list[tuple[str, Box]]]:
+    """Each output of ``converter`` on the in-memory tensors ``inputs`` ((name, pattern) pairs), as
+    boxes of those tensors.
 
     First on the meta device with ``contiguous()`` made a no-op: transformers' MoE conversions are
-    chunks, unbinds, squeezes and transposes, so every output is then a view of the probe and its
-    storage offset and strides say where it sits, whatever the size (DeepSeek-V3's experts hold
-    7.5e9 elements per layer). Otherwise (an output that is a copy) on an ``arange`` probe of
-    one int64 per element, up to :data:`MAX_PROBE_ELEMENTS`."""
+    chunks, unbinds, squeezes and transposes of one tensor, so every output is then a view of the
+    probe and its storage offset and strides say where it sits, whatever the size (DeepSeek-V3's
+    experts hold 7.5e9 elements per layer). Otherwise (several inputs, or an output that is a
+    copy) on ``arange`` probes, one int64 per element, up to :data:`MAX_PROBE_ELEMENTS` in all."""
     import copy
 
     import torch
@@ -388,28 +397,47 @@ def _locate(converter, target: str, src: str, pattern: str, shape: tuple[int, ..
                 return args[0]
             return func(*args, **(kwargs or {}))
 
-    def run(probe, mode) -> dict[str, Any]:
+    def run(probes, mode) -> dict[str, Any]:
         fresh = copy.deepcopy(converter)
-        fresh.add_tensor(target, src, pattern, probe)
+        for (src, pattern), probe in zip(inputs, probes):
+            fresh.add_tensor(target, src, pattern, probe)
         with hf._quiet(), mode:
             outputs = fresh.convert(target, model=model, config=model.config)
         return {k: (v[0] if isinstance(v, list) else v) for k, v in outputs.items()}
 
-    meta = torch.empty(shape, dtype=torch.int64, device="meta")
-    outputs = run(meta, _NoCopies())
-    if _all_views(outputs, meta):
-        return {k: _view_box(t, shape, k, src) for k, t in outputs.items()}
-    if math.prod(shape) > MAX_PROBE_ELEMENTS:
-        raise ValueError(f"module: {src!r} is too large to locate its stored tensors ({math.prod(shape)} elements)")
-    outputs = run(torch.arange(math.prod(shape), dtype=torch.int64).view(shape), contextlib.nullcontext())
-    return {k: _box(t, shape, k, src) for k, t in outputs.items()}
+    if len(inputs) == 1:
+        src, shape = inputs[0][0], shapes[inputs[0][0]]
+        meta = torch.empty(shape, dtype=torch.int64, device="meta")
+        outputs = run([meta], _NoCopies())
+        if _all_views(outputs, meta):
+            return {k: [(src, _view_box(t, shape, k, src))] for k, t in outputs.items()}
+    sizes = [math.prod(shapes[src]) for src, _ in inputs]
+    if sum(sizes) > MAX_PROBE_ELEMENTS:
+        raise ValueError(f"module: {inputs[0][0]!r} is too large to locate its stored tensors ({sum(sizes)} elements)")
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    probes = [torch.arange(int(o), int(o) + n, dtype=torch.int64).view(shapes[src])
+              for (src, _), o, n in zip(inputs, offsets, sizes)]
+    outputs = run(probes, contextlib.nullcontext())
+    located: dict[str, list[tuple[str, Box]]] = {}
+    for name, t in outputs.items():
+        vals = t.detach().to(torch.int64).reshape(-1).numpy()
+        parts = []
+        for (src, _), o, n in zip(inputs, offsets, sizes):
+            where = np.nonzero((vals >= o) & (vals < o + n))[0]
+            if where.size:
+                parts.append((src, _pair_box(where, vals[where] - o, tuple(t.shape), shapes[src], name, src)))
+        if sum(math.prod(box[3]) for _, box in parts) != vals.size:
+            raise ValueError(f"module: the stored tensor {name!r} holds values that no in-memory tensor has; "
+                             "this conversion is not supported")
+        located[name] = parts
+    return located
 
 
 def _all_views(outputs: dict[str, Any], probe) -> bool:
     return all(t is probe or t._base is probe for t in outputs.values())
 
 
-def _view_box(view, src_shape: tuple[int, ...], out_name: str, src: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _view_box(view, src_shape: tuple[int, ...], out_name: str, src: str) -> Box:
     """A view of a contiguous tensor of ``src_shape`` as a box of it: each dimension of the view
     that is longer than 1 steps one source dimension (the one with that stride), from the start
     its storage offset gives, without running past that dimension's end."""
@@ -426,42 +454,45 @@ def _view_box(view, src_shape: tuple[int, ...], out_name: str, src: str) -> tupl
             raise ValueError(f"module: the stored tensor {out_name!r} is not a block of {src!r}; this conversion is not supported")
         used.add(cands[0])
         d2s.append(cands[0])
-    return tuple(start), tuple(d2s)
+    shape = tuple(int(n) for n in view.shape)
+    return tuple(start), tuple(d2s), (0,) * len(shape), shape
 
 
-def _box(probe, src_shape: tuple[int, ...], out_name: str, src: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Read an output of the probe as a box of the source: (start per source dim, source dim of
-    each output dim, -1 for a unit dim). ValueError when the output is not such a box."""
-    import torch
-
-    bad = ValueError(f"module: the stored tensor {out_name!r} is not a block of {src!r}; this conversion is not supported")
-    if probe.numel() == 0:
+def _pair_box(where: np.ndarray, values: np.ndarray, out_shape: tuple[int, ...], src_shape: tuple[int, ...],
+              out_name: str, src: str) -> Box:
+    """The elements of output ``out_name`` at flat positions ``where`` (ascending) hold source
+    elements ``values``: both must be boxes, the output's dims running along distinct source
+    dims (ValueError naming both otherwise)."""
+    bad = ValueError(f"module: the stored tensor {out_name!r} is not made of blocks of {src!r}; this conversion is not supported")
+    m = where.size
+    oc = np.stack(np.unravel_index(where, out_shape)) if out_shape else np.zeros((0, m), np.int64)
+    sc = np.stack(np.unravel_index(values, src_shape)) if src_shape else np.zeros((0, m), np.int64)
+    o0, olen = oc.min(axis=1), oc.max(axis=1) - oc.min(axis=1) + 1
+    s0, slen = sc.min(axis=1), sc.max(axis=1) - sc.min(axis=1) + 1
+    if math.prod(olen.tolist()) != m or math.prod(slen.tolist()) != m:
         raise bad
-    strides = [math.prod(src_shape[d + 1:]) for d in range(len(src_shape))]
-    off = int(probe.reshape(-1)[0])
-    start = list(np.unravel_index(off, src_shape)) if src_shape else []
-    start = [int(s) for s in start]
     d2s, used = [], set()
-    expected = torch.full(tuple(probe.shape), off, dtype=torch.int64)
-    for k, n in enumerate(probe.shape):
-        if n == 1:
+    for k in range(len(out_shape)):
+        if olen[k] == 1:
             d2s.append(-1)
             continue
-        idx = [0] * probe.dim()
-        idx[k] = 1
-        step = int(probe[tuple(idx)]) - off
-        cands = [d for d in range(len(src_shape)) if strides[d] == step and src_shape[d] > 1 and d not in used]
-        if not cands or start[cands[0]] + n > src_shape[cands[0]]:
+        j = math.prod(olen[k + 1:].tolist())  # the box's element one step along dim k (where is row-major)
+        diff = sc[:, j] - sc[:, 0]
+        nz = np.nonzero(diff)[0]
+        if nz.size != 1 or diff[nz[0]] != 1 or int(nz[0]) in used or slen[nz[0]] != olen[k]:
             raise bad
-        d = cands[0]
-        used.add(d)
-        d2s.append(d)
-        shape = [1] * probe.dim()
-        shape[k] = n
-        expected = expected + torch.arange(n, dtype=torch.int64).view(shape) * step
-    if not torch.equal(expected, probe.to(torch.int64)):
+        used.add(int(nz[0]))
+        d2s.append(int(nz[0]))
+    if any(slen[d] > 1 and d not in used for d in range(len(src_shape))):
         raise bad
-    return tuple(start), tuple(d2s)
+    expect = np.repeat(s0[:, None], m, axis=1)
+    grid = np.indices(olen.tolist()).reshape(len(out_shape), -1) if out_shape else np.zeros((0, m), np.int64)
+    for k, d in enumerate(d2s):
+        if d >= 0:
+            expect[d] += grid[k]
+    if not np.array_equal(np.ravel_multi_index(expect, src_shape) if src_shape else np.zeros(m, np.int64), values):
+        raise bad
+    return (tuple(int(v) for v in s0), tuple(d2s), tuple(int(v) for v in o0), tuple(int(v) for v in olen))
 
 
 def _plain_spec(module, named, real: dict[str, str]) -> tuple[ModelSpec, dict[str, list[Piece]]]:
@@ -487,7 +518,8 @@ def _plain_spec(module, named, real: dict[str, str]) -> tuple[ModelSpec, dict[st
         kind, role, param, layer, fan_in, fan_out, padding = describe(name, shape_spec, info)
         tensors.append(TensorSpec(name, shape_spec, kind=kind, role=role, param=param, layer=layer,
                                   fan_in=fan_in, fan_out=fan_out, padding_idx=padding))
-        pieces[name] = [(len(tensors) - 1, (0,) * len(shape), tuple(range(len(shape))) if shape else (-1,))]
+        pieces[name] = [(len(tensors) - 1, (0,) * len(shape), tuple(range(len(shape))) if shape else (-1,),
+                         (0,) * len(shape_spec), shape_spec)]
     layers = [t.layer for t in tensors if t.layer is not None]
     hidden = max((t.fan_in for t in tensors if t.kind in ("linear", "embedding")), default=1) or 1
     spec = ModelSpec(
@@ -548,17 +580,24 @@ class _Filler:
         else:
             raise ValueError(f"module: tensors on {flat_u8.device.type} are not supported (cpu, cuda)")
 
-    def fill_piece(self, local, sets, tspec: TensorSpec, sampler, key, dtype: str,
-                   start: tuple[int, ...], disk_to_src: tuple[int, ...]) -> None:
+    def fill_piece(self, local, sets, tspec: TensorSpec, sampler, key, dtype: str, start: tuple[int, ...],
+                   disk_to_src: tuple[int, ...], disk_start: tuple[int, ...] | None = None,
+                   length: tuple[int, ...] | None = None) -> None:
+        """Fill the box of stored tensor ``tspec`` that starts at ``disk_start`` and is ``length``
+        long per disk dim (default: all of it) where it sits in the module tensor: from ``start``
+        per module dim, disk dim ``k`` running along module dim ``disk_to_src[k]`` (-1: a unit
+        dim). ``local`` holds the global indices ``sets`` of the module tensor."""
         import torch
 
         disk_shape = tspec.shape
+        disk_start = disk_start or (0,) * len(disk_shape)
+        length = length or tuple(disk_shape)
         ndim = local.dim()
         # per module dim: the box, the global indices held, the local positions of those in the box
         ext = [1] * ndim
         for k, d in enumerate(disk_to_src):
             if d >= 0:
-                ext[d] = disk_shape[k]
+                ext[d] = length[k]
         pos: list[np.ndarray | None] = []  # None: every local position (the dim is whole and inside the box)
         rel: list[np.ndarray | None] = []  # box-relative indices (None: the whole box)
         for d in range(ndim):
@@ -581,8 +620,16 @@ class _Filler:
             pos.append(None if p.size == full_dim else p)
             rel.append(None if (r.size == n) else r)  # sorted and unique, so n of them: all
         # index sets in disk order
-        krel = [([0] if d < 0 else (None if rel[d] is None else rel[d])) for d in disk_to_src]
-        sizes = [1 if d < 0 else (disk_shape[k] if rel[d] is None else len(rel[d])) for k, d in enumerate(disk_to_src)]
+        krel = []
+        for k, d in enumerate(disk_to_src):
+            if d < 0:
+                krel.append(np.array([disk_start[k]], dtype=np.int64))
+            elif rel[d] is None:
+                whole = disk_start[k] == 0 and length[k] == disk_shape[k]
+                krel.append(None if whole else np.arange(disk_start[k], disk_start[k] + length[k], dtype=np.int64))
+            else:
+                krel.append(rel[d] + disk_start[k])
+        sizes = [1 if d < 0 else (length[k] if rel[d] is None else len(rel[d])) for k, d in enumerate(disk_to_src)]
         identity = tuple(disk_to_src) == tuple(range(ndim)) and len(disk_shape) == ndim
         direct = identity and all(p is None for p in pos) and local.is_contiguous()
         if direct:
