@@ -178,6 +178,29 @@ def test_nomic_bert_fused_qkv_equals_the_files(tmp_path):
     assert summary.fingerprint == fingerprint
 
 
+def _families():
+    from tests.generic_configs import TINY as GENERIC
+
+    extra = {"nomic_bert": dict(model_type="nomic_bert", vocab_size=100, hidden_size=32, intermediate_size=64,
+                                num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)}
+    return {**GENERIC, **extra}
+
+
+@pytest.mark.parametrize("family", sorted(_families()))
+def test_every_family_equals_what_save_pretrained_writes(tmp_path, family):
+    """For each family of the generic tests (MoE, MLA, encoder-decoder, vision, fused qkv): the
+    module init_module_ fills, saved by transformers itself, is byte for byte modelinit's files."""
+    model = transformers.AutoModel.from_config(_config(_families()[family]))
+    init_module_(model, seed=SEED)
+    files, _ = _files(_config_dict(model), "float32", tmp_path / "ours")
+    model.save_pretrained(tmp_path / "theirs")
+    theirs = {}
+    for f in sorted((tmp_path / "theirs").glob("*.safetensors")):
+        theirs.update(safetensors_torch.load_file(f))
+    assert sorted(theirs) == sorted(files)
+    assert [k for k in files if not _same_bytes(theirs[k], files[k])] == []
+
+
 def test_base_class_shares_the_head_classes_backbone():
     """Version 2 names: the backbone's bytes do not depend on the head class around it."""
     head = transformers.LlamaForCausalLM(_config(LLAMA))
