@@ -16,6 +16,7 @@ import threading
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import grpc
 from modelinit.events import Begin, Data
@@ -222,48 +223,18 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         log.info("Init %s seed=%d dtype=%s files=%s offset=%d from %s", _describe(request.request), plan.request.seed,
                  plan.request.dtype, selected if request.files else "all", request.offset, context.peer())
 
-        loop = asyncio.get_running_loop()
         # Ring of 3: one segment is being sent while the next is produced (a third for margin).
         source = files.events(plan, selected, request.offset, self._backend.fill, ring=3, alloc=self._backend.alloc)
-        metrics = self._metrics
-
-        busy = threading.Lock()  # the generator runs on the generation pool; never two steps at once
-
-        def produce():
-            with busy:
-                t = time.perf_counter()
-                event = next(source, None)
-            if isinstance(event, Data):
-                metrics.generated(len(event.data), time.perf_counter() - t)
-            return event
-
-        def close() -> None:
-            with busy:  # after a step in progress, if any
-                source.close()
-
         write = functools.partial(self._write, context)
-        ahead = loop.run_in_executor(self._generation, produce)
-        try:
-            while (event := await ahead) is not None:
-                # Produce the next segment while this one is sent: memory stays at two segments.
-                ahead = loop.run_in_executor(self._generation, produce)
+        async with contextlib.aclosing(self._one_ahead(source, lambda e: len(e.data) if isinstance(e, Data) else 0)) as events:
+            async for event in events:
                 if isinstance(event, Data):
-                    data = event.data
-                    for a in range(0, len(data), chunk):
-                        piece = data[a : a + chunk].tobytes()
-                        await write(pb.InitResponse(data=piece))
-                        sent += len(piece)
-                        metrics.sent(len(piece))
+                    sent += await self._send(write, event.data, chunk, lambda piece: pb.InitResponse(data=piece))
                 elif isinstance(event, Begin):
                     await write(pb.InitResponse(begin=pb.FileBegin(index=event.index, name=event.name, size=event.size, offset=event.offset)))
                 else:
                     await write(pb.InitResponse(end=pb.FileEnd(index=event.index, sha256=event.sha256)))
-                    metrics.file_done(len(plan.files[event.index].tensors))
-        finally:
-            # On cancellation or a stalled reader: drop the segment produced ahead and close the
-            # generator (freeing its buffers) once its current step, if any, is over.
-            ahead.cancel()
-            self._generation.submit(close)
+                    self._metrics.file_done(len(plan.files[event.index].tensors))
         elapsed = time.monotonic() - started
         log.info("Init done: %d bytes in %.1fs (%.0f MB/s)", sent, elapsed, sent / max(elapsed, 1e-9) / 1e6)
 
@@ -291,8 +262,24 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         started, sent = time.monotonic(), 0
         log.info("Tensors %d selection(s), %d elements, offset %d, from %s", len(selections),
                  sum(s.numel for s in selections), offset, context.peer())
-        loop = asyncio.get_running_loop()
         source = slices.blocks(plan, selections, self._backend.fill_runs, offset=offset)
+        write = functools.partial(self._write, context)
+        async with contextlib.aclosing(self._one_ahead(source, lambda b: 0 if isinstance(b, slices.Selection) else len(b))) as items:
+            async for item in items:
+                if isinstance(item, slices.Selection):
+                    await write(slices.begin(plan, item, offset))
+                    offset = 0  # only the first selection resumes inside its data
+                else:
+                    sent += await self._send(write, item, chunk, lambda piece: pb.TensorsResponse(data=piece))
+        elapsed = time.monotonic() - started
+        log.info("Tensors done: %d bytes in %.1fs", sent, elapsed)
+
+    async def _one_ahead(self, source: Iterator[Any], nbytes: Callable[[Any], int]) -> AsyncIterator[Any]:
+        """The items of generator ``source``, each produced on the generation pool while the one
+        before is sent: memory stays at two items. ``nbytes(item)``: the bytes it generated (for
+        the metrics). On exit (the end, cancellation, a stalled reader) the item produced ahead is
+        dropped and the generator closed, freeing its buffers, once its current step is over."""
+        loop = asyncio.get_running_loop()
         metrics = self._metrics
         busy = threading.Lock()  # the generator runs on the generation pool; never two steps at once
 
@@ -300,33 +287,30 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
             with busy:
                 t = time.perf_counter()
                 item = next(source, None)
-            if item is not None and not isinstance(item, slices.Selection):
-                metrics.generated(len(item), time.perf_counter() - t)
+            if item is not None and (n := nbytes(item)):
+                metrics.generated(n, time.perf_counter() - t)
             return item
 
         def close() -> None:
             with busy:
                 source.close()
 
-        write = functools.partial(self._write, context)
         ahead = loop.run_in_executor(self._generation, produce)
         try:
             while (item := await ahead) is not None:
-                ahead = loop.run_in_executor(self._generation, produce)  # the next block while this one is sent
-                if isinstance(item, slices.Selection):
-                    await write(slices.begin(plan, item, offset))
-                    offset = 0  # only the first selection resumes inside its data
-                    continue
-                for a in range(0, len(item), chunk):
-                    piece = item[a : a + chunk].tobytes()
-                    await write(pb.TensorsResponse(data=piece))
-                    sent += len(piece)
-                    metrics.sent(len(piece))
+                ahead = loop.run_in_executor(self._generation, produce)  # the next one while this one is sent
+                yield item
         finally:
-            ahead.cancel()  # on cancellation or a stalled reader: stop after the step in progress
+            ahead.cancel()
             self._generation.submit(close)
-        elapsed = time.monotonic() - started
-        log.info("Tensors done: %d bytes in %.1fs", sent, elapsed)
+
+    async def _send(self, write, data, chunk: int, message: Callable[[bytes], Any]) -> int:
+        """``data`` in messages of at most ``chunk`` bytes; returns the bytes sent."""
+        for a in range(0, len(data), chunk):
+            piece = data[a : a + chunk].tobytes()
+            await write(message(piece))
+            self._metrics.sent(len(piece))
+        return len(data)
 
     async def _write(self, context: grpc.aio.ServicerContext, message) -> None:
         # A write waits while the client's flow-control window is full: that is the backpressure,
