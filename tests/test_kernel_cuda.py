@@ -223,14 +223,17 @@ def _check_generate_tensor(device: str) -> list[str]:
 def _check_runs(device: str) -> list[str]:
     """generate_runs_into: the runs' bytes back to back (empty runs, a padding row, odd starts)."""
     errs = []
-    s, key = Sampler("normal", std=0.5, zero_row=2, row_size=30), tensor_key(4, "runs")
-    starts, counts = [5, 61, 61, 200, 7], [40, 0, 3, 1, 1030]
-    for dtype in DTYPE_ITEMSIZE:
-        out = torch.empty(sum(counts) * DTYPE_ITEMSIZE[dtype], dtype=torch.uint8, device=device)
-        cuda.generate_runs_into(out, s, key, starts, counts, dtype)
-        want = b"".join(core.generate(s, key, a, c, dtype) for a, c in zip(starts, counts))
-        if out.cpu().numpy().tobytes() != want:
-            errs.append(f"generate_runs_into {dtype}: bytes differ")
+    key = tensor_key(4, "runs")
+    cases = {None: ([5, 61, 61, 200, 7, 2**40 + 3], [40, 0, 3, 1, 1030, 77]),
+             8: ([5, 61, 200, 2**40 + 3], [21, 3, 1, 13])}  # 8: several programs per run
+    for s in (Sampler("normal", std=0.5, zero_row=2, row_size=30), Sampler("trunc_normal", a=1.0, b=3.0)):
+        for dtype in DTYPE_ITEMSIZE:
+            for block, (starts, counts) in cases.items():
+                out = torch.empty(sum(counts) * DTYPE_ITEMSIZE[dtype] + 2, dtype=torch.uint8, device=device)[1:-1]
+                cuda.generate_runs_into(out, s, key, starts, counts, dtype, block=block)  # misaligned: via a temporary
+                want = b"".join(core.generate(s, key, a, c, dtype) for a, c in zip(starts, counts))
+                if out.cpu().numpy().tobytes() != want:
+                    errs.append(f"generate_runs_into {s.kind} {dtype} block={block}: bytes differ")
     try:
         cuda.generate_runs_into(torch.empty(3, dtype=torch.uint8, device=device), s, key, [0], [2], "bfloat16")
         errs.append("generate_runs_into: no error for a short out")
@@ -422,6 +425,21 @@ def _failures(results: list[dict]) -> list[str]:
 # ------------------------------------------------------------------------------------------------
 
 
+def test_run_table_covers_every_run_once():
+    rng = np.random.default_rng(3)
+    starts, counts = rng.integers(0, 10**6, 50), rng.integers(0, 3000, 50)
+    counts[:5] = 0
+    for block in (4, 8, 1024):
+        table = cuda.run_table(starts, counts, block)
+        assert (table[:, 3] % 4 == 0).all()
+        offs = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        for s, c, o in zip(starts, counts, offs):
+            rows = table[(table[:, 0] == s) & (table[:, 2] == o)] if c else table[:0]
+            assert (rows[:, 1] == c).all()
+            covered = sorted(i for b in rows[:, 3] for i in range(b, b + block) if s <= i < s + c)
+            assert covered == list(range(s, s + c))
+
+
 def test_interpreter_golden():
     res = _interp("golden")
     assert len(res["results"]) == len(GOLDEN)
@@ -527,11 +545,13 @@ def test_ptx_is_bit_exact(dtype):
     try:
         texts = {(k, f): cuda.ptx(k, dtype, flip=f) for k, f in _PTX_SPECS}
         texts[("normal-soft", False)] = cuda.ptx("normal", dtype, soft_cvt=True)
+        for k, f in _PTX_SPECS:  # the runs kernel: the same element code behind a table load
+            texts[(f"{k}-runs", f)] = cuda.ptx(k, dtype, flip=f, runs=True)
     except Exception as e:  # pragma: no cover - a triton without the CUDA backend / ptxas
         pytest.skip(f"cannot compile for CUDA here: {type(e).__name__}: {e}")
     for (kind, flip), text in texts.items():
         assert cuda.ptx_problems(text) == [], (kind, flip)
-        if kind in ("normal", "trunc_normal", "normal-soft"):
+        if kind in ("normal", "trunc_normal", "normal-soft", "normal-runs", "trunc_normal-runs"):
             for ins in ("div.rn.f64", "sqrt.rn.f64", "mul.rn.f64", "add.rn.f64", "sub.rn.f64", "mul.hi.u32"):
                 assert ins in text, (kind, ins)
         if kind == "normal-soft":

@@ -12,6 +12,9 @@ Public API
   elements ``[start, start + count)`` into ``out``, a contiguous 1-D ``torch.uint8`` tensor on the
   kernel's device of exactly ``count * itemsize`` bytes (any byte offset; a misaligned ``out`` goes
   through an aligned temporary).
+* :func:`generate_runs_into` ``(out, sampler, key, starts, counts, dtype)`` -- many ranges of one tensor,
+  back to back, in one launch of a second kernel that reads each program's range from a table
+  (:func:`run_table`) and shares the element code (``_element_bits``) with the first.
 * :func:`generate_tensor` ``(sampler, key, start, count, dtype, device=None)`` -- the same as a 1-D torch
   ``float32`` / ``bfloat16`` / ``float16`` tensor.
 * :func:`ptx` / :func:`ptx_problems` -- compile the kernel for a CUDA target (no GPU needed, only
@@ -86,6 +89,8 @@ from __future__ import annotations
 import os
 import struct
 
+import numpy as np
+
 from .core import DTYPE_ITEMSIZE, _check_range, check_dtype, check_runs
 from .philox import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, _check_key
 from .sampler import U2_MAX, Sampler
@@ -98,6 +103,7 @@ __all__ = [
     "generate_into",
     "generate_runs_into",
     "generate_tensor",
+    "run_table",
     "interpreting",
     "ptx",
     "ptx_problems",
@@ -318,36 +324,12 @@ if triton is not None:
         """A float64 kernel argument from its int64 bit pattern."""
         return bits.to(tl.int64).to(tl.float64, bitcast=True)
 
-    @triton.jit(do_not_specialize=["start", "count", "k0", "k1", "p0", "p1", "p2", "p3", "p4", "p5", "zlo", "zhi"])
-    def _modelinit_v1_kernel(
-        out_ptr,
-        start: tl.int64,
-        count: tl.int64,
-        k0: tl.int64,
-        k1: tl.int64,
-        p0: tl.int64,
-        p1: tl.int64,
-        p2: tl.int64,
-        p3: tl.int64,
-        p4: tl.int64,
-        p5: tl.int64,
-        zlo: tl.int64,
-        zhi: tl.int64,
-        KIND: tl.constexpr,
-        FLIP: tl.constexpr,
-        DTYPE: tl.constexpr,
-        SOFT_CVT: tl.constexpr,
-        BLOCK: tl.constexpr,
-    ):
-        """Elements [start, start + count) of algorithm version 1 into out_ptr[0 : count] (int32 or int16 bits).
-
-        p0..p5 (float64 bit patterns): normal (mean, std), trunc_normal (mean, std, plo, pw, a, b),
-        uniform (low, high - low), constant (value). Elements zlo <= i < zhi are +0.0 (padding row).
-        """
-        pid = tl.program_id(0).to(tl.int64)
-        start = start.to(tl.int64)
-        count = count.to(tl.int64)
-        base = start - (start & 3) + pid * BLOCK  # first element of this program, a multiple of 4
+    @triton.jit
+    def _element_bits(base, k0, k1, p0, p1, p2, p3, p4, p5, zlo, zhi,
+                      KIND: tl.constexpr, FLIP: tl.constexpr, DTYPE: tl.constexpr, SOFT_CVT: tl.constexpr,
+                      BLOCK: tl.constexpr):
+        """(indices, output bits) of elements base ... base + BLOCK - 1 (base a multiple of 4): the
+        algorithm, shared by both kernels."""
         i = base + tl.arange(0, BLOCK)  # int64 element indices
         p_mean = _f64_param(p0)
         if KIND == 3:  # constant: no random bits
@@ -399,8 +381,73 @@ if triton is not None:
                 bits = f32.to(tl.float16).to(tl.int16, bitcast=True)  # cvt.rn.f16.f32
         zr = (i >= zlo.to(tl.int64)) & (i < zhi.to(tl.int64))
         bits = tl.where(zr, tl.zeros_like(bits), bits)  # padding row: +0.0
+        return i, bits
+
+    @triton.jit(do_not_specialize=["start", "count", "k0", "k1", "p0", "p1", "p2", "p3", "p4", "p5", "zlo", "zhi"])
+    def _modelinit_v1_kernel(
+        out_ptr,
+        start: tl.int64,
+        count: tl.int64,
+        k0: tl.int64,
+        k1: tl.int64,
+        p0: tl.int64,
+        p1: tl.int64,
+        p2: tl.int64,
+        p3: tl.int64,
+        p4: tl.int64,
+        p5: tl.int64,
+        zlo: tl.int64,
+        zhi: tl.int64,
+        KIND: tl.constexpr,
+        FLIP: tl.constexpr,
+        DTYPE: tl.constexpr,
+        SOFT_CVT: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        """Elements [start, start + count) of algorithm version 1 into out_ptr[0 : count] (int32 or int16 bits).
+
+        p0..p5 (float64 bit patterns): normal (mean, std), trunc_normal (mean, std, plo, pw, a, b),
+        uniform (low, high - low), constant (value). Elements zlo <= i < zhi are +0.0 (padding row).
+        """
+        pid = tl.program_id(0).to(tl.int64)
+        start = start.to(tl.int64)
+        count = count.to(tl.int64)
+        base = start - (start & 3) + pid * BLOCK  # first element of this program, a multiple of 4
+        i, bits = _element_bits(base, k0, k1, p0, p1, p2, p3, p4, p5, zlo, zhi, KIND, FLIP, DTYPE, SOFT_CVT, BLOCK)
         mask = (i >= start) & (i < start + count)
         tl.store(out_ptr + (i - start), bits, mask=mask)
+
+    @triton.jit(do_not_specialize=["k0", "k1", "p0", "p1", "p2", "p3", "p4", "p5", "zlo", "zhi"])
+    def _modelinit_v1_runs_kernel(
+        out_ptr,
+        tab_ptr,
+        k0: tl.int64,
+        k1: tl.int64,
+        p0: tl.int64,
+        p1: tl.int64,
+        p2: tl.int64,
+        p3: tl.int64,
+        p4: tl.int64,
+        p5: tl.int64,
+        zlo: tl.int64,
+        zhi: tl.int64,
+        KIND: tl.constexpr,
+        FLIP: tl.constexpr,
+        DTYPE: tl.constexpr,
+        SOFT_CVT: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        """Many runs of one tensor, back to back in out_ptr: program p reads its row of the int64
+        table (run start, run count, the run's first output element, the program's first element,
+        a multiple of 4) and writes that run's elements among base ... base + BLOCK - 1."""
+        row = tab_ptr + tl.program_id(0).to(tl.int64) * 4
+        start = tl.load(row)
+        count = tl.load(row + 1)
+        off = tl.load(row + 2)
+        base = tl.load(row + 3)
+        i, bits = _element_bits(base, k0, k1, p0, p1, p2, p3, p4, p5, zlo, zhi, KIND, FLIP, DTYPE, SOFT_CVT, BLOCK)
+        mask = (i >= start) & (i < start + count)
+        tl.store(out_ptr + off + (i - start), bits, mask=mask)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -500,11 +547,7 @@ def generate_into(out, sampler: Sampler, key: tuple[int, int], start: int, count
         raise ValueError(f"out: must hold exactly count * itemsize = {nbytes} bytes, got {out.numel()}")
     if not out.is_contiguous():
         raise ValueError("out: must be contiguous")
-    if interpreting():
-        if out.device.type != "cpu":
-            raise ValueError(f"out: the Triton interpreter needs a CPU tensor, got device {out.device}")
-    elif out.device.type != "cuda":
-        raise ValueError(f"out: must be on a CUDA device, got {out.device}")
+    _check_device(out)
     if count == 0:
         return
     itemsize = DTYPE_ITEMSIZE[dtype]
@@ -522,33 +565,88 @@ def generate_runs_into(out, sampler: Sampler, key: tuple[int, int], starts, coun
                        block: int | None = None, soft_cvt: bool = False) -> None:
     """Elements ``[starts[r], starts[r] + counts[r])`` of every run ``r``, back to back in run order,
     into ``out`` (as :func:`generate_into`, of ``sum(counts) * itemsize`` bytes): the bytes of one
-    :func:`generate_into` per run. One launch per non-empty run (a kernel over a run table is left
-    for when a GPU can measure it)."""
+    :func:`generate_into` per run, in one launch over a table of (run, block) programs (a column
+    block of a matrix is thousands of short runs)."""
     key, _, _ = _validate(sampler, key, 0, 0, dtype)
     starts, counts = check_runs(starts, counts)
-    item = DTYPE_ITEMSIZE[dtype]
-    total = int(counts.sum())
+    blk = _check_block(block)
+    if triton is None:
+        raise RuntimeError("triton is not installed")
     import torch
 
+    item = DTYPE_ITEMSIZE[dtype]
+    total = int(counts.sum())
     if not isinstance(out, torch.Tensor) or out.dtype != torch.uint8 or out.dim() != 1:
         raise ValueError(f"out: must be a 1-D torch.uint8 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
     if out.numel() != total * item:
         raise ValueError(f"out: must hold exactly sum(counts) * itemsize = {total * item} bytes, got {out.numel()}")
-    pos = 0
-    for s, c in zip(starts.tolist(), counts.tolist()):
-        if c:
-            generate_into(out[pos : pos + c * item], sampler, key, s, c, dtype, block=block, soft_cvt=soft_cvt)
-        pos += c * item
+    if not out.is_contiguous():
+        raise ValueError("out: must be contiguous")
+    _check_device(out)
+    if total == 0:
+        return
+    view_dtype = torch.int32 if item == 4 else torch.int16
+    if out.data_ptr() % item or out.storage_offset() % item:
+        tmp = torch.empty(total * item, dtype=torch.uint8, device=out.device)
+        _with_device(tmp, lambda: _launch_runs(tmp.view(view_dtype), sampler, key, starts, counts, dtype, blk, soft_cvt))
+        out.copy_(tmp)
+        return
+    view = out.view(view_dtype)
+    _with_device(view, lambda: _launch_runs(view, sampler, key, starts, counts, dtype, blk, soft_cvt))
 
 
-def _run(view, sampler, key, start, count, dtype, block, soft_cvt) -> None:
+def run_table(starts: np.ndarray, counts: np.ndarray, block: int) -> np.ndarray:
+    """The runs kernel's program table: one int64 row (run start, run count, the run's first output
+    element, the program's first element) per ``block`` elements of each non-empty run, the
+    programs of a run starting at its start rounded down to a multiple of 4."""
+    offs = np.zeros(counts.size, dtype=np.int64)
+    np.cumsum(counts[:-1], out=offs[1:])
+    keep = counts > 0
+    s, c, o = starts[keep], counts[keep], offs[keep]
+    first = s - (s & 3)
+    nprog = ((s & 3) + c + block - 1) // block
+    run = np.repeat(np.arange(s.size), nprog)
+    j = np.arange(int(nprog.sum()), dtype=np.int64) - np.repeat(np.cumsum(nprog) - nprog, nprog)
+    return np.stack([s[run], c[run], o[run], first[run] + j * block], axis=1)
+
+
+def _launch_runs(view, sampler: Sampler, key: tuple[int, int], starts: np.ndarray, counts: np.ndarray, dtype: str,
+                 block: int, soft_cvt: bool) -> None:
+    import torch
+
+    kind, flip, params = _kernel_params(sampler)
+    zlo, zhi = (0, 0) if sampler.zero_row is None else (sampler.zero_row * sampler.row_size,
+                                                         (sampler.zero_row + 1) * sampler.row_size)
+    table = torch.from_numpy(run_table(starts, counts, block)).to(view.device)
+    for a in range(0, table.shape[0], _MAX_PROGRAMS):
+        part = table[a : a + _MAX_PROGRAMS]
+        _modelinit_v1_runs_kernel[(part.shape[0],)](
+            view, part, key[0], key[1], *params, zlo, zhi,
+            KIND=kind, FLIP=flip, DTYPE=_DTYPE_CODE[dtype], SOFT_CVT=bool(soft_cvt), BLOCK=block,
+            num_warps=NUM_WARPS, enable_fp_fusion=False,
+        )
+
+
+def _check_device(out) -> None:
     if interpreting():
-        _launch(view, sampler, key, start, count, dtype, block, soft_cvt)
+        if out.device.type != "cpu":
+            raise ValueError(f"out: the Triton interpreter needs a CPU tensor, got device {out.device}")
+    elif out.device.type != "cuda":
+        raise ValueError(f"out: must be on a CUDA device, got {out.device}")
+
+
+def _with_device(view, launch) -> None:
+    if interpreting():
+        launch()
     else:
         import torch
 
         with torch.cuda.device(view.device):
-            _launch(view, sampler, key, start, count, dtype, block, soft_cvt)
+            launch()
+
+
+def _run(view, sampler, key, start, count, dtype, block, soft_cvt) -> None:
+    _with_device(view, lambda: _launch(view, sampler, key, start, count, dtype, block, soft_cvt))
 
 
 def generate_tensor(sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str, device=None, *,
@@ -584,7 +682,7 @@ def warmup(device=None) -> None:
 
 
 def ptx(kind: str = "normal", dtype: str = "bfloat16", *, flip: bool = False, soft_cvt: bool = False,
-        capability: int = 90, block: int | None = None) -> str:
+        capability: int = 90, block: int | None = None, runs: bool = False) -> str:
     """The PTX of one specialization, compiled for ``sm_<capability>`` exactly as a launch compiles it
     (``enable_fp_fusion=False``, :data:`NUM_WARPS`). Needs triton but no GPU (triton bundles LLVM and
     ptxas). Must be called with the interpreter off."""
@@ -597,13 +695,18 @@ def ptx(kind: str = "normal", dtype: str = "bfloat16", *, flip: bool = False, so
 
     blk = _check_block(block)
     sig = {"out_ptr": "*i32" if DTYPE_ITEMSIZE[dtype] == 4 else "*i16"}
-    for name in ("start", "count", "k0", "k1", "p0", "p1", "p2", "p3", "p4", "p5", "zlo", "zhi"):
+    scalars = ("k0", "k1", "p0", "p1", "p2", "p3", "p4", "p5", "zlo", "zhi")
+    if runs:
+        sig["tab_ptr"] = "*i64"
+    else:
+        scalars = ("start", "count", *scalars)
+    for name in scalars:
         sig[name] = "i64"
     consts = {"KIND": _KIND_CODE[kind], "FLIP": bool(flip), "DTYPE": _DTYPE_CODE[dtype], "SOFT_CVT": bool(soft_cvt),
               "BLOCK": blk}
     for name in consts:
         sig[name] = "constexpr"
-    src = ASTSource(fn=_modelinit_v1_kernel, signature=sig, constexprs=consts)
+    src = ASTSource(fn=_modelinit_v1_runs_kernel if runs else _modelinit_v1_kernel, signature=sig, constexprs=consts)
     compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32),
                               options={"num_warps": NUM_WARPS, "enable_fp_fusion": False})
     return compiled.asm["ptx"]
