@@ -1,14 +1,22 @@
-"""In the training process: ``modelinit.init_module_`` next to transformers' own initialization.
+"""In the training process: ``modelinit.init_module_`` next to transformers' own initialization and
+the plain PyTorch loop a user would hand-write.
 
     python benchmarks/init_module.py                       # TinyLlama-1.1B shape, bf16, CPU
-    python benchmarks/init_module.py --layers 4 --dtype float32
+    python benchmarks/init_module.py --layers 4 --dtype float32 --repeat 3
 
 Builds the model on the meta device, materializes it with ``to_empty`` (what a sharded training
-job does), then times, on the same module: ``init_module_(model, seed=0)`` (hf-default, the bytes
-``modelinit init`` writes) and transformers' ``model.initialize_weights()`` (its ``_init_weights`` on
-every module, the marks of what is initialized cleared first; torch's global RNG). DESIGN.md §9's goal: init_module_ faster on CPU. Only one
-process here; the per-rank scaling of sharded runs (each rank ~1/N of the time) is left to a
-later script. A measurement, not a test: nothing is asserted.
+job does), then times, on the same module, best of ``--repeat`` each:
+
+* ``init_module_(model, seed=0)``: hf-default, the bytes ``modelinit init`` writes (after one warm
+  call: numba compile or cache load, spec resolution);
+* transformers' ``model.initialize_weights()``: its ``_init_weights`` on every module, the marks of
+  what is initialized cleared first; torch's global RNG;
+* a plain PyTorch loop: ``normal_(0, 0.02)`` for linear and embedding weights, ones for norm
+  weights, zeros for biases (the rules of hf-default, not its bytes; torch's global RNG).
+
+torch runs at its default thread count (all cores), numba too. DESIGN.md §9's goal: init_module_
+faster on CPU. One process; the per-rank scaling of sharded runs is
+``benchmarks/init_module_ranks.py``. A measurement, not a test: nothing is asserted.
 """
 from __future__ import annotations
 
@@ -24,6 +32,24 @@ TINYLLAMA = dict(model_type="llama", vocab_size=32000, hidden_size=2048, interme
                  num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False)
 
 
+def torch_loop(model, std: float = 0.02) -> None:
+    """The hand-written init: N(0, std) for linear and embedding weights, 1 for norm weights, 0 for
+    biases. Every parameter is written (one that fits none of these raises)."""
+    import torch
+
+    with torch.no_grad():
+        for module in model.modules():
+            for pname, p in module.named_parameters(recurse=False):
+                if pname == "bias":
+                    p.zero_()
+                elif isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                    p.normal_(0.0, std)
+                elif "norm" in type(module).__name__.lower():
+                    p.fill_(1.0)
+                else:
+                    raise ValueError(f"torch_loop: no rule for {type(module).__name__}.{pname}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=TINYLLAMA["num_hidden_layers"])
@@ -31,6 +57,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="best of this many runs each")
     args = ap.parse_args()
 
+    import numba
     import torch
     import transformers
 
@@ -43,7 +70,7 @@ def main() -> None:
     model.to_empty(device="cpu")
     n = sum(p.numel() for p in model.parameters())
     print(f"LlamaForCausalLM, {args.layers} layers, {n / 1e9:.2f} B params, {args.dtype}, "
-          f"{torch.get_num_threads()} torch threads")
+          f"{torch.get_num_threads()} torch threads, {numba.get_num_threads()} numba threads")
 
     def best(fn) -> float:
         times = []
@@ -55,6 +82,7 @@ def main() -> None:
 
     init_module_(model, seed=0)  # warm: numba compile/cache load, spec resolution
     ours = best(lambda: init_module_(model, seed=0))
+
     def transformers_init() -> None:
         # transformers 5 skips what it marks initialized: clear the marks, then run its init
         for obj in (*model.modules(), *model.parameters(), *model.buffers()):
@@ -66,9 +94,14 @@ def main() -> None:
     theirs = best(transformers_init)
     if torch.equal(before, model.lm_head.weight[:4, :4]):
         print("warning: transformers' init left lm_head unchanged; its time is not a real init")
-    print(f"init_module_            {ours:8.2f} s   {n / ours / 1e6:8.0f} M params/s")
-    print(f"transformers init       {theirs:8.2f} s   {n / theirs / 1e6:8.0f} M params/s")
-    print(f"ratio (theirs / ours)   {theirs / ours:8.2f}x")
+    torch_loop(model)  # warm
+    loop = best(lambda: torch_loop(model))
+
+    rows = [("init_module_", ours), ("transformers init", theirs), ("plain torch loop", loop)]
+    for label, s in rows:
+        print(f"{label:24s}{s:8.2f} s   {n / s / 1e6:8.0f} M params/s")
+    print(f"{'transformers / ours':24s}{theirs / ours:8.2f}x")
+    print(f"{'torch loop / ours':24s}{loop / ours:8.2f}x")
 
 
 if __name__ == "__main__":
