@@ -238,6 +238,29 @@ def test_runs_check_their_arguments():
     cpu.generate_runs_into(np.empty(0, np.uint8), s, key, [], [], "bfloat16")
 
 
+def test_both_tail_listings_agree():
+    """The vector-compress listing (taken with AVX-512) and the scalar one (taken elsewhere) give the
+    same tail list on any host (the compress has generic code where the instruction is missing)."""
+    B = cpu.BLOCK
+    rng = np.random.default_rng(11)
+
+    @numba.njit(**cpu.JIT_OPTIONS)
+    def both(U, n):
+        i1, i2 = np.empty(B + 8, np.int32), np.empty(B + 8, np.int32)
+        p1, p2 = np.empty(B), np.empty(B)
+        m1 = cpu._list_tails_compress(U, n, i1, p1)
+        m2 = cpu._list_tails_scalar(U, n, i2, p2)
+        return m1, m2, i1[:m1].copy(), i2[:m2].copy(), p1[:m1].copy(), p2[:m2].copy()
+
+    for n in (B, B - 3, 5, 0):
+        U = rng.random(B + 8)
+        U[:40:3] = [0.075, 0.925, np.nextafter(0.075, 1), np.nextafter(0.925, 0), 0.5, np.nan, 1e-300, 1 - 1e-16,
+                    0.0749999, 0.9250001, 0.3, 0.7, 0.075 + 1e-17, 0.925 - 1e-17][: len(U[:40:3])]
+        m1, m2, i1, i2, p1, p2 = both(U, n)
+        assert m1 == m2 and np.array_equal(i1, i2) and np.array_equal(p1.view(np.uint64), p2.view(np.uint64))
+    assert cpu._list_tails is (cpu._list_tails_compress if cpu._VECTOR_COMPRESS else cpu._list_tails_scalar)
+
+
 def test_one_specialization_per_kernel():
     """Every dtype, alignment, kind and range runs the same machine code: warmup() compiles everything a
     server will ever need (a new specialization at request time would stall it for seconds)."""

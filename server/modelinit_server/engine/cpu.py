@@ -18,7 +18,7 @@ up to :data:`SERIAL_MAX` elements run on the calling thread. Per block:
 2. AS241's central formula for *every* element, branch-free so that LLVM vectorizes it
    (``trunc_normal`` first maps ``u`` to ``u2 = min(plo + u * pw, U2_MAX)`` in the same loop).
 3. The elements with ``not |q| <= 0.425`` (about 15 % for ``normal``) are listed, 8 at a time, by a
-   vector compress (:func:`_tails8`); the tail formula (``log_ieee``, ``sqrt``, the ``r <= 5``
+   vector compress (:func:`_tails8`) on AVX-512, one at a time by a branch-free loop elsewhere; the tail formula (``log_ieee``, ``sqrt``, the ``r <= 5``
    rational function) runs vectorized over that list; the ``r > 5`` ones (only reachable deep in a
    ``trunc_normal`` tail) are redone with the far-tail function; the results are scattered back.
 4. ``trunc_normal``'s negation if ``flip`` and its two bound guards, ``mean + std * z`` (``uniform``:
@@ -28,8 +28,11 @@ up to :data:`SERIAL_MAX` elements run on the calling thread. Per block:
 ``constant`` (no random bits) and padding rows are filled by plain numpy. Overflow is refused up front
 by :func:`.core.check_dtype`, exactly as in the reference, so no non-finite value can be produced.
 
-Speed (2-core AMD EPYC Zen 5 VM, 64M elements to bfloat16): about 720 M elements/s for ``normal`` and
-``trunc_normal`` on one thread and 1300+ on two (``benchmarks/engine_cpu.py``); the reference does 70.
+Speed (``benchmarks/engine_cpu.py``, bfloat16): on a 2-core AMD EPYC Zen 5 VM (AVX-512) about 720 M
+elements/s for ``normal`` and ``trunc_normal`` on one thread and 1300+ on two; on a 2-core AVX2 EPYC VM
+about 195 per thread (there float64 vectors are half as wide, the tail listing is a scalar loop and the
+central formula's 33 float64 operations per element, with no FMA allowed, set the pace). The numpy
+reference does 70.
 
 Compilation: the kernels are compiled on first use (about 5 s on 2 cores, holding the GIL) or loaded from
 numba's on-disk cache (about 0.3 s); :func:`warmup` does it up front. The cache lives in ``__pycache__``
@@ -93,6 +96,18 @@ try:  # numba is optional: the numpy reference works without it
 except Exception:  # pragma: no cover - only where numba is not installed (or broken)
     _numba = None
     _LLVM_OK = False
+
+def _has_vector_compress() -> bool:
+    """Whether numba compiles for a CPU with a vector compress instruction (x86 AVX-512F)."""
+    try:
+        name = _numba.config.CPU_NAME or "host"
+        features = _llvm.get_host_cpu_features() if name == "host" else {}
+        return bool(features.get("avx512f", False)) and "-avx512f" not in (_numba.config.CPU_FEATURES or "")
+    except Exception:  # pragma: no cover - numba missing or an unusual llvmlite
+        return False
+
+
+_VECTOR_COMPRESS = _has_vector_compress() if _numba is not None else False
 
 #: Serializes parallel launches: numba's workqueue threading layer must not be entered from two
 #: threads at once, and two concurrent launches would oversubscribe the cores anyway.
@@ -248,6 +263,8 @@ if available():
     _MASK32 = _u64(0xFFFFFFFF)
     _SH32 = _u64(32)
     _TWO_M32 = 2.0**-32
+    _EXP52 = _u64(0x4330000000000000)  # the bits of 2.0**52
+    _TWO52 = 2.0**52
     _A7, _A6, _A5, _A4, _A3, _A2, _A1, _A0 = AS241_A
     _B7, _B6, _B5, _B4, _B3, _B2, _B1, _B0 = AS241_B
     _C7, _C6, _C5, _C4, _C3, _C2, _C1, _C0 = AS241_C
@@ -283,10 +300,12 @@ if available():
                 x2 = y2
                 kk0 = (kk0 + _W0) & _MASK32  # wrapping 32-bit key schedule
                 kk1 = (kk1 + _W1) & _MASK32
-            U[4 * t] = (np.float64(np.int64(x0)) + 0.5) * _TWO_M32
-            U[4 * t + 1] = (np.float64(np.int64(x1)) + 0.5) * _TWO_M32
-            U[4 * t + 2] = (np.float64(np.int64(x2)) + 0.5) * _TWO_M32
-            U[4 * t + 3] = (np.float64(np.int64(x3)) + 0.5) * _TWO_M32
+            # float64(x) for x < 2**32 as (2**52 + x) - 2**52, both exact: an OR and a subtraction
+            # vectorize everywhere, where an int64 -> float64 conversion is scalar without AVX-512DQ
+            U[4 * t] = ((_bits_f64(_EXP52 | x0) - _TWO52) + 0.5) * _TWO_M32
+            U[4 * t + 1] = ((_bits_f64(_EXP52 | x1) - _TWO52) + 0.5) * _TWO_M32
+            U[4 * t + 2] = ((_bits_f64(_EXP52 | x2) - _TWO52) + 0.5) * _TWO_M32
+            U[4 * t + 3] = ((_bits_f64(_EXP52 | x3) - _TWO52) + 0.5) * _TWO_M32
 
     @_helper()
     def _ppf_central(U, n, Z):
@@ -314,7 +333,7 @@ if available():
             Z[i] = (q * na) / nb
 
     @_helper()
-    def _list_tails(U, n, idx, P):
+    def _list_tails_compress(U, n, idx, P):
         """The i < n with not |p - 0.5| <= 0.425, p = U[i]: idx[:m] = i, P[:m] = p; returns m.
 
         Vectorized compaction 8 elements at a time (:func:`_tails8`), then branch-free for the last few
@@ -330,6 +349,22 @@ if available():
         for k in range(m):
             P[k] = U[idx[k]]
         return m
+
+    @_helper()
+    def _list_tails_scalar(U, n, idx, P):
+        """:func:`_list_tails_compress` without the vector compress: branch-free, one element at a time."""
+        m = 0
+        for i in range(n):
+            idx[m] = i
+            m += 0 if abs(U[i] - 0.5) <= 0.425 else 1
+        for k in range(m):
+            P[k] = U[idx[k]]
+        return m
+
+    # The vector compress is one instruction with AVX-512 (vpcompressd) and a long generic sequence
+    # elsewhere, where the scalar loop is twice as fast (measured on AVX2). The choice depends on the
+    # CPU only, as numba's cache key does; both give the same list.
+    _list_tails = _list_tails_compress if _VECTOR_COMPRESS else _list_tails_scalar
 
     @_helper()
     def _ppf_tails(P, m, R):
@@ -363,7 +398,7 @@ if available():
             Q = Q * s2 + _L1
             t = s2 * Q
             logm = (s + s * t) * 2.0
-            E = np.float64(e)
+            E = np.float64(np.int32(e))  # |e| < 1100: exact, and int32 -> float64 vectorizes without AVX-512DQ
             lg = E * LN2_HI + (logm + E * LN2_LO)
             r = np.sqrt(-lg)
             R[k] = -r if p < 0.5 else r
