@@ -3,6 +3,7 @@ the plain PyTorch loop a user would hand-write.
 
     python benchmarks/init_module.py                       # TinyLlama-1.1B shape, bf16, CPU
     python benchmarks/init_module.py --layers 4 --dtype float32 --repeat 3
+    python benchmarks/init_module.py --shape llama-3-8b --device cuda   # on a GPU: the Triton kernels
 
 Builds the model on the meta device, materializes it with ``to_empty`` (what a sharded training
 job does), then times, on the same module, best of ``--repeat`` each:
@@ -30,6 +31,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "client"))
 
 TINYLLAMA = dict(model_type="llama", vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                  num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False)
+LLAMA3_8B = dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, tie_word_embeddings=False)
+SHAPES = {"tinyllama-1.1b": TINYLLAMA, "llama-3-8b": LLAMA3_8B}
 
 
 def torch_loop(model, std: float = 0.02) -> None:
@@ -52,31 +56,46 @@ def torch_loop(model, std: float = 0.02) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", type=int, default=TINYLLAMA["num_hidden_layers"])
+    ap.add_argument("--shape", default="tinyllama-1.1b", choices=sorted(SHAPES), help="the Llama's shape")
+    ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the shape's)")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the module lives")
     ap.add_argument("--repeat", type=int, default=2, help="best of this many runs each")
     args = ap.parse_args()
 
-    import numba
     import torch
     import transformers
 
     from modelinit_server.training import init_module_
 
-    doc = dict(TINYLLAMA, num_hidden_layers=args.layers)
+    doc = dict(SHAPES[args.shape])
+    if args.layers is not None:
+        doc["num_hidden_layers"] = args.layers
     config = transformers.AutoConfig.for_model(doc.pop("model_type"), **doc)
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(config).to(getattr(torch, args.dtype))
-    model.to_empty(device="cpu")
+    model.to_empty(device=args.device)
     n = sum(p.numel() for p in model.parameters())
-    print(f"LlamaForCausalLM, {args.layers} layers, {n / 1e9:.2f} B params, {args.dtype}, "
-          f"{torch.get_num_threads()} torch threads, {numba.get_num_threads()} numba threads")
+    if args.device == "cpu":
+        import numba
+
+        where = f"CPU, {torch.get_num_threads()} torch threads, {numba.get_num_threads()} numba threads"
+    else:
+        where = torch.cuda.get_device_name()
+    print(f"LlamaForCausalLM ({args.shape}), {doc['num_hidden_layers']} layers, {n / 1e9:.2f} B params, "
+          f"{args.dtype}, {where}")
+
+    def sync() -> None:
+        if args.device == "cuda":
+            torch.cuda.synchronize()
 
     def best(fn) -> float:
         times = []
         for _ in range(args.repeat):
+            sync()
             t = time.perf_counter()
             fn()
+            sync()
             times.append(time.perf_counter() - t)
         return min(times)
 

@@ -85,6 +85,30 @@ def test_llama_equals_files(tmp_path, dtype):
     assert summary.dtypes == (dtype,) and summary.architecture == "LlamaForCausalLM"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_cuda_module_equals_files(tmp_path, dtype):
+    """On a GPU the Triton kernels fill the parameters where they are; the bytes are the files' (made
+    on the CPU), for whole tensors, fused experts and a column shard (the runs kernel)."""
+    from modelinit_server.engine import Sampler
+    from modelinit_server.tensors import TensorSpec
+
+    for doc, cls in ((LLAMA, transformers.LlamaForCausalLM), (MIXTRAL, transformers.MixtralForCausalLM)):
+        model = cls(_config(doc)).to(device="cuda", dtype=getattr(torch, dtype))
+        summary = init_module_(model, seed=SEED)
+        files, fingerprint = _files(_config_dict(model), dtype, tmp_path / cls.__name__)
+        if cls is transformers.MixtralForCausalLM:
+            files = _fused_reference(files, 2, 4)
+        state = model.state_dict()
+        assert [k for k in state if not _same_bytes(state[k].cpu(), files[k])] == []
+        assert summary.fingerprint == fingerprint
+    spec, sampler = TensorSpec("w", (300, 64), kind="linear", role="mlp_out", param="weight"), Sampler("normal", std=0.02)
+    whole, half = torch.empty(300, 64), torch.empty(300, 32, device="cuda")
+    _Filler("cpu").fill_piece(whole, [None, None], spec, sampler, (1, 2), "float32", (0, 0), (0, 1))
+    _Filler("auto").fill_piece(half, [None, np.arange(32, 64)], spec, sampler, (1, 2), "float32", (0, 0), (0, 1))
+    assert torch.equal(half.cpu(), whole[:, 32:])
+
+
 def test_tied_llama_filled_once(tmp_path):
     model = transformers.LlamaForCausalLM(_config({**LLAMA, "tie_word_embeddings": True}))
     assert model.lm_head.weight is model.model.embed_tokens.weight
