@@ -296,6 +296,51 @@ def test_plain_module_unmatched_parameter_is_named():
         init_module_(Plain(extra=True), seed=SEED, policy=POLICY)
 
 
+@pytest.fixture()
+def world_of_one(tmp_path):
+    """A gloo process group of this process alone (DDP and FSDP1 need one)."""
+    import torch.distributed as d
+
+    if not d.is_available() or not d.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    d.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    yield
+    d.destroy_process_group()
+
+
+@pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`")
+def test_ddp_and_fsdp1_wrapped_models_are_the_models_inside(world_of_one, tmp_path):
+    """DDP's ``module.`` prefix and FSDP1's wrappers (one rank: whole tensors) are seen through: the
+    transformers model inside is recognized and gets the files' bytes; FSDP1's flat parameters, and
+    a sharded FSDP1, are refused with what to do instead."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    files, fingerprint = _files(_config_dict(transformers.LlamaForCausalLM(_config(LLAMA))), "float32", tmp_path)
+    for wrap in (lambda m: DDP(m), lambda m: FSDP(m, device_id=torch.device("cpu"), use_orig_params=True)):
+        inner = transformers.LlamaForCausalLM(_config(LLAMA))
+        summary = init_module_(wrap(inner), seed=SEED)
+        assert summary.architecture == "LlamaForCausalLM" and summary.fingerprint == fingerprint
+        state = inner.state_dict()
+        assert [k for k in files if not _same_bytes(state[k], files[k])] == []
+    flat = FSDP(transformers.LlamaForCausalLM(_config(LLAMA)), device_id=torch.device("cpu"), use_orig_params=False)
+    with pytest.raises(ValueError, match="FSDP1 flat parameter.*fully_shard"):
+        init_module_(flat, seed=SEED)
+
+    class FullyShardedDataParallel(torch.nn.Module):  # what a sharded FSDP1 looks like to the check
+        sharding_strategy = type("S", (), {"name": "FULL_SHARD"})()
+
+    with pytest.raises(ValueError, match=r"FSDP1 \(FullyShardedDataParallel, FULL_SHARD\)"):
+        init_module_(FullyShardedDataParallel(), seed=SEED)
+
+
+def test_a_resized_parameter_is_refused():
+    model = transformers.LlamaForCausalLM(_config(LLAMA))
+    model.model.norm.weight = torch.nn.Parameter(torch.empty(5))
+    with pytest.raises(ValueError, match=r"'model.norm.weight' has shape \[5\], but LlamaForCausalLM .* has \[32\]"):
+        init_module_(model, seed=SEED)
+
+
 def test_meta_module_is_refused():
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(_config(LLAMA))

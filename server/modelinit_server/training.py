@@ -41,7 +41,7 @@ from .planner import Request, fingerprint, tensor_keys
 from .policies import Policy, Resolved, resolve
 from .tensors import ModelSpec, TensorSpec
 
-__all__ = ["InitSummary", "init_module_", "strip_wrappers"]
+__all__ = ["InitSummary", "init_module_", "strip_wrappers", "unwrap"]
 
 #: Module-name components that wrappers insert and that the canonical names never contain:
 #: torch.compile, activation checkpointing, FSDP1.
@@ -96,6 +96,8 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     version = ALGORITHM_VERSION if algorithm_version in (None, 0) else algorithm_version
     if dtype is not None and dtype not in _TORCH_DTYPES:
         raise ValueError(f"dtype: {dtype!r} is not one of {', '.join(_TORCH_DTYPES)}")
+    _refuse_sharded_fsdp1(module)
+    module = unwrap(module)
     named = _module_tensors(module)
     if not named:
         raise ValueError("module: it has no parameters or persistent buffers to fill")
@@ -117,7 +119,7 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
 
     hf = _hf_model(module)
     if hf is not None:
-        spec, pieces = _hf_spec(hf, [n for n, _ in named])
+        spec, pieces = _hf_spec(hf, {n: tuple(t.shape) for n, t in named})
     else:
         spec, pieces = _plain_spec(module, named, real)
 
@@ -159,6 +161,43 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
 # --- the module's tensors -----------------------------------------------------------------------
 
 
+#: Wrappers around a whole model, and the attribute that holds the model: DDP, FSDP1, torch.compile,
+#: activation checkpointing (by class name: none of them needs importing to be recognized).
+ROOT_WRAPPERS = {"DistributedDataParallel": "module", "FullyShardedDataParallel": "_fsdp_wrapped_module",
+                 "OptimizedModule": "_orig_mod", "CheckpointWrapper": "_checkpoint_wrapped_module",
+                 "OffloadWrapper": "_checkpoint_wrapped_module"}
+
+
+def unwrap(module):
+    """The model inside the wrappers around it (DDP's ``module``, FSDP1's, torch.compile's, a
+    checkpoint wrapper's), so that names and the transformers class are the model's own."""
+    for _ in range(16):
+        attr = ROOT_WRAPPERS.get(type(module).__name__)
+        inner = getattr(module, attr, None) if attr else None
+        if inner is None:
+            return module
+        module = inner
+    return module
+
+
+def _refuse_sharded_fsdp1(module) -> None:
+    """FSDP1 (FullyShardedDataParallel) shards flattened parameters: a rank holds a flat piece of
+    several tensors, whose place in them its parameters do not say. Only its NO_SHARD mode (one
+    rank) keeps whole tensors."""
+    from torch import nn
+
+    if not isinstance(module, nn.Module):
+        return
+    for m in module.modules():
+        if type(m).__name__ == "FullyShardedDataParallel":
+            strategy = getattr(getattr(m, "sharding_strategy", None), "name", "NO_SHARD")
+            if strategy != "NO_SHARD":
+                raise ValueError(
+                    f"module: FSDP1 (FullyShardedDataParallel, {strategy}) holds flat pieces of parameters; use FSDP2 "
+                    "(torch.distributed.fsdp.fully_shard), or call init_module_ before wrapping (FSDP's param_init_fn)"
+                )
+
+
 def strip_wrappers(name: str) -> str:
     """``name`` without the components torch.compile, activation checkpointing and FSDP insert."""
     return ".".join(p for p in name.split(".") if p not in WRAPPER_COMPONENTS)
@@ -179,6 +218,12 @@ def _module_tensors(module) -> list[tuple[str, str, Any]]:
             found.append((name, t))
     out, names = [], set()
     for name, t in found:
+        if type(t).__name__ == "FlatParameter" or name.rpartition(".")[2] == "_flat_param":
+            raise ValueError(
+                f"module: {name!r} is an FSDP1 flat parameter (FullyShardedDataParallel flattens and shards the "
+                "parameters into one); use FSDP2 (torch.distributed.fsdp.fully_shard), or call init_module_ before "
+                "wrapping (FSDP's param_init_fn)"
+            )
         clean = strip_wrappers(name)
         if clean in names:
             raise ValueError(f"module: two tensors are named {clean!r} once wrappers are removed")
@@ -286,7 +331,9 @@ def _hf_class(model):
     raise ValueError(f"module: {type(model).__name__} is not a transformers model class")
 
 
-def _hf_spec(model, names: list[str]) -> tuple[ModelSpec, dict[str, list[Piece]]]:
+def _hf_spec(model, shapes: dict[str, tuple[int, ...]]) -> tuple[ModelSpec, dict[str, list[Piece]]]:
+    """The spec of a transformers model, and where each of its tensors (``shapes``: name -> the
+    global shape the module holds) gets its bytes from."""
     from . import architectures
     from .architectures import hf
     from .architectures._fields import DROPPED_KEYS
@@ -308,13 +355,20 @@ def _hf_spec(model, names: list[str]) -> tuple[ModelSpec, dict[str, list[Piece]]
             for src, box in parts:
                 by_source.setdefault(src, []).append((index[disk], *box))
     pieces: dict[str, list[Piece]] = {}
-    known = set(meta.state_dict())
+    known = {name: tuple(t.shape) for name, t in meta.state_dict().items()}
+    names = list(shapes)
     for name in names:
         target = spec.tied.get(name, name)
         if name not in known:
             raise ValueError(
                 f"module: {name!r} is not a tensor of {cls.__name__} built from its config "
                 f"(the architecture has e.g. {sorted(known)[:3]}); modules changed after construction are not supported"
+            )
+        if shapes[name] != known[name]:
+            raise ValueError(
+                f"module: {name!r} has shape {list(shapes[name])}, but {cls.__name__} built from its config has "
+                f"{list(known[name])}: a resized or flattened parameter (FSDP1 with use_orig_params holds flat "
+                "pieces: use FSDP2, whose DTensors keep the global shape)"
             )
         if target not in by_source:
             raise ValueError(f"module: {name!r} of {cls.__name__} is not stored by save_pretrained; modelinit has no bytes for it")
