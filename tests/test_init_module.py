@@ -334,6 +334,22 @@ def test_ddp_and_fsdp1_wrapped_models_are_the_models_inside(world_of_one, tmp_pa
         init_module_(FullyShardedDataParallel(), seed=SEED)
 
 
+def test_a_pipeline_stage_is_filled_with_partial(tmp_path):
+    """A stage that holds layer 1 and the head only (the others left out, names kept, as torchtitan's
+    pipeline split does): partial=True fills what it holds with the whole model's bytes."""
+    model = transformers.LlamaForCausalLM(_config(LLAMA))
+    files, fingerprint = _files(_config_dict(model), "float32", tmp_path)
+    model.model.layers[0] = torch.nn.Identity()
+    model.model.embed_tokens = None
+    with pytest.raises(ValueError, match="lacks tensors the architecture stores.*partial=True"):
+        init_module_(model, seed=SEED)
+    summary = init_module_(model, seed=SEED, partial=True)
+    state = model.state_dict()
+    assert state and all(k.startswith(("model.layers.1.", "model.norm.", "lm_head.")) for k in state)
+    assert [k for k in state if not _same_bytes(state[k], files[k])] == []
+    assert summary.missing == len(files) - len(state) and summary.fingerprint == fingerprint
+
+
 def test_a_resized_parameter_is_refused():
     model = transformers.LlamaForCausalLM(_config(LLAMA))
     model.model.norm.weight = torch.nn.Parameter(torch.empty(5))

@@ -73,13 +73,16 @@ class InitSummary:
     """The transformers class the spec came from, or the module's class name."""
     skipped: tuple[str, ...] = ()
     """Persistent buffers left as they are (not floating point: counters, masks)."""
+    missing: int = 0
+    """Stored tensors of the architecture this module does not hold (``partial=True``: a pipeline
+    stage's other stages hold them)."""
 
 
 # --- public entry point -----------------------------------------------------------------------
 
 
 def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = None,
-                 algorithm_version: int | None = None, device: str = "auto") -> InitSummary:
+                 algorithm_version: int | None = None, device: str = "auto", partial: bool = False) -> InitSummary:
     """Fill every parameter and persistent floating-point buffer of ``module`` in place.
 
     ``policy``: None (``hf-default``), a preset name, a policy dict (``{"preset": ..., "rules":
@@ -88,6 +91,9 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     tensor's own dtype, as ``modelinit init --dtype`` of that dtype writes them).
     ``device``: the engine for CPU tensors, ``auto``/``cpu`` (numba) or ``reference`` (numpy);
     tensors on a CUDA device are filled on it by the Triton kernel.
+    ``partial``: the module is part of a transformers model (a pipeline stage: some layers, the
+    embedding or the head left out, the others under their original names); the tensors it
+    has are filled, those it lacks are counted in ``summary.missing`` instead of refused.
     Raises ValueError for a module on the meta device, an unmatched parameter, a dtype mismatch,
     or a tensor the architecture does not have.
     """
@@ -119,8 +125,9 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
 
     hf = _hf_model(module)
     if hf is not None:
-        spec, pieces = _hf_spec(hf, {n: tuple(t.shape) for n, t in named})
+        spec, pieces, missing = _hf_spec(hf, {n: tuple(t.shape) for n, t in named}, partial)
     else:
+        missing = 0
         spec, pieces = _plain_spec(module, named, real)
 
     dtypes = sorted({_dtype_name(t) for _, t in named})
@@ -155,7 +162,7 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
         fp = plans[dtypes[0]][2]
     else:
         fp = hashlib.sha256(",".join(f"{d}:{plans[d][2]}" for d in dtypes).encode()).hexdigest()
-    return InitSummary(count, elements, total, fp, version, tuple(dtypes), spec.architecture, skipped)
+    return InitSummary(count, elements, total, fp, version, tuple(dtypes), spec.architecture, skipped, missing)
 
 
 # --- the module's tensors -----------------------------------------------------------------------
@@ -331,7 +338,8 @@ def _hf_class(model):
     raise ValueError(f"module: {type(model).__name__} is not a transformers model class")
 
 
-def _hf_spec(model, shapes: dict[str, tuple[int, ...]]) -> tuple[ModelSpec, dict[str, list[Piece]]]:
+def _hf_spec(model, shapes: dict[str, tuple[int, ...]],
+             partial: bool = False) -> tuple[ModelSpec, dict[str, list[Piece]], int]:
     """The spec of a transformers model, and where each of its tensors (``shapes``: name -> the
     global shape the module holds) gets its bytes from."""
     from . import architectures
@@ -375,9 +383,10 @@ def _hf_spec(model, shapes: dict[str, tuple[int, ...]]) -> tuple[ModelSpec, dict
         pieces[name] = by_source[target]
     covered = {p[0] for name in names for p in pieces[name]}
     missing = [t.name for i, t in enumerate(spec.tensors) if i not in covered]
-    if missing:
-        raise ValueError(f"module: the model lacks tensors the architecture stores, e.g. {missing[:3]}")
-    return spec, pieces
+    if missing and not partial:
+        raise ValueError(f"module: the model lacks tensors the architecture stores, e.g. {missing[:3]}; for a "
+                         "pipeline stage (a part of the model under its original names) pass partial=True")
+    return spec, pieces, len(missing)
 
 
 def _disk_sources(tf, model) -> dict[str, list[tuple[str, Box]]]:
