@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The GPU list of issue 13 (docs/performance.md records its figures), in two long commands for a
+# machine lent for a short while: every step runs even when an earlier one fails, and each writes
+# its log under $OUT (at most 8 files come back from the device tool).
+#
+#   bash benchmarks/gpu_session.sh tests    # CUDA kernel tests, >= 1e9 elements per dtype CPU == GPU,
+#                                           # init_module_ on CUDA, the service's CUDA cases (~5 min)
+#   bash benchmarks/gpu_session.sh bench    # engine_gpu, init_module_ of a Llama-3-8B shape on the GPU
+#                                           # against transformers' init, end to end (~8 min)
+#
+# The device machine has no network and its own torch (CUDA) and triton: the project installs with
+# --no-deps. Wheels its image lacks go in .whl/ (git-ignored, carried), e.g. for Python 3.12:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     -d .whl grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1 grpcio==1.85.1 protobuf==7.36.2 \
+#     transformers==5.23.0
+# (the image has numba, safetensors, hypothesis, prometheus-client, ml-dtypes and an older transformers).
+set -u
+stage=${1:-tests}
+OUT=${OUT:-/tmp/modelinit-gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+cd "$(dirname "$0")/.."
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD/server:$PWD/client${PYTHONPATH:+:$PYTHONPATH}  # the checkout itself, no install step
+
+step() {  # step NAME COMMAND...: run it, its output into $OUT/NAME.txt and on the console
+    echo "=== $1: ${*:2}" | tee "$OUT/$1.txt"
+    "${@:2}" 2>&1 | tee -a "$OUT/$1.txt"
+    echo "=== $1: exit ${PIPESTATUS[0]}" | tee -a "$OUT/$1.txt"
+}
+
+{ nvidia-smi; $PY -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; nproc; } \
+    > "$OUT/machine.txt" 2>&1
+case "$stage" in
+tests)
+    step kernel $PY -m pytest -q -rs tests/test_kernel_cuda.py
+    step training $PY -m pytest -q -rs tests/test_init_module.py -k "cuda or equals_files or every_family"
+    step service $PY -m pytest -q -rs tests/test_service.py -k cuda
+    ;;
+bench)
+    step engine_gpu $PY benchmarks/engine_gpu.py
+    step init_module_8b $PY benchmarks/init_module.py --shape llama-3-8b --device cuda --repeat 3
+    step end_to_end $PY benchmarks/end_to_end.py --reps 2 --hf-reps 1
+    ;;
+*)
+    echo "usage: $0 tests|bench" >&2
+    exit 2
+    ;;
+esac
