@@ -206,7 +206,16 @@ def _families():
     from tests.generic_configs import TINY as GENERIC
 
     extra = {"nomic_bert": dict(model_type="nomic_bert", vocab_size=100, hidden_size=32, intermediate_size=64,
-                                num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)}
+                                num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64),
+             # logit_scale: a 0-d parameter its constructor sets (torch.tensor(2.6592)), never _init_weights
+             "clip": dict(model_type="clip", projection_dim=32,
+                          text_config=dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                           num_attention_heads=4, max_position_embeddings=32, bos_token_id=0,
+                                           eos_token_id=1, pad_token_id=1),
+                          vision_config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                             num_attention_heads=4, image_size=32, patch_size=8)),
+             "dinov2": dict(model_type="dinov2", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                            num_attention_heads=4, image_size=32, patch_size=8)}
     return {**GENERIC, **extra}
 
 
@@ -223,6 +232,27 @@ def test_every_family_equals_what_save_pretrained_writes(tmp_path, family):
         theirs.update(safetensors_torch.load_file(f))
     assert sorted(theirs) == sorted(files)
     assert [k for k in files if not _same_bytes(theirs[k], files[k])] == []
+    if family == "clip":  # the constructor's value, as transformers' from_config leaves it
+        assert files["logit_scale"].shape == () and files["logit_scale"].item() == torch.tensor(2.6592).item()
+
+
+def test_constructor_constants_are_recorded_until_changed_in_place():
+    from modelinit_server.architectures.recorder import constructor_constants
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.tensor(2.5))
+            self.gamma = torch.nn.Parameter(1e-5 * torch.ones(4))
+            self.halved = torch.nn.Parameter(torch.full((2, 2), 3.0) / 2)
+            self.changed = torch.nn.Parameter(torch.ones(3))
+            self.changed.data.mul_(2.0)
+            self.drawn = torch.nn.Parameter(torch.empty(3))
+
+    with torch.device("meta"), constructor_constants() as constants:
+        m = M()
+    got = {n: constants.get(p.untyped_storage()._cdata) for n, p in m.named_parameters()}
+    assert got == {"scale": 2.5, "gamma": 1e-5, "halved": 1.5, "changed": None, "drawn": None}
 
 
 def test_base_class_shares_the_head_classes_backbone():

@@ -575,7 +575,7 @@ def _sampled(rule: Rule, t: TensorSpec, model: ModelSpec) -> Resolved:
     d = rule.init
     div = _depth_divisor(rule, t, model)
     zero_row = t.padding_idx if rule.zero_padding_row else None
-    row = {"zero_row": zero_row, "row_size": t.numel // t.shape[0]}
+    row = {"zero_row": zero_row, "row_size": t.numel // t.shape[0] if t.shape else 1}
     kind = d.kind
     if kind == "constant":
         return Resolved(Sampler("constant", value=d.value, **row), rule.name, f"constant({d.value:g})", 0.0, 0.0)

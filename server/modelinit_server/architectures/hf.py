@@ -159,9 +159,13 @@ def _meta_model(tf, cls, config):
 
     from transformers.initialization import no_tie_weights
 
+    from .recorder import constructor_constants
+
     try:
-        with _quiet(), torch.device("meta"), no_tie_weights():
-            return cls(config)
+        with _quiet(), torch.device("meta"), no_tie_weights(), constructor_constants() as constants:
+            model = cls(config)
+        model._modelinit_constants = constants  # for record_init: values the constructor sets
+        return model
     except Exception as e:  # noqa: BLE001 - a model class that cannot be built from the config is bad input
         raise invalid(
             "", f"transformers cannot build {cls.__name__} from this config: {_one_line(e)}", "fix the sizes it names"

@@ -246,6 +246,67 @@ def _direct_record(op: str, args: tuple, kwargs: dict) -> Record:
     return Record(None, f"written by tensor.{op}, which the engine cannot reproduce")
 
 
+#: Factories whose result is one value everywhere: (the value, from the call's arguments).
+_FILLS: dict[str, Callable[[tuple, dict], Any]] = {
+    "tensor": lambda a, k: a[0] if a else k.get("data"),
+    "ones": lambda a, k: 1.0,
+    "zeros": lambda a, k: 0.0,
+    "full": lambda a, k: a[1] if len(a) > 1 else k.get("fill_value"),
+}
+
+
+@contextlib.contextmanager
+def constructor_constants():
+    """While a model is built on the meta device: the float tensors its constructor makes with one
+    known value (``torch.tensor(2.6592)``, ``torch.ones(d)``, ``torch.full(...)``, those times or
+    divided by a number), which keep it until they become parameters: yields a dict filled with
+    {storage key: value} (``untyped_storage()._cdata``; a parameter shares its data's storage).
+    CLIP's ``logit_scale`` and DINOv2's layer-scale ``init_values * torch.ones(d)`` are set there,
+    never by ``_init_weights``. An in-place op on such a tensor forgets it."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    values: dict[int, float] = {}
+    keep: list[Any] = []  # the tensors stay alive, so their storage keys stay unique
+
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
+
+    def key(t) -> int | None:
+        try:
+            return t.untyped_storage()._cdata
+        except Exception:  # noqa: BLE001 - a tensor without storage
+            return None
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            name = getattr(func, "__name__", "")
+            if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+                return out
+            if name.endswith("_") and args and isinstance(args[0], torch.Tensor):
+                values.pop(key(args[0]), None)  # changed in place: no longer a known value
+                return out
+            value = None
+            if func in (torch.tensor, torch.ones, torch.zeros, torch.full) and name in _FILLS:
+                v = _FILLS[name](args, kwargs)
+                value = float(v) if number(v) else None
+            elif name in ("mul", "__mul__", "__rmul__", "div", "__truediv__") and len(args) == 2:
+                t, x = (args[0], args[1]) if isinstance(args[0], torch.Tensor) else (args[1], args[0])
+                k = key(t) if isinstance(t, torch.Tensor) else None
+                if k in values and number(x):
+                    v = values[k]
+                    value = v / float(x) if name in ("div", "__truediv__") else v * float(x)
+            if value is not None and (k := key(out)) is not None:
+                values[k] = value
+                keep.append(out)
+            return out
+
+    with Watch():
+        yield values
+
+
 def record_init(model) -> dict[str, Record]:
     """Run ``model.initialize_weights()`` against recorders; the final record of each stored tensor (by state_dict name)."""
     import transformers.initialization as init_module
@@ -261,7 +322,14 @@ def record_init(model) -> dict[str, Record]:
         _clear_flags(model)
         model.initialize_weights()
     _clear_flags(model)
-    return rec.records()
+    records = rec.records()
+    constants = getattr(model, "_modelinit_constants", {})
+    for name, t in model.state_dict(keep_vars=True).items():
+        k = t.untyped_storage()._cdata if name not in records else None
+        if k in constants:  # set by the constructor and never written by the initialization
+            v = constants[k]
+            records[name] = Record(init=HfInit(kind="constant", value=v, source=f"constructor: {_g(v)}"))
+    return records
 
 
 def _clear_flags(model) -> None:
