@@ -147,6 +147,13 @@ def check_runs(starts: object, counts: object) -> tuple[np.ndarray, np.ndarray]:
     return s, c
 
 
+def run_offsets(counts: np.ndarray) -> np.ndarray:
+    """Where each run's elements start when the runs lie back to back: the exclusive running sum."""
+    offs = np.zeros(counts.size, dtype=np.int64)
+    np.cumsum(counts[:-1], out=offs[1:])
+    return offs
+
+
 def _check_range(start: object, count: object) -> tuple[int, int]:
     vals = []
     for name, v in (("start", start), ("count", count)):

@@ -56,7 +56,7 @@ import warnings
 
 import numpy as np
 
-from .core import DTYPE_ITEMSIZE, _check_range, check_dtype, check_runs, to_dtype
+from .core import DTYPE_ITEMSIZE, _check_range, check_dtype, check_runs, run_offsets, to_dtype
 from .philox import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, _check_key
 from .sampler import U2_MAX, Sampler
 from .special import AS241_A, AS241_B, AS241_C, AS241_D, AS241_E, AS241_F, LN2_HI, LN2_LO, LOG_C, SQRT_HALF
@@ -725,8 +725,7 @@ def generate_runs_into(out: np.ndarray, sampler: Sampler, key: tuple[int, int], 
         raise ValueError("out: must be C-contiguous and writable")
     if total == 0:
         return
-    offs = np.zeros(counts.size, dtype=np.int64)
-    np.cumsum(counts[:-1], out=offs[1:])
+    offs = run_offsets(counts)
     view = out.view(_OUT_VIEW[dtype])
     if sampler.kind == "constant":
         _constant(view, sampler, dtype)

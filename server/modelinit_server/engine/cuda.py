@@ -91,7 +91,7 @@ import struct
 
 import numpy as np
 
-from .core import DTYPE_ITEMSIZE, _check_range, check_dtype, check_runs
+from .core import DTYPE_ITEMSIZE, _check_range, check_dtype, check_runs, run_offsets
 from .philox import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, _check_key
 from .sampler import U2_MAX, Sampler
 from .special import AS241_A, AS241_B, AS241_C, AS241_D, AS241_E, AS241_F, LN2_HI, LN2_LO, LOG_C, SQRT_HALF
@@ -599,8 +599,7 @@ def run_table(starts: np.ndarray, counts: np.ndarray, block: int) -> np.ndarray:
     """The runs kernel's program table: one int64 row (run start, run count, the run's first output
     element, the program's first element) per ``block`` elements of each non-empty run, the
     programs of a run starting at its start rounded down to a multiple of 4."""
-    offs = np.zeros(counts.size, dtype=np.int64)
-    np.cumsum(counts[:-1], out=offs[1:])
+    offs = run_offsets(counts)
     keep = counts > 0
     s, c, o = starts[keep], counts[keep], offs[keep]
     first = s - (s & 3)
