@@ -23,7 +23,6 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "server"))
 
 import numpy as np  # noqa: E402
-
 from modelinit_server.engine import Sampler, core, cpu, tensor_key  # noqa: E402
 
 SAMPLERS = {

@@ -33,7 +33,6 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         import torch
-
         from modelinit_server.engine import DTYPE_ITEMSIZE, Sampler, cuda, tensor_key
     except ImportError as e:
         print(f"engine_gpu: cannot import torch / the engine ({e}); nothing to benchmark", file=sys.stderr)

@@ -65,7 +65,6 @@ def main() -> None:
 
     import torch
     import transformers
-
     from modelinit_server.training import init_module_
 
     doc = dict(SHAPES[args.shape])

@@ -83,7 +83,6 @@ def _worker(rank: int, world: int, tmp: str, layout: str, args: dict) -> None:
     import numba
     import torch
     import torch.distributed as dist
-
     from modelinit_server.training import init_module_
 
     torch.set_num_threads(threads)

@@ -11,10 +11,9 @@ import threading
 import time
 
 import grpc
-import pytest
-
 import modelinit
-from modelinit_server.server import EmbeddedServer
+import pytest
+from modelinit_server.service.server import BackgroundServer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -37,7 +36,7 @@ TINY = {
 
 @pytest.fixture(scope="session")
 def server_target():
-    server = EmbeddedServer()
+    server = BackgroundServer()
     yield server.target
     server.stop()
 

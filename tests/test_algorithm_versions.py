@@ -8,20 +8,20 @@ import subprocess
 import sys
 
 import grpc
-import pytest
-
 import modelinit
 import modelinit.client as mc
+import pytest
 from modelinit.errors import ModelInitError
-from modelinit.v1 import modelinit_pb2 as pb
-from modelinit.v1 import modelinit_pb2_grpc as pb_grpc
 from modelinit.manifest import manifest_request
 from modelinit.verify import verify_folder
-from modelinit_server.convert import request_from_pb
+from modelinit_server.core.planner import Request, build_plan
+from modelinit_server.core.policies import Policy
+from modelinit_server.core.tensors import ModelSpec, TensorSpec
 from modelinit_server.engine import generate
-from modelinit_server.planner import Request, build_plan
-from modelinit_server.policies import Policy
-from modelinit_server.tensors import ModelSpec, TensorSpec
+from modelinit_server.messages import request_from_pb
+from modelinit_wire.v1 import modelinit_pb2 as pb
+from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
+
 from tests.conftest import TINY
 
 # (config, base class, head class, the head class's base_model_prefix); every one a fast-path family.

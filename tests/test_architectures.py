@@ -17,12 +17,16 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 if int(transformers.__version__.split(".")[0]) < 5:
     pytest.skip("the architectures mirror transformers 5.x (tie/save rules, rope_parameters)", allow_module_level=True)
+from modelinit_server import architectures  # noqa: E402
+from modelinit_server.architectures import (  # noqa: E402
+    FAMILIES,
+    from_config,
+    from_preset,
+    preset_names,
+)
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from transformers.pytorch_utils import Conv1D  # noqa: E402
-
-from modelinit_server import architectures  # noqa: E402
-from modelinit_server.architectures import FAMILIES, from_config, from_preset, preset_names  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 

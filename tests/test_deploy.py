@@ -24,12 +24,11 @@ import shlex
 import shutil
 import subprocess
 
+import kubernetes_validate
 import pytest
 import yaml
-
-import kubernetes_validate
 from modelinit.cli import _parser
-from modelinit.v1 import modelinit_pb2
+from modelinit_wire.v1 import modelinit_pb2
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -76,7 +75,7 @@ def parse_cli(argv: list[str]):
 
 def server_config(args):
     """The ServerConfig `modelinit serve` would build from these args (validates ranges, TLS pairs)."""
-    from modelinit.cli import server_config as build
+    from modelinit_server.service.command import server_config as build
 
     return build(args)
 
@@ -437,7 +436,7 @@ def test_deployment_matches_the_server(overlay, rendered):
     assert pod["terminationGracePeriodSeconds"] > cfg.grace + cfg.shutdown_delay
     assert cfg.shutdown_delay > 0, "a shutdown delay lets endpoints drop the pod before calls are refused"
     assert cfg.metrics_port is not None and cfg.port != cfg.metrics_port
-    from modelinit_server.server import metrics_interface
+    from modelinit_server.service.server import metrics_interface
 
     assert metrics_interface(cfg) in ("::", "0.0.0.0"), "Prometheus scrapes the pod IP: metrics must listen on every interface"
 

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from modelinit import direct_file
 from modelinit.direct_file import ALIGN, STAGE, DirectFile
 

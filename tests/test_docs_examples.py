@@ -8,12 +8,11 @@ import json
 import re
 import textwrap
 
+import modelinit
 import pytest
 import yaml
-
-import modelinit
-from modelinit import policy_file
-from modelinit.v1 import modelinit_pb2 as pb
+from modelinit_wire import policy_file
+from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from tests.conftest import REPO, TINY
 

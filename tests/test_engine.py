@@ -5,18 +5,18 @@ import math
 import statistics
 from decimal import Decimal
 
+import modelinit_server.engine as engine
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import modelinit_server.engine as engine
 from modelinit_server.engine import (
     ALGORITHM_VERSION,
     DTYPE_ITEMSIZE,
     DTYPES,
     SAFETENSORS_DTYPE,
     Sampler,
+    core,
     generate,
     generate_array,
     log_ieee,
@@ -24,7 +24,6 @@ from modelinit_server.engine import (
     std_normal_cdf,
     tensor_key,
 )
-from modelinit_server.engine import core
 from modelinit_server.engine.sampler import U_MAX, U_MIN
 
 KEY = tensor_key(1234, "model.layers.0.mlp.up_proj.weight")

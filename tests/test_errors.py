@@ -20,8 +20,9 @@ import grpc
 import modelinit
 import pytest
 import yaml
-from modelinit import cli, policy_file
+from modelinit import cli
 from modelinit.folder_lock import LOCK_FILE, FolderLock
+from modelinit_wire import policy_file
 
 from tests.conftest import TINY
 
@@ -363,7 +364,7 @@ def test_huge_max_shard_size(client, size):
 
 @pytest.mark.parametrize("depth", [70, 500, 100_000])
 def test_deeply_nested_config_json(client, depth):
-    from modelinit.v1 import modelinit_pb2 as pb
+    from modelinit_wire.v1 import modelinit_pb2 as pb
 
     text = '{"model_type": "gpt2", "n_layer": 2, "x": ' + "[" * depth + "]" * depth + "}"
     e = plan_error(client, spec=pb.ModelSpec(config_json=text))
@@ -409,7 +410,7 @@ def test_globs_do_not_stay_in_fnmatchs_cache(client):
 
 
 def test_globs_match_as_fnmatchcase():
-    from modelinit_server.policies import Match
+    from modelinit_server.core.policies import Match
 
     class T:  # what Match.selects reads of a TensorSpec
         kind, role, param, layer = "linear", "qkv", "weight", 0

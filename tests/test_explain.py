@@ -5,11 +5,11 @@ import subprocess
 import sys
 
 import pytest
-
 from modelinit_server.architectures import from_config, from_preset
-from modelinit_server.explain import distribution_mean, explain
-from modelinit_server.planner import Request, build_plan
-from modelinit_server.policies import Distribution, Match, Policy, Rule
+from modelinit_server.core.explain import distribution_mean, explain
+from modelinit_server.core.planner import Request, build_plan
+from modelinit_server.core.policies import Distribution, Match, Policy, Rule
+
 from tests.conftest import TINY
 
 

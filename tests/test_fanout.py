@@ -8,9 +8,8 @@ import threading
 import urllib.request
 
 import grpc
-import pytest
-
 import modelinit
+import pytest
 from modelinit import ModelInitError
 from modelinit.client import RetryPolicy, split_targets
 

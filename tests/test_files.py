@@ -1,14 +1,14 @@
 """The file producer: segments, resume offsets, buffer reuse and the prefetch thread."""
 import hashlib
 
-import pytest
-
 import modelinit.client as mc
-from modelinit.events import Begin, Data, End
-from modelinit_server import files
-from modelinit_server.convert import request_from_pb
+import pytest
+from modelinit_server.core.planner import build_plan
 from modelinit_server.engine.backends import REFERENCE
-from modelinit_server.planner import build_plan
+from modelinit_server.messages import request_from_pb
+from modelinit_server.produce import file_bytes as files
+from modelinit_wire.events import Begin, Data, End
+
 from tests.conftest import TINY
 
 

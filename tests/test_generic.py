@@ -24,15 +24,15 @@ import pathlib
 import struct
 
 import grpc
+import modelinit
 import pytest
 import torch
 import transformers
-
-import modelinit
 from modelinit.errors import ModelInitError
-from modelinit_server import policies
 from modelinit_server.architectures import FAMILIES, _fields, from_config, from_preset, hf, spec_cache
-from modelinit_server.tensors import HfInit
+from modelinit_server.core import policies
+from modelinit_server.core.tensors import HfInit
+
 from tests.generic_configs import BUILT_IN, CASES, HEADS, TINY
 
 torch.set_num_threads(2)

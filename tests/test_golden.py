@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-
 from modelinit_server.engine import (
     ALGORITHM_VERSION,
     ALGORITHM_VERSIONS,
@@ -25,7 +24,6 @@ from modelinit_server.engine import (
     generate_array,
     tensor_key,
 )
-
 
 # (id, seed, tensor name, Sampler kwargs, dtype, start, count, sha256 of generate(...) bytes)
 GOLDEN = [
@@ -139,9 +137,9 @@ def test_v2_keys_pinned():
 def test_plan_pins(pin):
     """A whole request of each version still gives the pinned fingerprint and file bytes."""
     import modelinit.client as mc
-    from modelinit_server import files
-    from modelinit_server.convert import request_from_pb
-    from modelinit_server.planner import build_plan
+    from modelinit_server.core.planner import build_plan
+    from modelinit_server.messages import request_from_pb
+    from modelinit_server.produce import file_bytes as files
 
     from .conftest import TINY
 

@@ -6,13 +6,12 @@ import hashlib
 from concurrent import futures
 
 import grpc
-import pytest
-
 import modelinit
+import pytest
 from modelinit import ModelInitError
 from modelinit.client import RetryPolicy
-from modelinit.v1 import modelinit_pb2 as pb
-from modelinit.v1 import modelinit_pb2_grpc as pb_grpc
+from modelinit_wire.v1 import modelinit_pb2 as pb
+from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 
 PAYLOAD = b"not really safetensors" * 100
 

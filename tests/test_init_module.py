@@ -90,8 +90,8 @@ def test_llama_equals_files(tmp_path, dtype):
 def test_cuda_module_equals_files(tmp_path, dtype):
     """On a GPU the Triton kernels fill the parameters where they are; the bytes are the files' (made
     on the CPU), for whole tensors, fused experts and a column shard (the runs kernel)."""
+    from modelinit_server.core.tensors import TensorSpec
     from modelinit_server.engine import Sampler
-    from modelinit_server.tensors import TensorSpec
 
     for doc, cls in ((LLAMA, transformers.LlamaForCausalLM), (MIXTRAL, transformers.MixtralForCausalLM)):
         model = cls(_config(doc)).to(device="cuda", dtype=getattr(torch, dtype))
@@ -409,7 +409,7 @@ def test_any_local_block_equals_the_slice_of_the_whole():
     shape = (4, 10, 6)
     whole = torch.empty(shape)
     filler = _Filler("auto")
-    from modelinit_server.tensors import TensorSpec
+    from modelinit_server.core.tensors import TensorSpec
 
     spec = TensorSpec("w", shape, kind="linear", role="qkv", param="weight")
     filler.fill_piece(whole, [None] * 3, spec, sampler, (1, 2), "float32", (0, 0, 0), (0, 1, 2))
@@ -444,8 +444,8 @@ def test_any_local_block_equals_the_slice_of_the_whole():
 def test_a_column_shard_is_one_launch(monkeypatch):
     """A row-wise TP shard of a matrix (half of every row) is one run per row: all of them go to the
     kernel in one call, which shares them among its threads (not one call per row)."""
+    from modelinit_server.core.tensors import TensorSpec
     from modelinit_server.engine import Sampler, cpu
-    from modelinit_server.tensors import TensorSpec
 
     if not cpu.available():
         pytest.skip("numba is not installed")

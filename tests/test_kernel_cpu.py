@@ -23,7 +23,15 @@ import pytest
 
 numba = pytest.importorskip("numba")
 
-from modelinit_server.engine import DTYPE_ITEMSIZE, DTYPES, Sampler, canonical_name, core, cpu, tensor_key  # noqa: E402
+from modelinit_server.engine import (  # noqa: E402
+    DTYPE_ITEMSIZE,
+    DTYPES,
+    Sampler,
+    canonical_name,
+    core,
+    cpu,
+    tensor_key,
+)
 
 from .test_golden import GOLDEN, GOLDEN_V2  # noqa: E402
 

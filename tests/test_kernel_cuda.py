@@ -25,8 +25,13 @@ import pytest
 triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
-from modelinit_server.engine import DTYPE_ITEMSIZE, Sampler, core, tensor_key  # noqa: E402
-from modelinit_server.engine import cuda  # noqa: E402
+from modelinit_server.engine import (  # noqa: E402
+    DTYPE_ITEMSIZE,
+    Sampler,
+    core,
+    cuda,  # noqa: E402
+    tensor_key,
+)
 
 try:
     from .test_golden import GOLDEN

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from modelinit_server.core import layout
 from safetensors.numpy import load
-
-from modelinit_server import layout
 
 
 @pytest.mark.parametrize("text, size", [

@@ -1,4 +1,4 @@
-"""Metrics and structured logs (modelinit_server.observability), without a gRPC server."""
+"""Metrics and structured logs (modelinit_server.service.observability), without a gRPC server."""
 from __future__ import annotations
 
 import contextvars
@@ -12,10 +12,8 @@ import urllib.request
 
 import grpc
 import pytest
-from modelinit.v1 import modelinit_pb2
-
-from modelinit_server import observability as obs
-from modelinit_server.observability import (
+from modelinit_server.service import observability as obs
+from modelinit_server.service.observability import (
     JsonFormatter,
     Metrics,
     RequestIdFilter,
@@ -24,6 +22,7 @@ from modelinit_server.observability import (
     request_id,
     request_id_from,
 )
+from modelinit_wire.v1 import modelinit_pb2
 
 HEX32 = re.compile(r"[0-9a-f]{32}")
 

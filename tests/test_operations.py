@@ -11,17 +11,16 @@ import threading
 import urllib.request
 
 import grpc
+import modelinit
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-import modelinit
 from modelinit import ModelInitError
 from modelinit.client import RetryPolicy
-from modelinit.v1 import modelinit_pb2 as pb
-from modelinit.v1 import modelinit_pb2_grpc as pb_grpc
-from modelinit_server.limits import Limits
-from modelinit_server.server import EmbeddedServer, ServerConfig
-from modelinit_server.servicer import StreamPolicy
+from modelinit_server.service.limits import Limits
+from modelinit_server.service.server import BackgroundServer, ServerConfig
+from modelinit_server.service.servicer import StreamPolicy
+from modelinit_wire.v1 import modelinit_pb2 as pb
+from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 
 from .conftest import TINY, WAIT, ServerProcess, read_folder, recording_rpcs, recording_sleeps, wait_until
 
@@ -42,8 +41,8 @@ def health_status(target: str, timeout: float = WAIT) -> int:
 def embedded():
     servers = []
 
-    def start(**kwargs) -> EmbeddedServer:
-        servers.append(EmbeddedServer(ServerConfig(host="127.0.0.1", port=0, **kwargs)))
+    def start(**kwargs) -> BackgroundServer:
+        servers.append(BackgroundServer(ServerConfig(host="127.0.0.1", port=0, **kwargs)))
         return servers[-1]
 
     yield start
@@ -326,7 +325,7 @@ def test_metrics_count_requests_bytes_and_tensors(embedded, tmp_path):
 
 
 def test_request_id_is_returned_and_logged(embedded, caplog):
-    from modelinit_server.observability import RequestIdFilter
+    from modelinit_server.service.observability import RequestIdFilter
 
     caplog.handler.addFilter(RequestIdFilter())
     server = embedded()
@@ -380,7 +379,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 @pytest.fixture(scope="module")
 def fuzz_server():
-    server = EmbeddedServer(ServerConfig(host="127.0.0.1", port=0, limits=Limits(max_params=10**9)))
+    server = BackgroundServer(ServerConfig(host="127.0.0.1", port=0, limits=Limits(max_params=10**9)))
     yield server
     server.stop()
 

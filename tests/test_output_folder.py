@@ -13,15 +13,15 @@ import json
 import threading
 
 import grpc
-import pytest
-
 import modelinit
+import pytest
 from modelinit import ModelInitError, direct_file
 from modelinit.cli import main
 from modelinit.client import PROGRESS_FILE, RetryPolicy
-from modelinit.v1 import modelinit_pb2 as pb
-from modelinit.v1 import modelinit_pb2_grpc as pb_grpc
 from modelinit.verify import verify_folder
+from modelinit_wire.v1 import modelinit_pb2 as pb
+from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
+
 from tests.conftest import TINY
 from tests.test_hostile_server import hostile  # noqa: F401 - fixture, reused below
 
@@ -369,16 +369,16 @@ def test_an_interrupted_run_of_other_weights_is_cleared_not_refused(proxies, cle
 
 def test_embedded_rerun_keeps_finished_files(tmp_path, clean, monkeypatch):
     """The in-process engine produces only the files not kept."""
-    from modelinit_server.local import LocalEngine
+    from modelinit_server.service.embedded import EmbeddedEngine
 
     asked = []
-    real_events = LocalEngine.events
+    real_events = EmbeddedEngine.events
 
     def events(self, msg, selected=None):
         asked.append(None if selected is None else list(selected))
         return real_events(self, msg, selected)
 
-    monkeypatch.setattr(LocalEngine, "events", events)
+    monkeypatch.setattr(EmbeddedEngine, "events", events)
 
     class Stop(Exception):
         pass

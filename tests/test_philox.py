@@ -5,7 +5,6 @@ import hashlib
 
 import numpy as np
 import pytest
-
 from modelinit_server.engine import canonical_name, philox4x32_10, tensor_key
 from modelinit_server.engine.philox import random_bits
 

@@ -2,9 +2,9 @@
 import math
 
 import pytest
-
 from modelinit_server.architectures import from_config, from_preset
-from modelinit_server.policies import Distribution, Match, Policy, Rule, resolve, truncated_std_factor
+from modelinit_server.core.policies import Distribution, Match, Policy, Rule, resolve, truncated_std_factor
+
 from tests.conftest import TINY
 
 

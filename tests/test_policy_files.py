@@ -4,10 +4,10 @@ import json
 import math
 
 import grpc
-import pytest
-
 import modelinit
-from modelinit import policy_file
+import pytest
+from modelinit_wire import policy_file
+
 from tests.conftest import TINY
 
 YAML = """

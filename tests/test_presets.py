@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 import pytest
-
 from modelinit_server.architectures import from_config
+from modelinit_server.core.policies import PRESETS, Policy, resolve
 from modelinit_server.engine import generate_array, tensor_key
-from modelinit_server.policies import PRESETS, Policy, resolve
+
 from tests.conftest import TINY
 
 NEW_PRESETS = ["gpt2", "megatron", "torchtitan-llama3", "xavier", "kaiming", "lecun-normal", "small-init", "torch-trunc-normal"]
@@ -149,7 +149,7 @@ OLD_KAIMING = {
 
 @pytest.mark.parametrize("family", sorted(OLD_KAIMING))
 def test_lecun_normal_is_the_old_kaiming_byte_for_byte(family):
-    from modelinit_server.planner import Request, build_plan
+    from modelinit_server.core.planner import Request, build_plan
 
     assert build_plan(Request(MODELS[family], Policy(preset="lecun-normal"), seed=3)).fingerprint == OLD_KAIMING[family]
     assert build_plan(Request(MODELS[family], Policy(preset="kaiming"), seed=3)).fingerprint != OLD_KAIMING[family]
@@ -173,8 +173,8 @@ def test_kaiming_is_torch_kaiming_normal_default():
 
 def test_explain_shows_the_formula():
     from modelinit_server.architectures import from_preset
-    from modelinit_server.explain import explain
-    from modelinit_server.planner import Request, build_plan
+    from modelinit_server.core.explain import explain
+    from modelinit_server.core.planner import Request, build_plan
 
     def formulas(preset):
         return {g.formula for g in explain(build_plan(Request(from_preset("gpt2"), Policy(preset=preset), seed=0)))}

@@ -16,7 +16,7 @@ def test_committed_stubs_match_proto(tmp_path):
     fresh = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*_pb2*.py*"))
     assert fresh, "protoc produced nothing"
     for rel in fresh:
-        committed = REPO / "client" / rel
+        committed = REPO / "proto" / rel
         assert committed.read_bytes() == (tmp_path / rel).read_bytes(), (
             f"{rel} is stale: run `python proto/generate.py` and commit the result"
         )

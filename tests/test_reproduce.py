@@ -10,18 +10,17 @@ import subprocess
 import sys
 
 import grpc
+import modelinit
 import pytest
 import yaml
 from google.protobuf import json_format
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import modelinit
-from modelinit import policy_file
 from modelinit.cli import main
-from modelinit.v1 import modelinit_pb2 as pb
 from modelinit.manifest import manifest_policy, manifest_request
 from modelinit.verify import verify_folder
+from modelinit_wire import policy_file
+from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from tests.conftest import TINY, read_folder
 

@@ -10,15 +10,14 @@ import threading
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
-from modelinit.credentials import BearerToken, channel_credentials, make_channel
-from modelinit_server.security import (
+from modelinit_server.service.security import (
     UNAUTHENTICATED_MESSAGE,
     TokenAuthInterceptor,
     check_tls_args,
     load_server_credentials,
     load_token,
 )
+from modelinit_wire.credentials import BearerToken, channel_credentials, make_channel
 
 from .tls_certs import make_certs
 
@@ -355,7 +354,7 @@ def test_channel_credentials_errors(certs, tmp_path):
 
 
 def test_client_credentials_module_stays_thin():
-    code = ("import sys, modelinit.credentials; "
+    code = ("import sys, modelinit_wire.credentials; "
             "heavy = {'cryptography', 'numpy', 'torch', 'modelinit_server'} & set(sys.modules); "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60,

@@ -7,13 +7,13 @@ import math
 import threading
 
 import grpc
+import modelinit
 import pytest
 import torch
+from modelinit_wire.v1 import modelinit_pb2 as pb
+from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 from safetensors import safe_open
 
-import modelinit
-from modelinit.v1 import modelinit_pb2 as pb
-from modelinit.v1 import modelinit_pb2_grpc as pb_grpc
 from tests.conftest import TINY, read_folder
 
 GPT2 = TINY["gpt2"]

@@ -14,15 +14,15 @@ import threading
 import time
 
 import grpc
-import pytest
-
 import modelinit
+import pytest
 from modelinit import ModelInitError
-from modelinit.cli import _parser, main, policy_title, server_config
+from modelinit.cli import _parser, main, policy_title
 from modelinit.client import RetryPolicy, connect_failure
-from modelinit.v1 import modelinit_pb2 as pb
-from modelinit_server.limits import DEFAULT_MAX_DIM, DEFAULT_MAX_PARAMS, DEFAULT_MAX_TENSORS, Limits
-from modelinit_server.server import EmbeddedServer, ServerConfig, metrics_interface
+from modelinit_server.service.command import server_config
+from modelinit_server.service.limits import DEFAULT_MAX_DIM, DEFAULT_MAX_PARAMS, DEFAULT_MAX_TENSORS, Limits
+from modelinit_server.service.server import BackgroundServer, ServerConfig, metrics_interface
+from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .conftest import REPO, TINY, recording_rpcs, recording_sleeps
 from .tls_certs import make_certs
@@ -42,8 +42,8 @@ def serve_cmd(*args: str) -> list[str]:
 def embedded():
     servers = []
 
-    def start(**kwargs) -> EmbeddedServer:
-        servers.append(EmbeddedServer(ServerConfig(**{"host": "127.0.0.1", "port": 0, **kwargs})))
+    def start(**kwargs) -> BackgroundServer:
+        servers.append(BackgroundServer(ServerConfig(**{"host": "127.0.0.1", "port": 0, **kwargs})))
         return servers[-1]
 
     yield start
@@ -167,7 +167,6 @@ def test_explain_titles_a_policy_file_by_its_name(tmp_path, capsys):
 
 def test_progress_bar_counts_decimal_units_like_the_summary(monkeypatch):
     import tqdm
-
     from modelinit.progress import progress_bar
 
     made = {}
@@ -295,7 +294,7 @@ def test_a_server_lost_after_it_answered_is_retried_until_the_deadline(caplog):
     tries), the pauses together stay within the policy's 1 s deadline (not the default 120 s),
     and then the client gives up with UNAVAILABLE. The one clock reading left is a lower bound
     (it did not give up before its deadline): a slow machine only makes it larger."""
-    server = EmbeddedServer(ServerConfig(host="127.0.0.1", port=0))
+    server = BackgroundServer(ServerConfig(host="127.0.0.1", port=0))
     policy = RetryPolicy(deadline=1.0, initial_backoff=0.1, max_backoff=0.2)
     with recording_rpcs() as rpcs:
         c = modelinit.Client(server.target, retry=policy)

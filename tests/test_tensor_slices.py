@@ -2,17 +2,17 @@
 from __future__ import annotations
 
 import grpc
+import modelinit
 import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from modelinit_server.produce import tensor_slices as slices
+from modelinit_wire.v1 import modelinit_pb2 as pb
+from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 from safetensors import safe_open
 
-import modelinit
-from modelinit.v1 import modelinit_pb2 as pb
-from modelinit.v1 import modelinit_pb2_grpc as pb_grpc
-from modelinit_server import slices
 from tests.conftest import TINY
 from tests.test_hostile_server import hostile  # noqa: F401 - fixture, reused below
 
@@ -202,8 +202,8 @@ def test_random_slices_equal_numpy_slicing_of_the_file(client, written, dims, dt
 
 def test_small_segments_split_runs_exactly(written):
     # A segment smaller than a run: runs are split across buffers, the bytes are unchanged.
-    from modelinit_server.convert import request_from_pb
-    from modelinit_server.planner import build_plan
+    from modelinit_server.core.planner import build_plan
+    from modelinit_server.messages import request_from_pb
 
     msg = modelinit.client.model_request(LLAMA, seed=5, dtype="float32")
     plan = build_plan(request_from_pb(msg))

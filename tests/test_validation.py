@@ -5,9 +5,8 @@ import json
 import grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from modelinit.v1 import modelinit_pb2 as pb
-from modelinit.v1 import modelinit_pb2_grpc as pb_grpc
+from modelinit_wire.v1 import modelinit_pb2 as pb
+from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 
 FIELDS = ("spec", "dtype", "max_shard_size", "policy", "seed")
 

@@ -7,13 +7,13 @@ import json
 import shutil
 import struct
 
-import pytest
-
 import modelinit
+import pytest
 from modelinit.cli import main
 from modelinit.errors import ModelInitError
 from modelinit.manifest import read_manifest
 from modelinit.verify import FileCheck, Report, is_complete, verify_folder
+
 from tests.conftest import TINY
 
 GPT2 = TINY["gpt2"]

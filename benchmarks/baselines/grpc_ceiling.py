@@ -10,7 +10,6 @@ import time
 from concurrent import futures
 
 import grpc
-
 from modelinit.direct_file import DirectFile  # the writer modelinit itself uses
 
 chunk = int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 20

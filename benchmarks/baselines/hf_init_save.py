@@ -11,7 +11,6 @@ import time
 
 import torch
 import transformers
-
 from modelinit_server.architectures import PRESETS
 
 torch.set_num_threads(2)

@@ -11,9 +11,8 @@ import tempfile
 import time
 
 import torch
-from safetensors.torch import save_file
-
 from modelinit_server.architectures import from_preset
+from safetensors.torch import save_file
 
 torch.set_num_threads(2)
 name = sys.argv[1] if len(sys.argv) > 1 else "tinyllama-1.1b"

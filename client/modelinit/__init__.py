@@ -9,9 +9,7 @@ The client is thin (no torch); the embedded server needs ``pip install modelinit
 In the training process, ``modelinit.init_module_(module, seed=42)`` fills a materialized (or
 sharded) module with the same bytes (docs/training.md); it loads the server extra on first use.
 """
-from .client import Client, InitResult, TensorBytes, reproduce
-from .errors import ModelInitError
-from .v1.modelinit_pb2 import (  # typed policy objects, e.g. Rule(match=Match(roles=["mlp_out"]), init=...)
+from modelinit_wire.v1.modelinit_pb2 import (  # typed policy objects, e.g. Rule(match=Match(roles=["mlp_out"]), init=...)
     Constant,
     Distribution,
     FanScaled,
@@ -22,6 +20,9 @@ from .v1.modelinit_pb2 import (  # typed policy objects, e.g. Rule(match=Match(r
     TruncNormal,
     Uniform,
 )
+
+from .client import Client, InitResult, TensorBytes, reproduce
+from .errors import ModelInitError
 
 __all__ = [
     "Client", "InitResult", "TensorBytes", "ModelInitError", "reproduce", "init_module_",
@@ -34,7 +35,7 @@ def __getattr__(name: str):
     """``init_module_`` on first use: it needs torch and the server extra, which ``import
     modelinit`` never loads."""
     if name == "init_module_":
-        from modelinit_server.training import init_module_
+        from .embedded import init_module_
 
-        return init_module_
+        return init_module_()
     raise AttributeError(f"module 'modelinit' has no attribute {name!r}")

@@ -12,20 +12,26 @@ import sys
 from collections.abc import Sequence
 
 import grpc
+from modelinit_wire.constants import (
+    ALGORITHM_VERSION,
+    ALGORITHM_VERSIONS,
+    DEFAULT_MAX_DIM,
+    DEFAULT_MAX_PARAMS,
+    DEFAULT_MAX_RANK,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_TENSORS,
+    DEVICES,
+    DTYPES,
+)
+from modelinit_wire.credentials import load_token
+from modelinit_wire.policy_file import looks_like_file, to_dict
 
-from . import local
+from . import embedded
 from .client import Client
-from .credentials import load_token
 from .errors import ModelInitError
 from .manifest import read_manifest
-from .policy_file import looks_like_file, to_dict
 from .remote import RetryPolicy
 from .verify import embedded_client, verify_folder
-
-DTYPES = ("float32", "bfloat16", "float16")
-DEVICES = ("auto", "cpu", "cuda", "reference")
-ALGORITHM_VERSIONS = (1, 2)  # what --algorithm-version accepts (docs/determinism.md)
-
 
 #: The options that make up a request (with --from-manifest the manifest's own are used): dest -> flag.
 REQUEST_FLAGS = {"seed": "--seed", "policy": "--policy", "dtype": "--dtype", "max_shard_size": "--max-shard-size",
@@ -82,9 +88,7 @@ def version_line() -> str:
         installed = version("modelinit")
     except PackageNotFoundError:  # a source tree that was never installed
         from . import __version__ as installed
-    # The installed engine's, or with the client alone the versions it can ask a server for.
-    versions, newest = local.algorithm_versions() or (ALGORITHM_VERSIONS, max(ALGORITHM_VERSIONS))
-    return f"modelinit {installed} (algorithm versions {', '.join(map(str, versions))}; default {newest})"
+    return f"modelinit {installed} (algorithm versions {', '.join(map(str, ALGORITHM_VERSIONS))}; default {ALGORITHM_VERSION})"
 
 
 class _VersionAction(argparse.Action):
@@ -116,13 +120,15 @@ def _parser() -> argparse.ArgumentParser:
     lim.add_argument("--max-streams", type=int, default=16, help="concurrent Init streams; more get RESOURCE_EXHAUSTED (default 16)")
     lim.add_argument("--idle-timeout", type=float, default=60.0, metavar="S",
                      help="end a stream whose client reads nothing for S seconds (default 60)")
-    # The defaults are modelinit_server.limits.DEFAULT_* (not imported: the client parses without the server extra).
-    lim.add_argument("--max-params", type=int, default=2_000_000_000_000,
-                     help="largest model in parameters (default 2000000000000, 2e12; 0: no cap)")
-    lim.add_argument("--max-dim", type=int, default=1 << 24, help="largest tensor dimension (default 16777216, 2^24; 0: no cap)")
-    lim.add_argument("--max-rank", type=int, default=8, help="most dimensions of a tensor (default 8; 0: no cap)")
-    lim.add_argument("--max-tensors", type=int, default=1_000_000, help="most tensors in a model (default 1000000; 0: no cap)")
-    lim.add_argument("--max-request-bytes", type=int, default=4 << 20, help="largest request message (default 4 MiB)")
+    lim.add_argument("--max-params", type=int, default=DEFAULT_MAX_PARAMS,
+                     help=f"largest model in parameters (default {DEFAULT_MAX_PARAMS}; 0: no cap)")
+    lim.add_argument("--max-dim", type=int, default=DEFAULT_MAX_DIM,
+                     help=f"largest tensor dimension (default {DEFAULT_MAX_DIM}; 0: no cap)")
+    lim.add_argument("--max-rank", type=int, default=DEFAULT_MAX_RANK, help=f"most dimensions of a tensor (default {DEFAULT_MAX_RANK}; 0: no cap)")
+    lim.add_argument("--max-tensors", type=int, default=DEFAULT_MAX_TENSORS,
+                     help=f"most tensors in a model (default {DEFAULT_MAX_TENSORS}; 0: no cap)")
+    lim.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                     help=f"largest request message (default {DEFAULT_MAX_REQUEST_BYTES >> 20} MiB)")
     sec = serve.add_argument_group("security")
     sec.add_argument("--tls-cert", default=None, metavar="PEM", help="serve TLS with this certificate chain (needs --tls-key)")
     sec.add_argument("--tls-key", default=None, metavar="PEM", help="private key of --tls-cert")
@@ -292,13 +298,8 @@ def connect(args: argparse.Namespace):
     return Client(args.server, tls=args.tls, ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, token=token, retry=retry)
 
 
-def server_config(args: argparse.Namespace):
-    """The ServerConfig of ``modelinit serve ARGS`` (ValueError naming the bad flag)."""
-    return local.server_config(args)
-
-
 def _serve(args: argparse.Namespace) -> int:
-    return local.serve(args, _fail)
+    return embedded.serve(args, _fail)
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """The client: plan a model, stream its files into a folder, verify every byte.
 
 :class:`Client` drives a :class:`~modelinit.source.Source` (the embedded engine,
-:class:`~modelinit.local.LocalSource`, or servers, :class:`~modelinit.remote.RemoteSource`) and
+:class:`~modelinit.embedded.EmbeddedSource`, or servers, :class:`~modelinit.remote.RemoteSource`) and
 the output folder's writer (:mod:`modelinit.writer`); ``modelinit.json`` is
 :mod:`modelinit.manifest`'s.
 """
@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import grpc
+from modelinit_wire.v1 import modelinit_pb2 as pb
 
+from .embedded import EmbeddedSource
 from .errors import ModelInitError
 from .fanout import fetch
 from .folder_lock import FolderLock
-from .local import LocalSource
 from .manifest import (  # noqa: F401 - MANIFEST_FILE, PROGRESS_FILE, check_file_name, loader_file: also the client's API
     MANIFEST_FILE,
     PROGRESS_FILE,
@@ -35,7 +36,6 @@ from .progress import progress_bar
 from .remote import RETRYABLE, RemoteSource, RetryPolicy, connect_failure, split_targets  # noqa: F401 - also the client's API
 from .request import PolicyArg, Spec, model_policy, model_request, model_spec  # noqa: F401 - also the client's API
 from .source import Source, full_plan
-from .v1 import modelinit_pb2 as pb
 from .writer import atomic_write, os_error, prepare, write_files
 
 log = logging.getLogger("modelinit.client")
@@ -179,10 +179,10 @@ class Client:
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self.source: Source
-        """What plans and streams: a :class:`~modelinit.local.LocalSource` when embedded, a
+        """What plans and streams: a :class:`~modelinit.embedded.EmbeddedSource` when embedded, a
         :class:`~modelinit.remote.RemoteSource` for servers."""
         if target is None:
-            self.source = LocalSource(device)
+            self.source = EmbeddedSource(device)
         else:
             self.source = RemoteSource(target, timeout=timeout, tls=tls, ca=ca, cert=cert, key=key, token=token,
                                        retry=self.retry)

@@ -16,9 +16,10 @@ import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Callable
 
+from modelinit_wire.v1 import modelinit_pb2 as pb
+
 from .manifest import FileResult
 from .remote import RemoteSource, ResumingEvents
-from .v1 import modelinit_pb2 as pb
 from .writer import write_files
 
 

@@ -20,10 +20,10 @@ from typing import Any, Callable, Iterable, TypeGuard
 
 import grpc
 from google.protobuf import json_format
+from modelinit_wire import policy_file
+from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from . import policy_file
 from .errors import ModelInitError
-from .v1 import modelinit_pb2 as pb
 
 MANIFEST_FILE = "modelinit.json"
 PROGRESS_FILE = ".modelinit.progress.json"
@@ -282,7 +282,7 @@ def manifest_request(manifest: dict) -> pb.ModelRequest:
 
 def manifest_policy(policy: Any) -> pb.Policy:
     """The Policy a manifest's ``request.policy`` records: the policy-file format
-    (:func:`modelinit.policy_file.to_dict`, what ``modelinit.json`` holds now), or the proto3 JSON
+    (:func:`modelinit_wire.policy_file.to_dict`, what ``modelinit.json`` holds now), or the proto3 JSON
     mapping that earlier manifests hold (enum names such as ``DEPTH_SCALING_N_LAYERS``,
     ``BOUNDS_ABSOLUTE``; infinities as strings). The two agree wherever both parse. Raises
     ValueError (starting with ``request.policy``) for neither."""

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import grpc
+from modelinit_wire.credentials import make_channel
+from modelinit_wire.events import Begin, Data, End
+from modelinit_wire.v1 import modelinit_pb2 as pb
+from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 
-from .credentials import make_channel
 from .errors import ModelInitError
-from .events import Begin, Data, End
 from .source import check_version
-from .v1 import modelinit_pb2 as pb
-from .v1 import modelinit_pb2_grpc as pb_grpc
 
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 << 20)]
 #: Status codes after which a call is retried (and a stream resumed): the server went away or
@@ -277,7 +277,7 @@ class RemoteSource:
     """modelinit servers as a :class:`~modelinit.source.Source`: ``target`` is one address, a
     comma-separated list of replicas, or a gRPC name resolving to several (``dns:///``, balanced
     round-robin). ``tls``/``ca``/``cert``/``key``/``token`` as in
-    :func:`modelinit.credentials.make_channel`; ``timeout`` in seconds per call; ``retry`` how a
+    :func:`modelinit_wire.credentials.make_channel`; ``timeout`` in seconds per call; ``retry`` how a
     lost server is ridden out. INVALID_ARGUMENT for a bad target or credential file."""
 
     def __init__(self, target: str, *, timeout: float | None = None, tls: bool = False, ca: str | None = None,

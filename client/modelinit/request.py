@@ -8,10 +8,10 @@ import pathlib
 from typing import Any, Mapping, Union
 
 import grpc
+from modelinit_wire import policy_file
+from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from . import policy_file
 from .errors import ModelInitError
-from .v1 import modelinit_pb2 as pb
 
 Spec = Union[str, os.PathLike, Mapping[str, Any], pb.ModelSpec]
 PolicyArg = Union[str, os.PathLike, Mapping[str, Any], None, pb.Policy]

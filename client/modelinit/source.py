@@ -1,7 +1,7 @@
 """The one seam between the client and whatever makes the weights: a :class:`Source`.
 
 A source plans a request (one page at a time, as the ``Plan`` RPC), streams a plan's files as
-:mod:`modelinit.events`, and streams chosen tensors or slices of them (``Tensors``). Two implement it: :class:`modelinit.local.LocalSource` (the embedded
+:mod:`modelinit_wire.events`, and streams chosen tensors or slices of them (``Tensors``). Two implement it: :class:`modelinit.embedded.EmbeddedSource` (the embedded
 engine, in-process) and :class:`modelinit.remote.RemoteSource` (gRPC stubs over one or more
 replicas: retries, replica fingerprint checks, resumed streams). ``Client``, the fan-out and
 ``verify`` use sources only through this protocol and the functions here; the fan-out alone
@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Iterable, Iterator, Protocol, runtime_checkable
 
 import grpc
+from modelinit_wire.events import Event
+from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .errors import ModelInitError
-from .events import Event
-from .v1 import modelinit_pb2 as pb
 
 #: Tensors per Plan page when a caller wants them all (the server allows up to 10,000; 5,000
 #: TensorPlans are ~1 MB).

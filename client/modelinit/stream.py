@@ -14,11 +14,11 @@ import hashlib
 from typing import TYPE_CHECKING, Iterable
 
 import grpc
+from modelinit_wire.events import Begin, End
+from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .errors import ModelInitError
-from .events import Begin, End
 from .manifest import FileResult
-from .v1 import modelinit_pb2 as pb
 
 if TYPE_CHECKING:  # typing only: collections.abc.Buffer from Python 3.12
     from typing_extensions import Buffer

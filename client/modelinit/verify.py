@@ -18,18 +18,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeGuard
 
 import grpc
+from modelinit_wire.events import Begin, Data
 
 from .client import Client
 from .errors import ModelInitError
-from .events import Begin, Data
-from .manifest import (
-    MANIFEST_FILE,
-    loader_file,
-    manifest_request,
-    plan_differences,
-    read_manifest,
-    sha256_file,
-)
+from .manifest import MANIFEST_FILE, loader_file, manifest_request, plan_differences, read_manifest, sha256_file
 from .progress import progress_bar
 from .source import full_plan
 from .stream import StreamCheck

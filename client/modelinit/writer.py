@@ -18,10 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
 import grpc
+from modelinit_wire.events import Begin, Data
+from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .direct_file import CREATE_FLAGS, DirectFile
 from .errors import ModelInitError
-from .events import Begin, Data
 from .manifest import (
     MANIFEST_FILE,
     PROGRESS_FILE,
@@ -34,7 +35,6 @@ from .manifest import (
 )
 from .source import Events
 from .stream import StreamCheck
-from .v1 import modelinit_pb2 as pb
 
 log = logging.getLogger("modelinit.client")  # the client's log, whichever module writes it
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from ..tensors import ModelSpec
+from ..core.tensors import ModelSpec
 from . import bert, gpt2, llama
 from ._family import Family
 from ._fields import invalid, load_document  # noqa: F401

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..tensors import ModelSpec
+from ..core.tensors import ModelSpec
 
 
 @dataclass(frozen=True)

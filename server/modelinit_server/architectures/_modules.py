@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from ..tensors import ModelSpec, TensorSpec
+from ..core.tensors import ModelSpec, TensorSpec
 
 
 def linear(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..tensors import ModelSpec, TensorSpec
+from ..core.tensors import ModelSpec, TensorSpec
 from ._family import Family
 from ._fields import (
     divisible,

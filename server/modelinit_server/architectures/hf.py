@@ -25,7 +25,7 @@ import math
 import warnings
 from typing import Any
 
-from ..tensors import HfInit, ModelSpec, TensorSpec
+from ..core.tensors import HfInit, ModelSpec, TensorSpec
 from ._fields import DROPPED_KEYS, MAX_DIM, invalid
 from .recorder import Record, record_init
 from .roles import ModuleInfo, describe
@@ -156,7 +156,6 @@ def _class(tf, config, architecture: str, field: str):
 
 def _meta_model(tf, cls, config):
     import torch
-
     from transformers.initialization import no_tie_weights
 
     from .recorder import constructor_constants
@@ -271,9 +270,15 @@ def _reverse_conversion(tf, model, stored: dict[str, Any]):
     """Run save_pretrained's reverse weight conversion on meta tensors, keeping which in-memory
     tensor each output comes from. Returns {in-memory name: (group key, [(disk name, (shape, source))])}
     for the tensors it renames or converts; others are stored as they are."""
-    from transformers.core_model_loading import WeightConverter, WeightRenaming, apply_converters, apply_renamings, dot_natural_key
     from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import PrefixChange
+    from transformers.core_model_loading import (
+        PrefixChange,
+        WeightConverter,
+        WeightRenaming,
+        apply_converters,
+        apply_renamings,
+        dot_natural_key,
+    )
 
     with _quiet():
         conversions = get_model_conversion_mapping(model, add_legacy=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..tensors import ModelSpec, TensorSpec
+from ..core.tensors import ModelSpec, TensorSpec
 from ._family import Family
 from ._fields import (
     divisible,
@@ -32,7 +32,6 @@ from ._fields import (
     token_ids,
 )
 from ._modules import assemble, embedding, linear, norm
-
 
 #: Fields shared by the three config classes, with Llama's defaults.
 _COMMON = {

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from ..tensors import HfInit
+from ..core.tensors import HfInit
 
 #: The functions of ``transformers.initialization`` that write a tensor and are replaced here.
 #: ``lecun_normal_`` / ``default_flax_embed_init_`` resolve to ``normal_`` / ``trunc_normal_`` /

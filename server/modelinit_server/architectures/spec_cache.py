@@ -20,12 +20,12 @@ import pathlib
 import tempfile
 from typing import Any, Callable
 
-from ..tensors import HfInit, ModelSpec, TensorSpec
+from ..core.tensors import HfInit, ModelSpec, TensorSpec
 
 #: Bump when the stored layout changes.
 FORMAT = 1
 #: Files whose code decides a generic spec.
-_SOURCES = ("hf.py", "recorder.py", "roles.py", "spec_cache.py", "_fields.py", "../tensors.py")
+_SOURCES = ("hf.py", "recorder.py", "roles.py", "spec_cache.py", "_fields.py", "../core/tensors.py")
 
 
 def cache_dir() -> pathlib.Path | None:

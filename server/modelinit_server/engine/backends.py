@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from modelinit_wire.constants import DEVICES
 
 from .core import DTYPE_ITEMSIZE, check_runs, generate_array
 from .sampler import Sampler
@@ -22,8 +23,6 @@ Fill = Callable[[np.ndarray, Sampler, tuple[int, int], int, int, str], None]
 #: fill_runs(out, sampler, key, starts, counts, dtype): the bytes of elements [starts[r], starts[r] +
 #: counts[r]) of every run r, back to back in ``out`` (sum(counts) * itemsize bytes).
 FillRuns = Callable[[np.ndarray, Sampler, tuple[int, int], np.ndarray, np.ndarray, str], None]
-
-DEVICES = ("auto", "cpu", "cuda", "reference")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import operator
 
 import numpy as np
+from modelinit_wire.constants import DTYPES
 
 from .philox import MAX_ELEMENTS, _check_key, random_bits
 from .sampler import U2_MAX, Sampler
@@ -29,7 +30,6 @@ __all__ = [
     "uniforms",
 ]
 
-DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 SAFETENSORS_DTYPE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 #: numpy array type generate_array returns per dtype (bfloat16: the bit patterns in uint16).

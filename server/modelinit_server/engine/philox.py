@@ -14,6 +14,7 @@ import hashlib
 import operator
 
 import numpy as np
+from modelinit_wire.constants import ALGORITHM_VERSION, ALGORITHM_VERSIONS
 
 __all__ = [
     "ALGORITHM_VERSION",
@@ -35,11 +36,11 @@ KEY_DOMAIN = b"modelinit-v1\x00"
 #: Never change an entry: each is part of every byte of its version.
 KEY_DOMAINS: dict[int, bytes] = {1: KEY_DOMAIN, 2: b"modelinit-v2\x00"}
 
-#: Every algorithm version this engine can produce, oldest first; all stay available forever.
-ALGORITHM_VERSIONS: tuple[int, ...] = tuple(KEY_DOMAINS)
-
-#: The newest algorithm version (what a request that names none gets).
-ALGORITHM_VERSION: int = ALGORITHM_VERSIONS[-1]
+# ALGORITHM_VERSIONS (every version, oldest first) and ALGORITHM_VERSION (the newest) are the
+# wire's (modelinit_wire.constants): the client offers them without the engine. Each needs its
+# key domain above.
+if tuple(KEY_DOMAINS) != ALGORITHM_VERSIONS:
+    raise ImportError(f"engine: key domains for versions {tuple(KEY_DOMAINS)}, but the wire has {ALGORITHM_VERSIONS}")
 
 PHILOX_M0 = 0xD2511F53
 PHILOX_M1 = 0xCD9E8D57

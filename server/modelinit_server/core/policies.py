@@ -13,8 +13,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from .engine import Sampler, std_normal_cdf
-from .engine.sampler import MIN_TRUNC_MASS
+from ..engine import Sampler, std_normal_cdf
+from ..engine.sampler import MIN_TRUNC_MASS
 from .quoting import quote
 from .tensors import KINDS, PARAMS, ROLES, ModelSpec, TensorSpec
 
@@ -46,7 +46,7 @@ class Match:
     kinds: tuple[str, ...] = ()
     """Module kinds (``linear``, ``embedding``, ``norm``); empty: any."""
     roles: tuple[str, ...] = ()
-    """Roles (see :data:`modelinit_server.tensors.ROLES`); empty: any."""
+    """Roles (see :data:`modelinit_server.core.tensors.ROLES`); empty: any."""
     params: tuple[str, ...] = ()
     """``weight`` / ``bias``; empty: any."""
     names: tuple[str, ...] = ()

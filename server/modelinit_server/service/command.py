@@ -1,5 +1,5 @@
 """``modelinit serve``: the server side of the command line (``modelinit.cli`` parses the
-arguments and hands them here, through ``modelinit.local``)."""
+arguments and hands them here, through ``modelinit.embedded``)."""
 from __future__ import annotations
 
 import argparse

@@ -1,6 +1,6 @@
 """Transport security and authentication for the server: TLS/mTLS credentials and a bearer token.
 
-Wiring (see :func:`modelinit_server.server.start`)::
+Wiring (see :func:`modelinit_server.service.server.start`)::
 
     check_tls_args(cert, key, client_ca)
     interceptors = [TokenAuthInterceptor(load_token(token))] if token else []
@@ -22,7 +22,7 @@ import logging
 from typing import Callable, Iterable, Sequence
 
 import grpc
-from modelinit.credentials import load_token, read_pem  # noqa: F401 - load_token: the server's too
+from modelinit_wire.credentials import load_token, read_pem  # noqa: F401 - load_token: the server's too
 
 log = logging.getLogger("modelinit.security")
 

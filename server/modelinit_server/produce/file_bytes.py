@@ -12,11 +12,11 @@ import threading
 from typing import Iterator, Sequence
 
 import numpy as np
-from modelinit.events import Begin, Data, End, Event
+from modelinit_wire.events import Begin, Data, End, Event
 
-from .engine import DTYPE_ITEMSIZE
-from .engine.backends import REFERENCE, Fill
-from .planner import FilePlan, Plan
+from ..core.planner import FilePlan, Plan
+from ..engine import DTYPE_ITEMSIZE
+from ..engine.backends import REFERENCE, Fill
 
 #: Bytes generated per step: large enough for the kernels to run at full speed, small enough
 #: to bound memory (a stream holds at most a couple of segments).

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from modelinit.events import Event
-from modelinit.v1 import modelinit_pb2 as pb
+from modelinit_wire.events import Event
+from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from . import files, slices
-from .convert import check_page_size, plan_to_pb, request_from_pb
-from .engine.backends import DEVICES, Backend, select
-from .planner import Plan, build_plan
+from ..core.planner import Plan, build_plan
+from ..engine.backends import DEVICES, Backend, select
+from ..messages import check_page_size, plan_to_pb, request_from_pb
+from ..produce import file_bytes, tensor_slices
 
 
-class LocalEngine:
+class EmbeddedEngine:
     """Plan and produce files in-process. Bad requests raise ValueError (field-named, as the server's)."""
 
     def __init__(self, device: str = "auto") -> None:
@@ -44,7 +44,7 @@ class LocalEngine:
         check_page_size(page_size)
         return plan_to_pb(self._build(msg), msg, page_size, page_token)
 
-    def events(self, msg: pb.ModelRequest, selected: Sequence[int] | None = None) -> "files.Prefetch":
+    def events(self, msg: pb.ModelRequest, selected: Sequence[int] | None = None) -> "file_bytes.Prefetch":
         """Every file's events (or those of ``selected``, indices into the plan's files, in that
         order), produced on a background thread a couple of segments ahead of the writer. No
         producer-side SHA-256: nothing lies between producer and writer, whose own hash is the
@@ -54,15 +54,15 @@ class LocalEngine:
         if any(not 0 <= i < len(plan.files) for i in selected):
             raise ValueError(f"files: an index is past the last file ({len(plan.files) - 1})")
         # Ring of 4: the writer holds one buffer, the queue two, the producer fills the fourth.
-        source: Iterator[Event] = files.events(plan, selected, 0, self.backend.fill, digest=False, ring=4,
+        source: Iterator[Event] = file_bytes.events(plan, selected, 0, self.backend.fill, digest=False, ring=4,
                                                 alloc=self.backend.alloc)
-        return files.Prefetch(source, depth=2)
+        return file_bytes.Prefetch(source, depth=2)
 
     def tensors(self, request: pb.TensorsRequest) -> Iterator[pb.TensorsResponse]:
         """The Tensors stream of ``request``, as the server's: a TensorBegin per selection, then
         its bytes in chunks. ValueError (field-named) for a bad request, before anything is generated."""
         plan = self._build(request.request)
-        slices.check_chunk(request.chunk_size)
+        tensor_slices.check_chunk(request.chunk_size)
         # checked now, not on the first next()
-        slices.resume(slices.select(plan, request), request.start, request.offset, plan.request.dtype)
-        return slices.responses(plan, request, self.backend.fill_runs)
+        tensor_slices.resume(tensor_slices.select(plan, request), request.start, request.offset, plan.request.dtype)
+        return tensor_slices.responses(plan, request, self.backend.fill_runs)

@@ -1,6 +1,6 @@
-"""The in-process side: the embedded engine as a :class:`~modelinit.source.Source`, and the rest
-the client package takes from the server package (the algorithm versions it makes, the
-``serve`` command).
+"""The embedded (in-process) mode: the server's engine as a :class:`~modelinit.source.Source`, and
+the rest the client package takes from the server package (the ``serve`` command,
+``modelinit.init_module_``).
 
 This is the one module of the client package that imports ``modelinit_server``, and only inside
 functions, so ``import modelinit`` never needs the server extra (numpy, numba, torch): the
@@ -12,27 +12,27 @@ import argparse
 from typing import Callable, Iterable, Iterator
 
 import grpc
+from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .errors import ModelInitError
 from .source import Events, check_version
-from .v1 import modelinit_pb2 as pb
 
 
-class LocalSource:
-    """The server's own planner, engine and file producer (``modelinit_server.local.LocalEngine``),
+class EmbeddedSource:
+    """The server's own planner, engine and file producer (``modelinit_server.service.embedded.EmbeddedEngine``),
     in-process, without the gRPC hop: the same bytes. ``device``: ``auto``, ``cpu``, ``cuda``,
     ``reference``. FAILED_PRECONDITION when the server extra is not installed."""
 
     def __init__(self, device: str = "auto") -> None:
         try:
-            from modelinit_server.local import LocalEngine
+            from modelinit_server.service.embedded import EmbeddedEngine
         except ImportError as e:
             raise ModelInitError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"embedded mode needs the server extra ({e}); pip install 'modelinit[server]' or pass a server target",
             ) from None
         try:
-            self.engine = LocalEngine(device)
+            self.engine = EmbeddedEngine(device)
         except ValueError as e:
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
 
@@ -63,27 +63,18 @@ class LocalSource:
         pass
 
 
-def algorithm_versions() -> tuple[tuple[int, ...], int] | None:
-    """The algorithm versions the installed engine makes and its default; None without the
-    server extra."""
-    try:
-        from modelinit_server.engine import ALGORITHM_VERSION, ALGORITHM_VERSIONS
-    except ImportError:
-        return None
-    return tuple(ALGORITHM_VERSIONS), ALGORITHM_VERSION
-
-
-def server_config(args: argparse.Namespace):
-    """The ServerConfig of ``modelinit serve ARGS`` (ValueError naming the bad flag)."""
-    from modelinit_server.command import server_config as build
-
-    return build(args)
-
-
 def serve(args: argparse.Namespace, fail: Callable[[str, int], int]) -> int:
     """``modelinit serve ARGS``; its exit status (``fail(message, code)`` reports an error)."""
     try:
-        from modelinit_server.command import serve as run
+        from modelinit_server.service.command import serve as run
     except ImportError as e:
         return fail(f"serving needs the server extra ({e}); pip install 'modelinit[server]'", 1)
     return run(args, fail)
+
+
+def init_module_():
+    """``modelinit_server.training.init_module_`` (needs torch and the server extra), for
+    ``modelinit.init_module_``."""
+    from modelinit_server.training import init_module_ as fill
+
+    return fill

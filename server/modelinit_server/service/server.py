@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from modelinit.v1 import modelinit_pb2, modelinit_pb2_grpc
+from modelinit_wire.v1 import modelinit_pb2, modelinit_pb2_grpc
 
-from . import __version__
-from .engine.backends import DEVICES, Backend, select
+from .. import __version__
+from ..engine.backends import DEVICES, Backend, select
 from .limits import Limits
 from .malformed import MalformedRequestInterceptor
 from .observability import Metrics
@@ -234,10 +234,10 @@ def serve(config: ServerConfig, ready=print) -> None:
     asyncio.run(main())
 
 
-class EmbeddedServer:
+class BackgroundServer:
     """A real server on a loopback port, on its own thread and event loop, inside this process:
     for tests and for applications that want to serve from their own process. (The embedded
-    ``modelinit.Client()`` needs no server: it uses :class:`modelinit_server.local.LocalEngine`.)
+    ``modelinit.Client()`` needs no server: it uses :class:`modelinit_server.service.embedded.EmbeddedEngine`.)
     """
 
     def __init__(self, config: ServerConfig | None = None) -> None:

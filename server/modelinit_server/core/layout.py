@@ -9,7 +9,7 @@ import re
 import struct
 from typing import Any, Mapping, Sequence
 
-from .engine import SAFETENSORS_DTYPE
+from ..engine import SAFETENSORS_DTYPE
 from .quoting import quote
 
 SINGLE_FILE = "model.safetensors"

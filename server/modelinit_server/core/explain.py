@@ -1,8 +1,8 @@
 """Explain a plan: tensors grouped by (rule, init, shape), compared with the Xavier and LeCun
 reference stds, with warnings for inits that are likely to break training.
 
-Pure core (no grpc): :func:`explain` takes a :class:`~modelinit_server.planner.Plan`; the
-servicer puts the groups in ``PlanResponse.groups`` (see :mod:`modelinit_server.convert`).
+Pure core (no grpc): :func:`explain` takes a :class:`~modelinit_server.core.planner.Plan`; the
+servicer puts the groups in ``PlanResponse.groups`` (see :mod:`modelinit_server.messages`).
 docs/policies.md ("explain") documents the columns and the warnings.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .engine import Sampler, std_normal_cdf
+from ..engine import Sampler, std_normal_cdf
 from .planner import Plan, TensorPlan
 
 #: |mean| above this many effective stds counts as a non-zero mean.

@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from .engine import ALGORITHM_VERSION, DTYPE_ITEMSIZE, check_dtype
-from .engine.runs import box_runs
-from .planner import Request, fingerprint, tensor_keys
-from .policies import Policy, Resolved, resolve
-from .tensors import ModelSpec, TensorSpec
+from ..core.planner import Request, fingerprint, tensor_keys
+from ..core.policies import Policy, Resolved, resolve
+from ..core.tensors import ModelSpec, TensorSpec
+from ..engine import ALGORITHM_VERSION, DTYPE_ITEMSIZE, check_dtype
+from ..engine.runs import box_runs
 
 __all__ = ["InitSummary", "init_module_", "strip_wrappers", "unwrap"]
 
@@ -342,9 +342,9 @@ def _hf_spec(model, shapes: dict[str, tuple[int, ...]],
              partial: bool = False) -> tuple[ModelSpec, dict[str, list[Piece]], int]:
     """The spec of a transformers model, and where each of its tensors (``shapes``: name -> the
     global shape the module holds) gets its bytes from."""
-    from . import architectures
-    from .architectures import hf
-    from .architectures._fields import DROPPED_KEYS
+    from .. import architectures
+    from ..architectures import hf
+    from ..architectures._fields import DROPPED_KEYS
 
     cls = _hf_class(model)
     document = {k: v for k, v in model.config.to_dict().items() if k not in DROPPED_KEYS}
@@ -405,7 +405,7 @@ def _disk_sources(tf, model) -> dict[str, list[tuple[str, Box]]]:
         dot_natural_key,
     )
 
-    from .architectures import hf
+    from ..architectures import hf
 
     state = model.state_dict()
 
@@ -452,7 +452,7 @@ def _locate(converter, target: str, inputs: list[tuple[str, str]], shapes: dict[
     import torch
     from torch.overrides import TorchFunctionMode
 
-    from .architectures import hf
+    from ..architectures import hf
 
     class _NoCopies(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -560,7 +560,7 @@ def _pair_box(where: np.ndarray, values: np.ndarray, out_shape: tuple[int, ...],
 
 def _plain_spec(module, named, real: dict[str, str]) -> tuple[ModelSpec, dict[str, list[Piece]]]:
     """A spec of any module's own tensors: kinds, roles and fans from module types and names."""
-    from .architectures.roles import ModuleInfo, describe
+    from ..architectures.roles import ModuleInfo, describe
 
     tensors: list[TensorSpec] = []
     pieces: dict[str, list[Piece]] = {}
@@ -600,9 +600,9 @@ def _core_policy(policy: Any) -> Policy:
         return policy
     if policy is None:
         return Policy()  # hf-default, without importing the policy text format
-    from modelinit import policy_file
+    from modelinit_wire import policy_file
 
-    from .convert import policy_from_pb
+    from ..messages import policy_from_pb
 
     return policy_from_pb(policy_file.from_arg(policy))
 
@@ -619,7 +619,7 @@ class _Filler:
 
     def _cpu_fill_runs(self):
         if self._cpu is None:
-            from .engine.backends import REFERENCE, select
+            from ..engine.backends import REFERENCE, select
 
             if self.device == "reference":
                 self._cpu = REFERENCE.fill_runs
@@ -637,7 +637,7 @@ class _Filler:
         if flat_u8.device.type == "cpu":
             self._cpu_fill_runs()(flat_u8.numpy(), sampler, key, starts, counts, dtype)
         elif flat_u8.device.type == "cuda":
-            from .engine import cuda
+            from ..engine import cuda
 
             cuda.generate_runs_into(flat_u8, sampler, key, starts, counts, dtype)
         else:

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
-from modelinit.v1 import modelinit_pb2 as pb
+from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from .engine import DTYPE_ITEMSIZE
-from .engine.backends import REFERENCE, FillRuns
-from .engine.runs import box_runs
-from .files import SEGMENT
-from .planner import Plan, TensorPlan
+from ..core.planner import Plan, TensorPlan
+from ..engine import DTYPE_ITEMSIZE
+from ..engine.backends import REFERENCE, FillRuns
+from ..engine.runs import box_runs
+from .file_bytes import SEGMENT
 
 #: Most selected bytes one Tensors call streams (4 GiB); more is INVALID_ARGUMENT. Memory does not
 #: grow with it (a call holds a couple of SEGMENT buffers); it bounds how long one call ties up a

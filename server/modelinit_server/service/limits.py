@@ -11,16 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .planner import Plan
+from modelinit_wire.constants import (  # the defaults, shared with the client's `serve` flags
+    DEFAULT_MAX_DIM,
+    DEFAULT_MAX_PARAMS,
+    DEFAULT_MAX_RANK,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_TENSORS,
+)
 
-#: 2 trillion parameters (8 TB of float32): twice the largest open models (~1T).
-DEFAULT_MAX_PARAMS = 2_000_000_000_000
-#: 2^24 = 16,777,216: vocabularies (~262k) and hidden/intermediate sizes (~50k) are far below.
-DEFAULT_MAX_DIM = 1 << 24
-#: Convolution weights have up to 5 dimensions; 8 leaves room.
-DEFAULT_MAX_RANK = 8
-#: One million tensors: deepseek-v3 stored per expert has ~45,400.
-DEFAULT_MAX_TENSORS = 1_000_000
+from ..core.planner import Plan
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,7 @@ class Limits:
     """Most dimensions of any tensor (``--max-rank``)."""
     max_tensors: int = DEFAULT_MAX_TENSORS
     """Most tensors in one model (``--max-tensors``)."""
-    max_request_bytes: int = 4 << 20
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Largest serialized request the server accepts, in bytes (``--max-request-bytes``); gRPC
     itself answers RESOURCE_EXHAUSTED beyond it, before any parsing."""
 

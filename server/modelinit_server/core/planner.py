@@ -1,7 +1,7 @@
 """From a request to a plan: every tensor resolved, keyed, placed in a shard; every file's size known.
 
 Planning is cheap (no weights are generated) and deterministic; the bytes of the files are then
-a pure function of the plan (see :mod:`modelinit_server.files`).
+a pure function of the plan (see :mod:`modelinit_server.produce.file_bytes`).
 """
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
-from . import layout
-from .engine import (
+from ..engine import (
     ALGORITHM_VERSION,
     ALGORITHM_VERSIONS,
     DTYPE_ITEMSIZE,
@@ -20,6 +19,7 @@ from .engine import (
     check_dtype,
     tensor_key,
 )
+from . import layout
 from .policies import Policy, Resolved, resolve
 from .tensors import ModelSpec, TensorSpec
 

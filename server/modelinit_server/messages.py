@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import hashlib
 
-from modelinit.v1 import modelinit_pb2 as pb
+from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from . import architectures, explain, layout
+from . import architectures
+from .core import explain, layout
+from .core.planner import Plan, Request
+from .core.policies import Distribution, Match, Policy, Rule
+from .core.quoting import EXCERPT
 from .engine import ALGORITHM_VERSION
-from .planner import Plan, Request
-from .policies import Distribution, Match, Policy, Rule
-from .quoting import EXCERPT
 
 _DEPTH = {pb.DEPTH_SCALING_NONE: "none", pb.DEPTH_SCALING_N_LAYERS: "n_layers", pb.DEPTH_SCALING_LAYER: "layer"}
 

@@ -19,16 +19,16 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
 
 import grpc
-from modelinit.events import Begin, Data
-from modelinit.v1 import modelinit_pb2 as pb
-from modelinit.v1 import modelinit_pb2_grpc as pb_grpc
+from modelinit_wire.events import Begin, Data
+from modelinit_wire.v1 import modelinit_pb2 as pb
+from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 
-from . import files, slices
-from .convert import check_page_size, plan_to_pb, request_from_pb
-from .engine.backends import Backend
+from ..core.planner import Plan, build_plan
+from ..engine.backends import Backend
+from ..messages import check_page_size, plan_to_pb, request_from_pb
+from ..produce import file_bytes, tensor_slices
 from .limits import Limits
 from .observability import Metrics, request_id, request_id_from
-from .planner import Plan, build_plan
 
 log = logging.getLogger("modelinit.server")
 
@@ -224,7 +224,7 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
                  plan.request.dtype, selected if request.files else "all", request.offset, context.peer())
 
         # Ring of 3: one segment is being sent while the next is produced (a third for margin).
-        source = files.events(plan, selected, request.offset, self._backend.fill, ring=3, alloc=self._backend.alloc)
+        source = file_bytes.events(plan, selected, request.offset, self._backend.fill, ring=3, alloc=self._backend.alloc)
         write = functools.partial(self._write, context)
         async with contextlib.aclosing(self._one_ahead(source, lambda e: len(e.data) if isinstance(e, Data) else 0)) as events:
             async for event in events:
@@ -242,13 +242,13 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
     async def Tensors(self, request: pb.TensorsRequest, context: grpc.aio.ServicerContext) -> None:
         # Checked before a stream slot is taken: a bad request costs no slot.
         try:
-            chunk = slices.check_chunk(request.chunk_size)
+            chunk = tensor_slices.check_chunk(request.chunk_size)
         except ValueError as e:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         plan = await self._plan(request.request, context)
         try:
-            selections = slices.resume(slices.select(plan, request), request.start, request.offset, plan.request.dtype)
-        except slices.OutOfRange as e:
+            selections = tensor_slices.resume(tensor_slices.select(plan, request), request.start, request.offset, plan.request.dtype)
+        except tensor_slices.OutOfRange as e:
             await _abort(context, grpc.StatusCode.OUT_OF_RANGE, str(e))
             raise  # unreachable: abort raises
         except ValueError as e:
@@ -257,17 +257,17 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         async with self._stream_slot(context):  # Init and Tensors share --max-streams
             await self._tensors(plan, selections, request.offset, chunk, context)
 
-    async def _tensors(self, plan: Plan, selections: list[slices.Selection], offset: int, chunk: int,
+    async def _tensors(self, plan: Plan, selections: list[tensor_slices.Selection], offset: int, chunk: int,
                        context: grpc.aio.ServicerContext) -> None:
         started, sent = time.monotonic(), 0
         log.info("Tensors %d selection(s), %d elements, offset %d, from %s", len(selections),
                  sum(s.numel for s in selections), offset, context.peer())
-        source = slices.blocks(plan, selections, self._backend.fill_runs, offset=offset)
+        source = tensor_slices.blocks(plan, selections, self._backend.fill_runs, offset=offset)
         write = functools.partial(self._write, context)
-        async with contextlib.aclosing(self._one_ahead(source, lambda b: 0 if isinstance(b, slices.Selection) else len(b))) as items:
+        async with contextlib.aclosing(self._one_ahead(source, lambda b: 0 if isinstance(b, tensor_slices.Selection) else len(b))) as items:
             async for item in items:
-                if isinstance(item, slices.Selection):
-                    await write(slices.begin(plan, item, offset))
+                if isinstance(item, tensor_slices.Selection):
+                    await write(tensor_slices.begin(plan, item, offset))
                     offset = 0  # only the first selection resumes inside its data
                 else:
                     sent += await self._send(write, item, chunk, lambda piece: pb.TensorsResponse(data=piece))

@@ -1,0 +1,34 @@
+"""Values both sides of the wire agree on, defined here once.
+
+The client's command line offers them as choices and defaults without the server extra; the
+server and the engine take them from here too. Pure constants: importing this module imports
+nothing else (the engine uses it, and the engine imports no grpc).
+"""
+from __future__ import annotations
+
+#: Output dtypes, as ``ModelRequest.dtype`` and the safetensors header name them (F32, BF16, F16).
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+#: Engines a server or the embedded mode can run on: ``auto`` (CUDA when present, else the CPU
+#: kernel), ``cpu`` (numba), ``cuda`` (Triton), ``reference`` (the plain numpy definition).
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "reference")
+
+#: Every generation algorithm version, oldest first (docs/determinism.md). Each stays available
+#: forever; ``ModelRequest.algorithm_version`` 0 means the newest.
+ALGORITHM_VERSIONS: tuple[int, ...] = (1, 2)
+#: The newest algorithm version: what a request that names none gets.
+ALGORITHM_VERSION: int = ALGORITHM_VERSIONS[-1]
+
+# A server's default caps on a request (``modelinit serve --max-*``; 0 there means no cap). They
+# are set well above every published model, so that a typo is refused instead of streaming
+# terabytes (modelinit_server.service.limits explains each).
+#: 2 trillion parameters (8 TB of float32): twice the largest open models (~1T).
+DEFAULT_MAX_PARAMS = 2_000_000_000_000
+#: 2^24 = 16,777,216: vocabularies (~262k) and hidden/intermediate sizes (~50k) are far below.
+DEFAULT_MAX_DIM = 1 << 24
+#: Convolution weights have up to 5 dimensions; 8 leaves room.
+DEFAULT_MAX_RANK = 8
+#: One million tensors: deepseek-v3 stored per expert has ~45,400.
+DEFAULT_MAX_TENSORS = 1_000_000
+#: Largest serialized request, in bytes (4 MiB, gRPC's own default message limit).
+DEFAULT_MAX_REQUEST_BYTES = 4 << 20
