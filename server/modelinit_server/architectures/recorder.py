@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ..core.tensors import HfInit
+from ..core.variance_scaling import nonlinearity_gain, uniform_bound, variance_scaling_std
 
 #: The functions of ``transformers.initialization`` that write a tensor and are replaced here.
 #: ``lecun_normal_`` / ``default_flax_embed_init_`` resolve to ``normal_`` / ``trunc_normal_`` /
@@ -141,27 +142,27 @@ def _functions(rec: _Recorder) -> dict[str, Callable]:
                                  source=f"init.trunc_normal_(mean={_g(mean)}, std={_g(std)}, a={_g(a)}, b={_g(b)})"))
         return tensor
 
-    # Fan-based functions resolve exactly as torch.nn.init does for the in-memory tensor.
+    # Fan-based functions resolve exactly as torch.nn.init does for the in-memory tensor (the
+    # arithmetic: core.variance_scaling, torch's operation order).
     def xavier_uniform_(tensor, gain=1.0, generator=None):
         fan_in, fan_out = fans(tensor)
-        std = gain * math.sqrt(2.0 / float(fan_in + fan_out))
-        bound = math.sqrt(3.0) * std
+        bound = uniform_bound(variance_scaling_std(fan_in, fan_out, "fan_avg", gain))
         rec.write(tensor, HfInit("uniform", low=-bound, high=bound, source=f"init.xavier_uniform_(gain={_g(gain)})"))
         return tensor
 
     def xavier_normal_(tensor, gain=1.0, generator=None):
         fan_in, fan_out = fans(tensor)
-        std = gain * math.sqrt(2.0 / float(fan_in + fan_out))
+        std = variance_scaling_std(fan_in, fan_out, "fan_avg", gain)
         rec.write(tensor, HfInit("normal", std=std, source=f"init.xavier_normal_(gain={_g(gain)})"))
         return tensor
 
     def _kaiming_std(tensor, a, mode, nonlinearity):
         fan_in, fan_out = fans(tensor)
-        fan = fan_in if mode == "fan_in" else fan_out
-        return torch.nn.init.calculate_gain(nonlinearity, a) / math.sqrt(fan)
+        gain = _torch_gain(nonlinearity, a)
+        return variance_scaling_std(fan_in, fan_out, "fan_in" if mode == "fan_in" else "fan_out", gain)
 
     def kaiming_uniform_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
-        bound = math.sqrt(3.0) * _kaiming_std(tensor, a, mode, nonlinearity)
+        bound = uniform_bound(_kaiming_std(tensor, a, mode, nonlinearity))
         rec.write(tensor, HfInit("uniform", low=-bound, high=bound,
                                  source=f"init.kaiming_uniform_(a={_g(a)}, mode={mode}, nonlinearity={nonlinearity})"))
         return tensor
@@ -199,6 +200,26 @@ def _functions(rec: _Recorder) -> dict[str, Callable]:
         return call
 
     return {name: guarded(fn) for name, fn in out.items()}
+
+
+#: Names torch's ``calculate_gain`` treats as linear (gain 1) besides ``linear`` itself.
+_TORCH_LINEAR_FNS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
+
+
+def _torch_gain(nonlinearity: str, param: Any) -> float:
+    """``torch.nn.init.calculate_gain(nonlinearity, param)``: torch's reading of the arguments (and
+    its errors), the gains themselves from :func:`~modelinit_server.core.variance_scaling.nonlinearity_gain`."""
+    if nonlinearity in _TORCH_LINEAR_FNS:
+        return nonlinearity_gain("linear")
+    if nonlinearity == "leaky_relu":
+        if param is None:
+            param = 0.01
+        elif not ((not isinstance(param, bool) and isinstance(param, int)) or isinstance(param, float)):
+            raise ValueError(f"negative_slope {param} not a valid number")
+        return nonlinearity_gain("leaky_relu", param)
+    if nonlinearity not in ("linear", "sigmoid", "tanh", "relu", "selu"):
+        raise ValueError(f"Unsupported nonlinearity {nonlinearity}")
+    return nonlinearity_gain(nonlinearity)
 
 
 def _direct_writes(rec: _Recorder):

@@ -25,7 +25,7 @@ from ..core.tensors import HfInit, ModelSpec, TensorSpec
 #: Bump when the stored layout changes.
 FORMAT = 1
 #: Files whose code decides a generic spec.
-_SOURCES = ("hf.py", "recorder.py", "roles.py", "spec_cache.py", "_fields.py", "../core/tensors.py")
+_SOURCES = ("hf.py", "recorder.py", "roles.py", "spec_cache.py", "_fields.py", "../core/tensors.py", "../core/variance_scaling.py")
 
 
 def cache_dir() -> pathlib.Path | None:

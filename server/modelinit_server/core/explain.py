@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..engine import Sampler, std_normal_cdf
 from .planner import Plan, TensorPlan
+from .variance_scaling import LECUN, XAVIER
 
 #: |mean| above this many effective stds counts as a non-zero mean.
 MEAN_TOLERANCE = 0.1
@@ -113,7 +114,7 @@ def _references(t: TensorPlan) -> tuple[float, float]:
     random_weight = s.param == "weight" and s.kind != "norm" and t.sampler.kind != "constant"
     if not random_weight or s.fan_in <= 0 or s.fan_out <= 0:
         return 0.0, 0.0
-    return math.sqrt(2.0 / (s.fan_in + s.fan_out)), 1.0 / math.sqrt(s.fan_in)
+    return XAVIER.std(s.fan_in, s.fan_out), LECUN.std(s.fan_in, s.fan_out)
 
 
 def distribution_mean(d: Sampler) -> float:
