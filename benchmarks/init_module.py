@@ -15,8 +15,8 @@ job does), then times, on the same module, best of ``--repeat`` each:
 * a plain PyTorch loop: ``normal_(0, 0.02)`` for linear and embedding weights, ones for norm
   weights, zeros for biases (the rules of hf-default, not its bytes; torch's global RNG).
 
-torch runs at its default thread count (all cores), numba too. DESIGN.md §9's goal: init_module_
-faster on CPU. One process; the per-rank scaling of sharded runs is
+torch runs at its default thread count (all cores), numba too. The goal (docs/training.md,
+"Benchmarks"): init_module_ faster on CPU. One process; the per-rank scaling of sharded runs is
 ``benchmarks/init_module_ranks.py``. A measurement, not a test: nothing is asserted.
 """
 from __future__ import annotations
