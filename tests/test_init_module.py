@@ -19,7 +19,8 @@ transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 import modelinit  # noqa: E402
-from modelinit_server.training import _Filler, init_module_, strip_wrappers  # noqa: E402
+from modelinit_server.training import init_module_, strip_wrappers  # noqa: E402
+from modelinit_server.training.fill import Filler  # noqa: E402
 
 SEED = 1234
 
@@ -104,8 +105,8 @@ def test_cuda_module_equals_files(tmp_path, dtype):
         assert summary.fingerprint == fingerprint
     spec, sampler = TensorSpec("w", (300, 64), kind="linear", role="mlp_out", param="weight"), Sampler("normal", std=0.02)
     whole, half = torch.empty(300, 64), torch.empty(300, 32, device="cuda")
-    _Filler("cpu").fill_piece(whole, [None, None], spec, sampler, (1, 2), "float32", (0, 0), (0, 1))
-    _Filler("auto").fill_piece(half, [None, np.arange(32, 64)], spec, sampler, (1, 2), "float32", (0, 0), (0, 1))
+    Filler("cpu").fill_piece(whole, [None, None], spec, sampler, (1, 2), "float32", (0, 0), (0, 1))
+    Filler("auto").fill_piece(half, [None, np.arange(32, 64)], spec, sampler, (1, 2), "float32", (0, 0), (0, 1))
     assert torch.equal(half.cpu(), whole[:, 32:])
 
 
@@ -123,12 +124,12 @@ def test_tied_llama_filled_once(tmp_path):
 def test_mixtral_fused_experts_equal_per_expert_files(tmp_path, monkeypatch, probe):
     """Located on the meta device (the conversion's chunks and unbinds are views: no memory, any
     size; the index probe is refused by a cap of 0), and with the index probe (no views)."""
-    from modelinit_server import training
+    from modelinit_server.training import hf_layout
 
     if probe == "views":
-        monkeypatch.setattr(training, "MAX_PROBE_ELEMENTS", 0)
+        monkeypatch.setattr(hf_layout, "MAX_PROBE_ELEMENTS", 0)
     else:
-        monkeypatch.setattr(training, "_all_views", lambda outputs, probe: False)
+        monkeypatch.setattr(hf_layout, "_all_views", lambda outputs, probe: False)
     model = transformers.MixtralForCausalLM(_config(MIXTRAL))
     summary = init_module_(model, seed=SEED)
     files, fingerprint = _files(_config_dict(model), "float32", tmp_path)
@@ -155,36 +156,36 @@ class _Converter:
 def test_a_conversion_that_copies_is_located_with_the_index_probe(monkeypatch):
     """Outputs that are copies (not views of the probe) are located with an arange probe, within
     its cap; a non-block output is refused by name."""
-    from modelinit_server import training
+    from modelinit_server.training import hf_layout
 
     model = transformers.LlamaForCausalLM(_config(LLAMA))
     w = [("w", "w")]
     halves = _Converter({"a": lambda p: p[:, 2:].clone(), "b": lambda p: [p[1:, :2].clone()]})
-    boxes = training._locate(halves, "t", w, {"w": (3, 5)}, model)
+    boxes = hf_layout._locate(halves, "t", w, {"w": (3, 5)}, model)
     assert boxes == {"a": [("w", ((0, 2), (0, 1), (0, 0), (3, 3)))], "b": [("w", ((1, 0), (0, 1), (0, 0), (2, 2)))]}
     with pytest.raises(ValueError, match="'c' is not made of blocks of 'w'"):
-        training._locate(_Converter({"c": lambda p: p.flip(0).clone()}), "t", w, {"w": (3, 5)}, model)
-    monkeypatch.setattr(training, "MAX_PROBE_ELEMENTS", 14)
+        hf_layout._locate(_Converter({"c": lambda p: p.flip(0).clone()}), "t", w, {"w": (3, 5)}, model)
+    monkeypatch.setattr(hf_layout, "MAX_PROBE_ELEMENTS", 14)
     with pytest.raises(ValueError, match="'w' is too large to locate"):
-        training._locate(halves, "t", w, {"w": (3, 5)}, model)
+        hf_layout._locate(halves, "t", w, {"w": (3, 5)}, model)
 
 
 def test_a_stored_tensor_made_of_several_in_memory_ones_is_located():
     """Nomic-BERT style: the stored ``Wqkv`` is q, k and v concatenated (here also stacked and
     transposed); each in-memory tensor is a box of it."""
-    from modelinit_server import training
+    from modelinit_server.training import hf_layout
 
     model = transformers.LlamaForCausalLM(_config(LLAMA))
     inputs = [("q", "q"), ("k", "k"), ("v", "v")]
     shapes = {"q": (4, 3), "k": (2, 3), "v": (2, 3)}
     cat = _Converter({"qkv": lambda q, k, v: torch.cat([q, k, v], 0), "t": lambda q, k, v: torch.stack([k.T, v.T])})
-    boxes = training._locate(cat, "t", inputs, shapes, model)
+    boxes = hf_layout._locate(cat, "t", inputs, shapes, model)
     assert boxes["qkv"] == [("q", ((0, 0), (0, 1), (0, 0), (4, 3))), ("k", ((0, 0), (0, 1), (4, 0), (2, 3))),
                             ("v", ((0, 0), (0, 1), (6, 0), (2, 3)))]
     assert boxes["t"] == [("k", ((0, 0), (-1, 1, 0), (0, 0, 0), (1, 3, 2))), ("v", ((0, 0), (-1, 1, 0), (1, 0, 0), (1, 3, 2)))]
     padded = _Converter({"qkv": lambda q, k, v: torch.cat([q, k, v, torch.full((1, 3), -1, dtype=q.dtype)], 0)})
     with pytest.raises(ValueError, match="'qkv' holds values that no in-memory tensor has"):
-        training._locate(padded, "t", inputs, shapes, model)
+        hf_layout._locate(padded, "t", inputs, shapes, model)
 
 
 def test_nomic_bert_fused_qkv_equals_the_files(tmp_path):
@@ -408,7 +409,7 @@ def test_any_local_block_equals_the_slice_of_the_whole():
     sampler = Sampler("normal", std=0.02)
     shape = (4, 10, 6)
     whole = torch.empty(shape)
-    filler = _Filler("auto")
+    filler = Filler("auto")
     from modelinit_server.core.tensors import TensorSpec
 
     spec = TensorSpec("w", shape, kind="linear", role="qkv", param="weight")
@@ -452,7 +453,7 @@ def test_a_column_shard_is_one_launch(monkeypatch):
     calls = []
     real = cpu.generate_runs_into
     monkeypatch.setattr(cpu, "generate_runs_into", lambda out, *a, **k: (calls.append(len(a[2])), real(out, *a, **k)))
-    filler = _Filler("cpu")
+    filler = Filler("cpu")
     sampler, spec = Sampler("normal", std=0.02), TensorSpec("w", (300, 64), kind="linear", role="mlp_out", param="weight")
     whole, local = torch.empty(300, 64), torch.empty(300, 32)
     filler.fill_piece(whole, [None, None], spec, sampler, (1, 2), "float32", (0, 0), (0, 1))

@@ -97,16 +97,6 @@ def from_config(config: Mapping[str, Any] | str, architecture: str = "") -> Mode
     return spec_cache.cached(document, override, hf.transformers_version(), hf.build)
 
 
-def _family(document: Mapping[str, Any]) -> Family:
-    supported = ", ".join(FAMILIES)
-    if "model_type" not in document:
-        raise invalid("model_type", "missing", f"set it to one of: {supported}")
-    model_type = document["model_type"]
-    if not isinstance(model_type, str) or model_type not in FAMILIES:
-        raise invalid("model_type", f"unsupported model type {model_type!r}", f"use one of: {supported}")
-    return FAMILIES[model_type]
-
-
 def _architecture(document: Mapping[str, Any], family: Family) -> str:
     """``architectures[0]``, checked against the family's supported classes."""
     supported = ", ".join(family.architectures)

@@ -74,13 +74,6 @@ def _quiet():
         logger.setLevel(level)
 
 
-def model_types() -> list[str]:
-    """Every ``model_type`` transformers knows."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
-    return sorted(CONFIG_MAPPING_NAMES)
-
-
 def classes_for(model_type: str) -> list[str]:
     """The model classes transformers has for ``model_type`` (heads and base), sorted."""
     from transformers.models.auto import modeling_auto
@@ -169,6 +162,48 @@ def _meta_model(tf, cls, config):
         raise invalid(
             "", f"transformers cannot build {cls.__name__} from this config: {_one_line(e)}", "fix the sizes it names"
         ) from None
+
+
+def meta_model(cls, document: dict[str, Any]):
+    """``cls`` built from ``document`` (a config.json object) on the meta device, its weights tied:
+    the model whose tensors :func:`build` enumerates, for callers that locate those tensors in a
+    model of the same class (``init_module_``). Bad input is a ``ValueError`` as for :func:`build`."""
+    tf = _transformers()
+    model = _meta_model(tf, cls, _config(tf, document))
+    with _quiet():
+        model.tie_weights()
+    return model
+
+
+def config_document(config, architecture: str) -> dict[str, Any]:
+    """A transformers config object as the config.json document a request for class
+    ``architecture`` carries: ``to_dict()`` without the fields no spec keeps (:data:`DROPPED_KEYS`:
+    the dtype, the transformers version, hub paths and commits)."""
+    document = {k: v for k, v in config.to_dict().items() if k not in DROPPED_KEYS}
+    document["architectures"] = [architecture]
+    return document
+
+
+def reverse_conversions(model) -> tuple[list[Any], list[Any]]:
+    """save_pretrained's reverse weight conversion for ``model``'s class, as (renamings,
+    converters) in the order it applies them (PrefixChange entries left out); both empty when the
+    class stores its tensors as it holds them."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import PrefixChange, WeightConverter, WeightRenaming
+
+    with _quiet():
+        conversions = get_model_conversion_mapping(model, add_legacy=False)
+    conversions = [c for c in conversions if not isinstance(c, PrefixChange)]
+    reverse = [c.reverse_transform() for c in conversions[::-1]]
+    return [c for c in reverse if isinstance(c, WeightRenaming)], [c for c in reverse if isinstance(c, WeightConverter)]
+
+
+def convert(converter, target: str, model) -> dict[str, Any]:
+    """The outputs of a converter of :func:`reverse_conversions` that has been given its input
+    tensors (``add_tensor``), by stored name before renaming: one tensor each, quietly."""
+    with _quiet():
+        outputs = converter.convert(target, model=model, config=model.config)
+    return {name: (t[0] if isinstance(t, list) else t) for name, t in outputs.items()}
 
 
 def build(document: dict[str, Any], architecture: str = "") -> ModelSpec:
@@ -270,24 +305,11 @@ def _reverse_conversion(tf, model, stored: dict[str, Any]):
     """Run save_pretrained's reverse weight conversion on meta tensors, keeping which in-memory
     tensor each output comes from. Returns {in-memory name: (group key, [(disk name, (shape, source))])}
     for the tensors it renames or converts; others are stored as they are."""
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import (
-        PrefixChange,
-        WeightConverter,
-        WeightRenaming,
-        apply_converters,
-        apply_renamings,
-        dot_natural_key,
-    )
+    from transformers.core_model_loading import apply_converters, apply_renamings, dot_natural_key
 
-    with _quiet():
-        conversions = get_model_conversion_mapping(model, add_legacy=False)
-    conversions = [c for c in conversions if not isinstance(c, PrefixChange)]
-    if not conversions:
+    renamings, converters = reverse_conversions(model)
+    if not renamings and not converters:
         return {}
-    reverse = [c.reverse_transform() for c in conversions[::-1]]
-    renamings = [c for c in reverse if isinstance(c, WeightRenaming)]
-    converters = [c for c in reverse if isinstance(c, WeightConverter)]
     by_pattern = {p: c for c in converters for p in c.source_patterns}
     import copy
 
@@ -307,11 +329,8 @@ def _reverse_conversion(tf, model, stored: dict[str, Any]):
     for name, new in renamed.items():
         groups[name] = (name, [(new, (tuple(stored[name].shape), (name,)))])
     for target, (converter, names) in pending.items():
-        with _quiet():
-            outputs = converter.convert(target, model=model, config=model.config)
         listed = []
-        for out_name, tensor in outputs.items():
-            tensor = tensor[0] if isinstance(tensor, list) else tensor
+        for out_name, tensor in convert(converter, target, model).items():
             out_name = apply_renamings(out_name, renamings)
             listed.append((out_name, (tuple(tensor.shape), names)))
         listed.sort(key=lambda item: dot_natural_key(item[0]))

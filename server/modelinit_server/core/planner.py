@@ -165,11 +165,14 @@ def fingerprint(request: Request, resolved: list[Resolved]) -> str:
     return hashlib.sha256(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()).hexdigest()
 
 
-def build_plan(request: Request) -> Plan:
-    model = request.model
-    resolved = resolve(request.policy, model)
+def resolve_request(request: Request) -> tuple[list[Resolved], list[tuple[int, int]], str]:
+    """Everything the bytes of ``request``'s tensors depend on, without generating any: each
+    tensor's rule and sampler (the policy resolved; the dtype must hold every sampler), its Philox
+    key, and the fingerprint. The one planning core of :func:`build_plan` (files) and
+    ``training.init_module_`` (a module's tensors), so both refuse and fingerprint alike."""
+    resolved = resolve(request.policy, request.model)
     checked: set[Sampler] = set()  # many tensors share a sampler: check each once
-    for t, r in zip(model.tensors, resolved):
+    for t, r in zip(request.model.tensors, resolved):
         if r.sampler in checked:
             continue
         try:
@@ -177,8 +180,12 @@ def build_plan(request: Request) -> Plan:
         except ValueError as e:
             raise ValueError(f"dtype: {request.dtype} cannot hold {t.name!r} ({r.init}): {e}") from None
         checked.add(r.sampler)
-    keys = tensor_keys(request)
-    fp = fingerprint(request, resolved)
+    return resolved, tensor_keys(request), fingerprint(request, resolved)
+
+
+def build_plan(request: Request) -> Plan:
+    model = request.model
+    resolved, keys, fp = resolve_request(request)
     itemsize = DTYPE_ITEMSIZE[request.dtype]
     nbytes = [t.numel * itemsize for t in model.tensors]
     groups = layout.pack_shards(nbytes, request.max_shard_size)

@@ -2,12 +2,16 @@
 
 Every backend writes exactly the reference's bytes (tests assert it); they differ only in speed.
 numba, torch and triton are imported only when their backend is selected.
+
+Two entries pick the kernel: :func:`select` for the service (host buffers that become files and
+messages) and :func:`tensor_fill_runs` for training (a torch tensor's own memory, on its device);
+both choose the kernel for host memory the same way.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 from modelinit_wire.constants import DEVICES
@@ -23,6 +27,9 @@ Fill = Callable[[np.ndarray, Sampler, tuple[int, int], int, int, str], None]
 #: fill_runs(out, sampler, key, starts, counts, dtype): the bytes of elements [starts[r], starts[r] +
 #: counts[r]) of every run r, back to back in ``out`` (sum(counts) * itemsize bytes).
 FillRuns = Callable[[np.ndarray, Sampler, tuple[int, int], np.ndarray, np.ndarray, str], None]
+#: The same into torch memory: ``out`` a contiguous 1-D uint8 torch tensor on the device the
+#: function was chosen for (:func:`tensor_fill_runs`).
+TensorFillRuns = Callable[[Any, Sampler, tuple[int, int], np.ndarray, np.ndarray, str], None]
 
 
 @dataclass(frozen=True)
@@ -116,14 +123,20 @@ def select(device: str, warmup: bool = False) -> Backend:
     the kernels now (a server does, before it reports SERVING) rather than on first use."""
     if device not in DEVICES:
         raise ValueError(f"device: {device!r} is not one of {', '.join(DEVICES)}")
-    if device == "reference":
-        return REFERENCE
     if device in ("auto", "cuda"):
         backend = _cuda(warmup)
         if backend is not None:
             return backend
         if device == "cuda":
             raise ValueError("device: CUDA is not available (needs a GPU, torch with CUDA and triton); use --device cpu")
+    return _host(device, warmup)
+
+
+def _host(device: str, warmup: bool) -> Backend:
+    """The kernel for host memory: ``reference``; ``cpu``: numba or a ValueError; otherwise numba
+    where it is installed, else the reference (with a warning)."""
+    if device == "reference":
+        return REFERENCE
     backend = _cpu(warmup)
     if backend is not None:
         return backend
@@ -131,3 +144,23 @@ def select(device: str, warmup: bool = False) -> Backend:
         raise ValueError("device: the CPU kernel needs numba (pip install 'modelinit[server]'); or use --device reference")
     log.warning("numba is not installed: using the slow numpy reference engine")
     return REFERENCE
+
+
+def tensor_fill_runs(device_type: str, device: str = "auto") -> TensorFillRuns | None:
+    """``fill_runs`` into the memory of a torch tensor on ``device_type`` (its ``.device.type``),
+    so that a module's tensor is written where it lives, with no copy through another device: in
+    CPU memory the host kernel ``device`` names (``reference``, ``cpu``; anything else as ``auto``)
+    writes through a numpy view of the tensor's storage; in CUDA memory the Triton kernel
+    generates on the device. None for any other device type. Kernels are imported on this call."""
+    if device_type == "cpu":
+        fill_runs = _host(device if device in ("reference", "cpu") else "auto", warmup=False).fill_runs
+
+        def fill(out, sampler: Sampler, key: tuple[int, int], starts, counts, dtype: str) -> None:
+            fill_runs(out.numpy(), sampler, key, starts, counts, dtype)
+
+        return fill
+    if device_type == "cuda":
+        from . import cuda
+
+        return cuda.generate_runs_into
+    return None
