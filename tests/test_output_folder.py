@@ -407,3 +407,38 @@ def test_verify_reports_what_init_calls_foreign(client, tmp_path):
     (tmp_path / "tokenizer.json").write_bytes(b"{}")
     report = verify_folder(tmp_path, regenerate=False)
     assert report.problems == ("pytorch_model.bin: not in the manifest (left over from another run?)",)
+
+
+# -- Destinations that are not a local folder ----------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/prefix", "gs://bucket/p", "az://container/p", "hf://org/model"])
+def test_an_object_store_url_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys, url):
+    """`--out s3://...` used to create a local folder named `s3:` and report success."""
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC))
+    assert main(["init", str(spec), "--out", url, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    scheme = url.partition("://")[0]
+    assert err == [f"modelinit: error: out_dir: {scheme}:// is not a location this version can use; "
+                   "give a local folder (or a file:// URL)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.json"]
+    assert main(["verify", url]) == 2
+    assert capsys.readouterr().err.startswith(f"modelinit: error: path: {scheme}://")
+    assert main(["init", "--from-manifest", url, "--out", "new", "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith(f"modelinit: error: from_manifest: {scheme}://")
+    with modelinit.Client() as c, pytest.raises(ModelInitError) as e:
+        c.init_model(SPEC, seed=1, out_dir=url)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.json"]
+
+
+def test_a_file_url_is_the_local_folder(server_target, clean, tmp_path):
+    with _client(server_target) as c:
+        c.init_model(SPEC, out_dir=(tmp_path / "out dir").as_uri(), **SHARDED)
+    assert folder(tmp_path / "out dir") == clean(**SHARDED)
+    assert verify_folder((tmp_path / "out dir").as_uri(), regenerate=False).ok
+    with pytest.raises(ModelInitError) as e:
+        verify_folder("file://otherhost/x")
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "file:///absolute/path" in e.value.details

@@ -309,7 +309,7 @@ def _verify(args: argparse.Namespace) -> int:
         return code
 
     try:
-        read_manifest(args.dir)  # bad input (no folder, no manifest) before starting anything
+        read_manifest(args.dir, "path")  # bad input (no folder, no manifest) before starting anything
         client = None
         if args.regenerate:
             client = connect(args) if args.server else embedded_client(args.device)

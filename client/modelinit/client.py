@@ -27,6 +27,7 @@ from .manifest import (  # noqa: F401 - MANIFEST_FILE, PROGRESS_FILE, check_file
     check_file_name,
     check_plan_names,
     loader_file,
+    local_folder,
     manifest_bytes,
     manifest_request,
     plan_differences,
@@ -331,11 +332,11 @@ class Client:
         """
         if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"parallel: must be an integer >= 1, got {parallel!r}")
+        out = local_folder(out_dir, "out_dir")
         request = model_request(spec, seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size,
                                 algorithm_version=algorithm_version, architecture=architecture)
         plan = full_plan(self.source, request)
         check_plan_names(plan)  # before anything is written
-        out = pathlib.Path(out_dir)
         lock = FolderLock(out)  # one init per folder at a time: a second one fails at once
         try:
             lock.acquire()
@@ -386,8 +387,9 @@ class Client:
         is refused with FAILED_PRECONDITION before anything is written. Written files whose
         SHA-256 differs from the recorded one raise DATA_LOSS. A missing or malformed manifest is
         a bad argument: INVALID_ARGUMENT."""
+        folder = local_folder(manifest, "from_manifest")
         try:
-            doc = read_manifest(manifest)
+            doc = read_manifest(folder)
         except ModelInitError as e:
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"from_manifest: {e.details}") from None
         request = manifest_request(doc)

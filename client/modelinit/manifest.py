@@ -37,6 +37,33 @@ file ``.NAME.partial`` adds 9."""
 #: indexes, the model config. Such a file that no modelinit run recorded is "foreign": init_model
 #: refuses to write beside it unless ``overwrite``. Anything else (tokenizer files, README, other
 #: JSON, subfolders) is the user's and is left alone.
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def local_folder(path: str | os.PathLike, field: str) -> pathlib.Path:
+    """The local folder ``path`` names: a path, or a ``file://`` URL. Any other URL (``s3://``,
+    ``gs://``, ...) is refused with INVALID_ARGUMENT naming ``field``, before anything is planned
+    or written (it would otherwise become a local folder called ``s3:``)."""
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    m = _URL.match(text)
+    if m is None:
+        return pathlib.Path(text)
+    scheme = m.group(1).lower()
+    if scheme == "file":
+        from urllib.parse import unquote, urlsplit
+
+        parts = urlsplit(text)
+        if parts.netloc not in ("", "localhost") or not parts.path:
+            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"{field}: {text!r} is not a local file URL; use file:///absolute/path")
+        return pathlib.Path(unquote(parts.path))
+    raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"{field}: {scheme}:// is not a location this version can use; give a local folder "
+                         "(or a file:// URL)")
+
+
 _LOADER_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".index.json")
 _LOADER_NAMES = frozenset({"config.json"})
 READ_SIZE = 8 << 20
@@ -183,12 +210,12 @@ def _is_int(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def read_manifest(path: str | os.PathLike) -> dict:
+def read_manifest(path: str | os.PathLike, field: str = "manifest") -> dict:
     """The folder's ``modelinit.json``, checked for shape (fields, types, safe file names, a
     request that parses). Raises ModelInitError(FAILED_PRECONDITION) when the folder is not a
     directory, has no manifest, or the manifest is malformed (naming what is wrong). ``path``
     may also be the manifest file itself (``DIR/modelinit.json``)."""
-    folder = pathlib.Path(path)
+    folder = local_folder(path, field)
     if folder.is_file():
         file = folder  # the manifest file itself (errors name it)
     elif not folder.is_dir():

@@ -22,7 +22,15 @@ from modelinit_wire.events import Begin, Data
 
 from .client import Client
 from .errors import ModelInitError
-from .manifest import MANIFEST_FILE, loader_file, manifest_request, plan_differences, read_manifest, sha256_file
+from .manifest import (
+    MANIFEST_FILE,
+    loader_file,
+    local_folder,
+    manifest_request,
+    plan_differences,
+    read_manifest,
+    sha256_file,
+)
 from .progress import progress_bar
 from .source import full_plan
 from .stream import StreamCheck
@@ -219,7 +227,7 @@ def verify_folder(
     Raises ModelInitError(FAILED_PRECONDITION) when the folder or its manifest is missing or
     malformed; errors reaching the server (e.g. UNAVAILABLE) are raised too.
     """
-    folder = pathlib.Path(path)
+    folder = local_folder(path, "path")
     manifest = read_manifest(folder)
     fingerprint, version = manifest["fingerprint"], manifest["algorithm_version"]
     entries = manifest["files"]
