@@ -1,10 +1,29 @@
-"""modelinit numerical core: seeded, slice-able, bit-reproducible tensor initialization (numpy reference).
+"""modelinit numerical core: seeded, slice-able, bit-reproducible tensor initialization.
 
 The bytes of every generated tensor are a pure function of (algorithm version, seed, tensor name,
 sampler, dtype, element index); the versions are :data:`ALGORITHM_VERSIONS`, the newest
 :data:`ALGORITHM_VERSION`; see ``docs/determinism.md`` for the normative specification.
-This package is the plain reference implementation: numpy only (no grpc, no torch). Faster CPU/GPU
-kernels must reproduce its bytes exactly.
+
+What the package holds:
+
+* The reference, which defines the bytes (numpy only): ``philox`` (Philox4x32-10 and the per-tensor
+  key of each version), ``special`` (``log_ieee``, the AS241 ``normal_ppf``, the exact host-side
+  ``std_normal_cdf``, and every constant of the algorithm), ``sampler`` (:class:`Sampler`, one
+  resolved distribution, and its host scalars) and ``core`` (:func:`generate` / :func:`generate_array`,
+  dtype rounding, and the argument checks and host scalars that the kernels share with it).
+* ``scalar``: the same algorithm one element at a time in plain Python (the line-by-line model of
+  the spec, for tests and debugging).
+* ``cpu``: the numba CPU kernel; ``cuda``: the Triton GPU kernel (torch tensors). Both must
+  reproduce the reference's bytes exactly, and the tests check that they do.
+* ``backends``: picks where the bytes are computed (reference, numba or Triton); ``runs``: a block
+  of a tensor (a slice, a shard) as runs of consecutive flat indices.
+
+What it imports: numpy and ``modelinit_wire.constants`` (the algorithm versions, dtypes and devices
+shared with the client). numba (with llvmlite) is imported only by ``cpu``, and triton and torch only
+by ``cuda`` (torch inside the functions that need it) and by ``backends`` when that kernel is
+selected. Importing this package imports neither ``cpu`` nor ``cuda``, so it works, and stays
+numpy-only, where numba, torch and triton are missing. Never grpc (an import-linter contract in
+``pyproject.toml``) and never the client package.
 """
 from __future__ import annotations
 

@@ -7,7 +7,10 @@ any value because every step is elementwise.
 """
 from __future__ import annotations
 
+import functools
+import math
 import operator
+from typing import NamedTuple
 
 import numpy as np
 from modelinit_wire.constants import DTYPES
@@ -22,12 +25,16 @@ __all__ = [
     "DTYPE_ITEMSIZE",
     "NUMPY_DTYPE",
     "SAFETENSORS_DTYPE",
+    "KernelScalars",
+    "check_args",
     "check_dtype",
     "generate",
     "generate_array",
+    "kernel_scalars",
     "to_dtype",
     "transform",
     "uniforms",
+    "zero_range",
 ]
 
 DTYPE_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -89,7 +96,8 @@ def check_dtype(sampler: Sampler, dtype: str) -> None:
 
 
 def transform(sampler: Sampler, u: np.ndarray) -> np.ndarray:
-    """Float64 values from float64 uniforms ``u`` in (0, 1) (steps 7, 8, 10 of the spec). May reuse ``u``'s memory.
+    """Float64 values from float64 uniforms ``u`` in (0, 1) (``docs/determinism.md`` section 6, with section 7's
+    ``normal_ppf``). May reuse ``u``'s memory.
 
     ``constant`` is not handled here (it uses no random bits).
     """
@@ -171,6 +179,75 @@ def _check_range(start: object, count: object) -> tuple[int, int]:
     return vals[0], vals[1]
 
 
+@functools.lru_cache(maxsize=4096)
+def _dtype_ok(sampler: Sampler, dtype: str) -> bool:
+    check_dtype(sampler, dtype)  # raises (and then nothing is cached) unless the sampler fits the dtype
+    return True
+
+
+def check_args(sampler: Sampler, key: tuple[int, int], start: int, count: int,
+               dtype: str) -> tuple[tuple[int, int], int, int]:
+    """The argument checks of every generator (:func:`generate_array`, the numba and the Triton kernel), in
+    one order with one set of ``ValueError`` messages: sampler, key, start/count, dtype (:func:`check_dtype`).
+    Returns the normalized ``(key, start, count)``."""
+    if not isinstance(sampler, Sampler):
+        raise ValueError(f"sampler: must be a Sampler, got {type(sampler).__name__}")
+    key = _check_key(key)
+    start, count = _check_range(start, count)
+    if isinstance(dtype, str):
+        _dtype_ok(sampler, dtype)  # ~10 us per call otherwise: it matters for many small tensors
+    else:
+        check_dtype(sampler, dtype)
+    return key, start, count
+
+
+def zero_range(sampler: Sampler, start: int, count: int) -> tuple[int, int]:
+    """``[i0, i1)``: the elements of ``[start, start + count)`` in the sampler's padding row (``zero_row``,
+    ``docs/determinism.md`` section 10), as absolute indices; ``(0, 0)`` when there are none."""
+    if sampler.zero_row is None:
+        return 0, 0
+    lo = sampler.zero_row * sampler.row_size
+    i0, i1 = max(lo, start), min(lo + sampler.row_size, start + count)
+    return (i0, i1) if i0 < i1 else (0, 0)
+
+
+class KernelScalars(NamedTuple):
+    """A sampler's float64 host scalars as the numba (engine/cpu.py) and Triton (engine/cuda.py) kernels take
+    them, computed here once for both: every kind with random bits is ``v = mean + std * z`` after the
+    ``trunc_normal`` guards (``z = -z`` if ``flip``; ``a`` / ``b`` bounds), ``docs/determinism.md`` section 6.
+    The kernels never recompute any of them (section 14, "Host scalars")."""
+
+    mean: float
+    """``mean``; ``uniform``: ``low``; ``constant``: ``value``."""
+    std: float
+    """``std``; ``uniform``: ``d = high - low`` (the one subtraction of the spec), with ``z = u``; ``constant``: 0.0 (unused)."""
+    a: float
+    """``trunc_normal``'s lower bound; -inf (no-op) for the other kinds."""
+    b: float
+    """``trunc_normal``'s upper bound; +inf (no-op) for the other kinds."""
+    plo: float
+    """``trunc_normal``'s ``plo`` (:class:`~.sampler.TruncScalars`); 0.0 (unused) for the other kinds."""
+    pw: float
+    """``trunc_normal``'s ``pw``; 1.0 (unused) for the other kinds."""
+    flip: bool
+    """``trunc_normal``'s ``flip``; False for the other kinds."""
+
+
+def kernel_scalars(sampler: Sampler) -> KernelScalars:
+    """The :class:`KernelScalars` of ``sampler``."""
+    kind = sampler.kind
+    if kind == "trunc_normal":
+        plo, _, pw, flip = sampler.trunc_scalars  # host scalars, never recomputed
+        return KernelScalars(sampler.mean, sampler.std, sampler.a, sampler.b, plo, pw, bool(flip))
+    if kind == "uniform":  # v = low + d * u is mean + std * z with mean = low, std = d, z = u
+        mean, std = sampler.low, sampler.high - sampler.low
+    elif kind == "constant":
+        mean, std = sampler.value, 0.0
+    else:
+        mean, std = sampler.mean, sampler.std
+    return KernelScalars(mean, std, -math.inf, math.inf, 0.0, 1.0, False)
+
+
 def generate_array(sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str) -> np.ndarray:
     """Elements [start, start + count) of the flattened tensor as a 1-D array.
 
@@ -178,21 +255,14 @@ def generate_array(sampler: Sampler, key: tuple[int, int], start: int, count: in
     ValueError for a bad argument, or if the sampler's values do not all fit ``dtype`` (see
     :func:`check_dtype`; the decision never depends on the slice).
     """
-    if not isinstance(sampler, Sampler):
-        raise ValueError(f"sampler: must be a Sampler, got {type(sampler).__name__}")
-    key = _check_key(key)
-    start, count = _check_range(start, count)
-    check_dtype(sampler, dtype)
+    key, start, count = check_args(sampler, key, start, count, dtype)
     out = np.empty(count, dtype=NUMPY_DTYPE[dtype])
     for off in range(0, count, BLOCK):
         n = min(BLOCK, count - off)
         out[off : off + n] = to_dtype(_values(sampler, key, start + off, n), dtype)
-    if sampler.zero_row is not None:
-        lo = sampler.zero_row * sampler.row_size
-        hi = lo + sampler.row_size
-        i0, i1 = max(lo, start), min(hi, start + count)
-        if i0 < i1:
-            out[i0 - start : i1 - start] = 0  # +0.0 bit pattern in every dtype
+    i0, i1 = zero_range(sampler, start, count)
+    if i0 < i1:
+        out[i0 - start : i1 - start] = 0  # +0.0 bit pattern in every dtype
     if _nonfinite(out, dtype):  # unreachable after check_dtype; a safety net, never silently emit inf/NaN
         raise ValueError(f"dtype: generated values overflow {dtype}")
     return out

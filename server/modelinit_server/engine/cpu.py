@@ -8,7 +8,9 @@ The kernel follows ``docs/determinism.md`` (algorithm version 1) operation by op
 is off, so LLVM may neither contract a multiply and an add into an FMA nor reassociate (the tests check
 the machine code for FMA instructions). ``frexp`` is a bit operation, Philox multiplies 32-bit words
 exactly in ``uint64`` and wraps its key additions to 32 bits, and the host scalars (``plo``, ``pw``,
-``flip``, ``high - low``) come from the Python :class:`~.sampler.Sampler`: nothing is recomputed here.
+``flip``, ``high - low``) come from the Python :class:`~.sampler.Sampler` through :func:`.core.kernel_scalars`
+(shared with the Triton kernel): nothing is recomputed here. Arguments are checked by :func:`.core.check_args`,
+as :func:`.core.generate_array` does.
 
 Work is split into blocks of :data:`BLOCK` elements; the parallel kernel hands contiguous ranges of
 blocks to numba's threads (``prange``, dynamic scheduling), each with its own scratch arrays; calls of
@@ -48,7 +50,6 @@ threading layer. The GIL is released while a kernel runs.
 """
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import threading
@@ -56,8 +57,8 @@ import warnings
 
 import numpy as np
 
-from .core import DTYPE_ITEMSIZE, _check_range, check_dtype, check_runs, run_offsets, to_dtype
-from .philox import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, _check_key
+from .core import DTYPE_ITEMSIZE, check_args, check_runs, kernel_scalars, run_offsets, to_dtype, zero_range
+from .philox import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1
 from .sampler import U2_MAX, Sampler
 from .special import AS241_A, AS241_B, AS241_C, AS241_D, AS241_E, AS241_F, LN2_HI, LN2_LO, LOG_C, SQRT_HALF
 
@@ -265,12 +266,7 @@ if available():
     _TWO_M32 = 2.0**-32
     _EXP52 = _u64(0x4330000000000000)  # the bits of 2.0**52
     _TWO52 = 2.0**52
-    _A7, _A6, _A5, _A4, _A3, _A2, _A1, _A0 = AS241_A
-    _B7, _B6, _B5, _B4, _B3, _B2, _B1, _B0 = AS241_B
-    _C7, _C6, _C5, _C4, _C3, _C2, _C1, _C0 = AS241_C
-    _D7, _D6, _D5, _D4, _D3, _D2, _D1, _D0 = AS241_D
-    _E7, _E6, _E5, _E4, _E3, _E2, _E1, _E0 = AS241_E
-    _F7, _F6, _F5, _F4, _F3, _F2, _F1, _F0 = AS241_F
+    # AS241_A ... AS241_F (tuples, highest degree first) are read through _horner8, frozen in like these
     _L1, _L2, _L3, _L4, _L5, _L6, _L7, _L8, _L9, _L10 = LOG_C[1:]
     _MANT_MASK = _u64(0x800FFFFFFFFFFFFF)  # sign and mantissa (the sign is 0 here)
     _HALF_EXP = _u64(0x3FE0000000000000)  # biased exponent of [0.5, 1)
@@ -307,15 +303,58 @@ if available():
             U[4 * t + 2] = ((_bits_f64(_EXP52 | x2) - _TWO52) + 0.5) * _TWO_M32
             U[4 * t + 3] = ((_bits_f64(_EXP52 | x3) - _TWO52) + 0.5) * _TWO_M32
 
+    # -- normal_ppf (AS241) and log_ieee ----------------------------------------------------------------
+    # One of the four deliberate copies of this code, each in the form its compiler needs: special.py
+    # (numpy, the reference), scalar.py (plain Python, the line-by-line model), here (numba: central formula
+    # for every element, then the listed tails) and cuda.py (Triton: branch-free, coefficients selected per
+    # element). The constants come from special.py. Proved equal to the reference by the bytes: the golden
+    # vectors (tests/test_golden.py, through this kernel in tests/test_kernel_cpu.py::test_golden) and the
+    # randomized table of tests/test_kernel_cpu.py (test_random_table: both AS241 tail branches, deep
+    # reflected tails; test_portable_code_for_a_generic_cpu without AVX).
+    @_helper()
+    def _horner8(c, r):
+        """H(c; r) = (((c7*r + c6)*r + ...)*r + c0) for an AS241 coefficient tuple ``c`` (highest degree
+        first), every product and sum rounded separately."""
+        return ((((((c[0] * r + c[1]) * r + c[2]) * r + c[3]) * r + c[4]) * r + c[5]) * r + c[6]) * r + c[7]
+
+    @_helper()
+    def _central(p):
+        """AS241's central formula at p: (q * A(r)) / B(r) with q = p - 0.5, r = 0.180625 - q * q."""
+        q = p - 0.5
+        r = 0.180625 - q * q
+        return (q * _horner8(AS241_A, r)) / _horner8(AS241_B, r)
+
+    @_helper()
+    def _log_ieee(x):
+        """log_ieee(x) of a positive normal float64 x, the frexp taken from the bits (m in [0.5, 1))."""
+        bits = _f64_bits(x)
+        m = _bits_f64((bits & _MANT_MASK) | _HALF_EXP)
+        e = np.int64(bits >> _SH52) - 1022
+        if m < SQRT_HALF:
+            m = m * 2.0
+            e = e - 1
+        f = m - 1.0
+        s = f / (2.0 + f)
+        s2 = s * s
+        Q = _L10 * s2 + _L9
+        Q = Q * s2 + _L8
+        Q = Q * s2 + _L7
+        Q = Q * s2 + _L6
+        Q = Q * s2 + _L5
+        Q = Q * s2 + _L4
+        Q = Q * s2 + _L3
+        Q = Q * s2 + _L2
+        Q = Q * s2 + _L1
+        t = s2 * Q
+        logm = (s + s * t) * 2.0
+        E = np.float64(np.int32(e))  # |e| < 1100: exact, and int32 -> float64 vectorizes without AVX-512DQ
+        return E * LN2_HI + (logm + E * LN2_LO)
+
     @_helper()
     def _ppf_central(U, n, Z):
         """Z[i] = AS241 central formula at p = U[i], for every i < n (the tails are redone later)."""
         for i in range(n):
-            q = U[i] - 0.5
-            r = 0.180625 - q * q
-            na = ((((((_A7 * r + _A6) * r + _A5) * r + _A4) * r + _A3) * r + _A2) * r + _A1) * r + _A0
-            nb = ((((((_B7 * r + _B6) * r + _B5) * r + _B4) * r + _B3) * r + _B2) * r + _B1) * r + _B0
-            Z[i] = (q * na) / nb
+            Z[i] = _central(U[i])
 
     @_helper()
     def _ppf_central_trunc(U, n, Z, plo, pw):
@@ -326,11 +365,7 @@ if available():
             if p > U2_MAX:
                 p = U2_MAX
             U[i] = p
-            q = p - 0.5
-            r = 0.180625 - q * q
-            na = ((((((_A7 * r + _A6) * r + _A5) * r + _A4) * r + _A3) * r + _A2) * r + _A1) * r + _A0
-            nb = ((((((_B7 * r + _B6) * r + _B5) * r + _B4) * r + _B3) * r + _B2) * r + _B1) * r + _B0
-            Z[i] = (q * na) / nb
+            Z[i] = _central(p)
 
     @_helper()
     def _list_tails_compress(U, n, idx, P):
@@ -376,37 +411,11 @@ if available():
         nfar = 0
         for k in range(m):
             p = P[k]
-            r = p if p < 0.5 else 1.0 - p
-            # log_ieee(r), r a positive normal number: frexp by bits, m in [0.5, 1)
-            bits = _f64_bits(r)
-            mm = _bits_f64((bits & _MANT_MASK) | _HALF_EXP)
-            e = np.int64(bits >> _SH52) - 1022
-            if mm < SQRT_HALF:
-                mm = mm * 2.0
-                e = e - 1
-            f = mm - 1.0
-            s = f / (2.0 + f)
-            s2 = s * s
-            Q = _L10 * s2 + _L9
-            Q = Q * s2 + _L8
-            Q = Q * s2 + _L7
-            Q = Q * s2 + _L6
-            Q = Q * s2 + _L5
-            Q = Q * s2 + _L4
-            Q = Q * s2 + _L3
-            Q = Q * s2 + _L2
-            Q = Q * s2 + _L1
-            t = s2 * Q
-            logm = (s + s * t) * 2.0
-            E = np.float64(np.int32(e))  # |e| < 1100: exact, and int32 -> float64 vectorizes without AVX-512DQ
-            lg = E * LN2_HI + (logm + E * LN2_LO)
-            r = np.sqrt(-lg)
+            r = np.sqrt(-_log_ieee(p if p < 0.5 else 1.0 - p))  # the argument is a positive normal number
             R[k] = -r if p < 0.5 else r
             nfar += 1 if r > 5.0 else 0
             rn = r - 1.6
-            nc = ((((((_C7 * rn + _C6) * rn + _C5) * rn + _C4) * rn + _C3) * rn + _C2) * rn + _C1) * rn + _C0
-            nd = ((((((_D7 * rn + _D6) * rn + _D5) * rn + _D4) * rn + _D3) * rn + _D2) * rn + _D1) * rn + _D0
-            z = nc / nd
+            z = _horner8(AS241_C, rn) / _horner8(AS241_D, rn)
             P[k] = -z if p < 0.5 else z
         return nfar
 
@@ -418,9 +427,7 @@ if available():
             r = abs(rs)
             if r > 5.0:
                 rf = r - 5.0
-                ne = ((((((_E7 * rf + _E6) * rf + _E5) * rf + _E4) * rf + _E3) * rf + _E2) * rf + _E1) * rf + _E0
-                nf = ((((((_F7 * rf + _F6) * rf + _F5) * rf + _F4) * rf + _F3) * rf + _F2) * rf + _F1) * rf + _F0
-                z = ne / nf
+                z = _horner8(AS241_E, rf) / _horner8(AS241_F, rf)
                 P[k] = -z if rs < 0.0 else z
 
     @_helper()
@@ -446,48 +453,33 @@ if available():
         return h | sign
 
     @_helper()
-    def _store(Z, n, mean, std, flip, a, b, out, o, dt):
-        """Element o + i of ``out`` (bytes, little-endian) = the dtype bits of v = mean + std * z, where
-        z = Z[i] after the trunc_normal guards, for i < n.
+    def _value_f32(z, mean, std, flip, a, b):
+        """The float32 bits of v = mean + std * z after the trunc_normal guards: z = -z if flip; z = a if
+        z < a; z = b if z > b (plain comparisons: a tie keeps z). Other kinds pass flip = False, a = -inf,
+        b = +inf, which leave every z unchanged. Then t = std * z, v = mean + t, float64 -> float32 (RNE)."""
+        if flip:
+            z = -z
+        if z < a:
+            z = a
+        if z > b:
+            z = b
+        t = std * z
+        return _f32_bits(np.float32(mean + t))
 
-        The guards: z = -z if flip; z = a if z < a; z = b if z > b (plain comparisons: a tie keeps z).
-        Other kinds pass flip = False, a = -inf, b = +inf, which leave every z unchanged.
-        Then t = std * z, v = mean + t, float64 -> float32 (RNE), and the dtype's bits.
-        """
+    @_helper()
+    def _store(Z, n, mean, std, flip, a, b, out, o, dt):
+        """Element o + i of ``out`` (bytes, little-endian) = the dtype bits of :func:`_value_f32` of Z[i],
+        for i < n (one loop per dtype, so that each vectorizes)."""
         if dt == 0:
             for i in range(n):
-                z = Z[i]
-                if flip:
-                    z = -z
-                if z < a:
-                    z = a
-                if z > b:
-                    z = b
-                t = std * z
-                _put32(out, o + i, _f32_bits(np.float32(mean + t)))
+                _put32(out, o + i, _value_f32(Z[i], mean, std, flip, a, b))
         elif dt == 1:
             for i in range(n):
-                z = Z[i]
-                if flip:
-                    z = -z
-                if z < a:
-                    z = a
-                if z > b:
-                    z = b
-                t = std * z
-                bits = _f32_bits(np.float32(mean + t))
+                bits = _value_f32(Z[i], mean, std, flip, a, b)
                 _put16(out, o + i, (bits + _u64(0x7FFF) + ((bits >> _u64(16)) & _u64(1))) >> _u64(16))
         else:
             for i in range(n):
-                z = Z[i]
-                if flip:
-                    z = -z
-                if z < a:
-                    z = a
-                if z > b:
-                    z = b
-                t = std * z
-                _put16(out, o + i, _f32_to_f16(_f32_bits(np.float32(mean + t))))
+                _put16(out, o + i, _f32_to_f16(_value_f32(Z[i], mean, std, flip, a, b)))
 
     @_helper()
     def _aligned_f64(n):
@@ -498,9 +490,11 @@ if available():
         return raw[o : o + n]
 
     @_jit(cache=False)  # not inlined: the same compiled code runs in the serial kernel and in the prange body
-    def _blocks(out, b0, b1, count, start, k0, k1, kind, dt, mean, std, a, b, plo, pw, flip):
+    def _blocks(out, b0, b1, count, start, prm):
         """Blocks b0 <= bidx < b1 of the output: ``out`` holds the bytes of elements start, start + 1, ...;
-        block bidx is elements start + bidx * BLOCK ... . The scratch arrays are allocated once for all."""
+        block bidx is elements start + bidx * BLOCK ... . ``prm``: the shared scalars (see "Kernel
+        arguments"). The scratch arrays are allocated once for all."""
+        k0, k1, kind, dt, mean, std, a, b, plo, pw, flip = prm
         U = _aligned_f64(BLOCK + 8)
         Z = _aligned_f64(BLOCK)
         P = _aligned_f64(BLOCK)
@@ -529,22 +523,27 @@ if available():
             _store(Z, n, mean, std, flip, a, b, out, s, dt)
 
     # -- the kernels (out: the uint8 output buffer, any alignment: one specialization each) -----------
+    # Kernel arguments: each kernel's own leading ones (range: out, count, start; runs: out, starts,
+    # counts, offs, cum, item), then the shared scalars k0, k1, kind, dt, mean, std, a, b, plo, pw, flip
+    # (built once per call on the host by _kernel_args), then nchunks. The entry points take the shared
+    # scalars flat, as numba's dispatcher types them (one specialization: their types never change), and
+    # pack them into one tuple, prm, which _runs_body passes on and only _blocks unpacks.
     @_jit(parallel=True)
     def _kernel_par(out, count, start, k0, k1, kind, dt, mean, std, a, b, plo, pw, flip, nchunks):
+        prm = (k0, k1, kind, dt, mean, std, a, b, plo, pw, flip)
         nb = (count + BLOCK - 1) // BLOCK
         nch = min(nb, nchunks)
         for ch in _numba.prange(nch):
-            _blocks(out, ch * nb // nch, (ch + 1) * nb // nch, count, start, k0, k1, kind, dt,
-                    mean, std, a, b, plo, pw, flip)
+            _blocks(out, ch * nb // nch, (ch + 1) * nb // nch, count, start, prm)
 
     @_jit()
     def _kernel_ser(out, count, start, k0, k1, kind, dt, mean, std, a, b, plo, pw, flip, nchunks):
-        nb = (count + BLOCK - 1) // BLOCK
-        _blocks(out, 0, nb, count, start, k0, k1, kind, dt, mean, std, a, b, plo, pw, flip)
+        prm = (k0, k1, kind, dt, mean, std, a, b, plo, pw, flip)
+        _blocks(out, 0, (count + BLOCK - 1) // BLOCK, count, start, prm)
 
     # -- runs: many ranges of one tensor, back to back in out (a column block is one run per row) ----
     @_jit(cache=False)
-    def _runs_body(out, starts, counts, offs, cum, u0, u1, item, k0, k1, kind, dt, mean, std, a, b, plo, pw, flip):
+    def _runs_body(out, starts, counts, offs, cum, u0, u1, item, prm):
         """Work units u0 <= u < u1 of a list of non-empty runs: unit u is block u - cum[r] of run r
         (cum[r] <= u < cum[r + 1]); run r's bytes start at out[offs[r] * item]."""
         r = np.searchsorted(cum, u0, side="right") - 1
@@ -555,24 +554,23 @@ if available():
             b0 = u - cum[r]
             b1 = min(u1, cum[r + 1]) - cum[r]
             o = offs[r] * item
-            _blocks(out[o : o + counts[r] * item], b0, b1, counts[r], starts[r], k0, k1, kind, dt,
-                    mean, std, a, b, plo, pw, flip)
+            _blocks(out[o : o + counts[r] * item], b0, b1, counts[r], starts[r], prm)
             u += b1 - b0
 
     @_jit(parallel=True)
     def _kernel_runs_par(out, starts, counts, offs, cum, item, k0, k1, kind, dt, mean, std, a, b, plo, pw, flip,
                          nchunks):
+        prm = (k0, k1, kind, dt, mean, std, a, b, plo, pw, flip)
         total = cum[cum.size - 1]
         nch = min(total, nchunks)
         for ch in _numba.prange(nch):
-            _runs_body(out, starts, counts, offs, cum, ch * total // nch, (ch + 1) * total // nch, item, k0, k1,
-                       kind, dt, mean, std, a, b, plo, pw, flip)
+            _runs_body(out, starts, counts, offs, cum, ch * total // nch, (ch + 1) * total // nch, item, prm)
 
     @_jit()
     def _kernel_runs_ser(out, starts, counts, offs, cum, item, k0, k1, kind, dt, mean, std, a, b, plo, pw, flip,
                          nchunks):
-        _runs_body(out, starts, counts, offs, cum, 0, cum[cum.size - 1], item, k0, k1, kind, dt,
-                   mean, std, a, b, plo, pw, flip)
+        prm = (k0, k1, kind, dt, mean, std, a, b, plo, pw, flip)
+        _runs_body(out, starts, counts, offs, cum, 0, cum[cum.size - 1], item, prm)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -583,25 +581,6 @@ if available():
 def _require() -> None:
     if not available():
         raise RuntimeError("modelinit: the numba CPU kernel is not available (numba is not installed)")
-
-
-@functools.lru_cache(maxsize=4096)
-def _dtype_ok(sampler: Sampler, dtype: str) -> bool:
-    check_dtype(sampler, dtype)  # raises (and then nothing is cached) unless the sampler fits the dtype
-    return True
-
-
-def _validate(sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str):
-    """The checks of :func:`.core.generate_array`, in its order and with its messages."""
-    if not isinstance(sampler, Sampler):
-        raise ValueError(f"sampler: must be a Sampler, got {type(sampler).__name__}")
-    key = _check_key(key)
-    start, count = _check_range(start, count)
-    if isinstance(dtype, str):
-        _dtype_ok(sampler, dtype)  # ~10 us per call otherwise: it matters for many small tensors
-    else:
-        check_dtype(sampler, dtype)
-    return key, start, count
 
 
 def _launch(kern, *call) -> None:
@@ -619,18 +598,12 @@ def _launch(kern, *call) -> None:
 
 
 def _kernel_args(sampler: Sampler, key: tuple[int, int], dtype: str) -> tuple:
-    """The kernels' trailing arguments from key on, without ``nchunks``."""
-    kind = _KIND_CODE[sampler.kind]
-    a, b, plo, pw, flip = -np.inf, np.inf, 0.0, 1.0, False
-    if kind == 0:
-        mean, std = sampler.mean, sampler.std
-    elif kind == 1:
-        mean, std, a, b = sampler.mean, sampler.std, sampler.a, sampler.b
-        plo, _, pw, flip = sampler.trunc_scalars  # host scalars, never recomputed
-    else:  # v = low + d * u is the kernel's mean + std * z with mean = low, std = d, z = u
-        mean, std = sampler.low, sampler.high - sampler.low
-    return (np.uint64(key[0]), np.uint64(key[1]), kind, _DTYPE_CODE[dtype],
-            float(mean), float(std), float(a), float(b), float(plo), float(pw), bool(flip))
+    """The kernels' shared scalars, built once per call: ``(k0, k1, kind, dt, mean, std, a, b, plo, pw,
+    flip)``, the arguments of every kernel from ``k0`` on but ``nchunks`` (see "Kernel arguments" above).
+    The float64 scalars are :func:`.core.kernel_scalars`, shared with the Triton kernel."""
+    ks = kernel_scalars(sampler)
+    return (np.uint64(key[0]), np.uint64(key[1]), _KIND_CODE[sampler.kind], _DTYPE_CODE[dtype],
+            float(ks.mean), float(ks.std), float(ks.a), float(ks.b), float(ks.plo), float(ks.pw), bool(ks.flip))
 
 
 def _dispatch(serial, parallel, head: tuple, tail: tuple, count: int, threads: int | None) -> None:
@@ -664,11 +637,9 @@ def _run(out: np.ndarray, sampler: Sampler, key: tuple[int, int], start: int, co
             _constant(view, sampler, dtype)
         else:
             _dispatch(_kernel_ser, _kernel_par, (out, count, start), _kernel_args(sampler, key, dtype), count, threads)
-    if sampler.zero_row is not None:
-        lo = sampler.zero_row * sampler.row_size
-        i0, i1 = max(lo, start), min(lo + sampler.row_size, start + count)
-        if i0 < i1:
-            view[i0 - start : i1 - start] = 0  # +0.0 in every dtype
+    i0, i1 = zero_range(sampler, start, count)
+    if i0 < i1:
+        view[i0 - start : i1 - start] = 0  # +0.0 in every dtype
 
 
 def _check_threads(threads: int | None) -> None:
@@ -692,7 +663,7 @@ def generate_into(out: np.ndarray, sampler: Sampler, key: tuple[int, int], start
     thread only. The GIL is released while the kernel runs.
     """
     _require()
-    key, start, count = _validate(sampler, key, start, count, dtype)
+    key, start, count = check_args(sampler, key, start, count, dtype)
     _check_threads(threads)
     if not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.ndim != 1:
         raise ValueError(f"out: must be a 1-D uint8 numpy array, got {getattr(out, 'dtype', type(out).__name__)}")
@@ -712,7 +683,7 @@ def generate_runs_into(out: np.ndarray, sampler: Sampler, key: tuple[int, int], 
     threads share all the runs' blocks (a column block of a matrix is one short run per row).
     ``starts``/``counts``: 1-D integer arrays of one length (ValueError naming them)."""
     _require()
-    key, _, _ = _validate(sampler, key, 0, 0, dtype)
+    key, _, _ = check_args(sampler, key, 0, 0, dtype)
     starts, counts = check_runs(starts, counts)
     _check_threads(threads)
     item = DTYPE_ITEMSIZE[dtype]
@@ -748,7 +719,7 @@ def generate(sampler: Sampler, key: tuple[int, int], start: int, count: int, dty
              *, threads: int | None = None) -> bytes:
     """The bytes of :func:`.core.generate` (same arguments, same ``ValueError``s), computed by the kernel."""
     _require()
-    key, start, count = _validate(sampler, key, start, count, dtype)
+    key, start, count = check_args(sampler, key, start, count, dtype)
     _check_threads(threads)
     out = np.empty(count * DTYPE_ITEMSIZE[dtype], dtype=np.uint8)
     _run(out, sampler, key, start, count, dtype, threads)

@@ -20,8 +20,9 @@ Public API
 * :func:`ptx` / :func:`ptx_problems` -- compile the kernel for a CUDA target (no GPU needed, only
   triton's bundled LLVM) and list the instructions that would break bit-identity.
 
-Arguments are validated exactly like :func:`.core.generate_array` does (same ``ValueError`` messages,
-same order: sampler, key, start/count, dtype), then ``out`` is checked (``ValueError`` naming ``out``).
+Arguments are validated by :func:`.core.check_args`, as :func:`.core.generate_array` and the numba kernel do
+(same ``ValueError`` messages, same order: sampler, key, start/count, dtype), then ``out`` is checked
+(``ValueError`` naming ``out``).
 
 The kernel
 ----------
@@ -42,11 +43,13 @@ operations of the spec, in its order (``engine/scalar.py`` is the line-by-line m
   ``trunc_normal``: for ``normal`` ``min(u, 1 - u) >= 2**-33`` gives ``r <= 4.8``, so that branch is
   unreachable there.
 * ``trunc_normal``: host scalars ``plo``, ``pw``, ``flip``, ``a``, ``b`` from the Python
-  :class:`~.sampler.Sampler` (never recomputed), the ``U2_MAX`` guard, negation, plain-comparison bounds.
+  :class:`~.sampler.Sampler` (:func:`.core.kernel_scalars`, shared with the numba kernel; never recomputed),
+  the ``U2_MAX`` guard, negation, plain-comparison bounds.
 * float64 -> float32 -> bfloat16 (integer formula on the float32 bits) / float16; padding rows zeroed.
 
-Float64 scalars (``mean``, ``std``, ``plo``, ``pw``, ``a``, ``b``, ``low``, ``high - low``, ``value``) are
-passed as their int64 bit patterns and bit-cast back in the kernel, so no argument is ever rounded
+Both kernels take the same trailing arguments (``_SCALARS``, ``_CONSTEXPRS``), built once per call by
+``_shared_args``. Float64 scalars (``mean``, ``std``, ``plo``, ``pw``, ``a``, ``b``, ``low``, ``high - low``,
+``value``) are passed as their int64 bit patterns and bit-cast back in the kernel, so no argument is ever rounded
 through float32 (the interpreter and triton's scalar typing would otherwise do that to Python floats).
 Constants are ``tl.constexpr`` Python floats that meet float64 tensors, where triton materializes them as
 float64 exactly; no float constant is ever combined with another constant only.
@@ -91,8 +94,8 @@ import struct
 
 import numpy as np
 
-from .core import DTYPE_ITEMSIZE, _check_range, check_dtype, check_runs, run_offsets
-from .philox import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, _check_key
+from .core import DTYPE_ITEMSIZE, check_args, check_runs, kernel_scalars, run_offsets, zero_range
+from .philox import MAX_ELEMENTS, PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1
 from .sampler import U2_MAX, Sampler
 from .special import AS241_A, AS241_B, AS241_C, AS241_D, AS241_E, AS241_F, LN2_HI, LN2_LO, LOG_C, SQRT_HALF
 
@@ -126,6 +129,18 @@ _MAX_PROGRAMS = 1 << 30
 
 _KIND_CODE = {"normal": 0, "trunc_normal": 1, "uniform": 2, "constant": 3}
 _DTYPE_CODE = {"float32": 0, "bfloat16": 1, "float16": 2}
+
+# The kernels' shared arguments, after each kernel's own leading ones (the range kernel: out_ptr, start,
+# count; the runs kernel: out_ptr, tab_ptr): the int64 scalars _SCALARS, then the constexprs _CONSTEXPRS,
+# in these orders. Triton kernels take only tensors, scalars and constexprs, and do_not_specialize does not
+# reach into a tuple argument (each int in it would be specialized on its value: 1 would become a constant,
+# a small one an i32, each a recompilation), so the device-side signatures (both kernels and _element_bits)
+# list them flat. The host builds them once per call (_shared_args), for both launches; ptx() compiles the
+# same signature, with the same options (_OPTIONS).
+_SCALARS = ("k0", "k1", "p0", "p1", "p2", "p3", "p4", "p5", "zlo", "zhi")
+_CONSTEXPRS = ("KIND", "FLIP", "DTYPE", "SOFT_CVT", "BLOCK")
+#: Compilation options of every launch (and of :func:`ptx`): no contraction, see the module docstring.
+_OPTIONS = {"num_warps": NUM_WARPS, "enable_fp_fusion": False}
 
 # Kernel constants (tl.constexpr so that triton accepts them as globals; plain floats here, so the
 # module imports without triton as well).
@@ -221,6 +236,13 @@ if triton is not None:
             k1 = k1 + _W1
         return c0, c1, c2, c3
 
+    # normal_ppf (AS241) and log_ieee: one of the four deliberate copies of this code, each in the form its
+    # compiler needs: special.py (numpy, the reference), scalar.py (plain Python, the line-by-line model),
+    # cpu.py (numba) and here (Triton: branch-free, the coefficient set selected per element). The constants
+    # come from special.py. tests/test_kernel_cuda.py proves this copy equal to the reference under the
+    # Triton interpreter: test_interpreter_building_blocks (_normal_ppf against special.normal_ppf, with and
+    # without the far tail, deep tails included), test_interpreter_golden / test_interpreter_random_table
+    # (the bytes), and test_ptx_constants_are_exact_float64 (the constants in the compiled code).
     @triton.jit
     def _log_ieee(x):
         """Section 7's log of a positive normal float64, from + - * / and the frexp bit decomposition."""
@@ -383,7 +405,7 @@ if triton is not None:
         bits = tl.where(zr, tl.zeros_like(bits), bits)  # padding row: +0.0
         return i, bits
 
-    @triton.jit(do_not_specialize=["start", "count", "k0", "k1", "p0", "p1", "p2", "p3", "p4", "p5", "zlo", "zhi"])
+    @triton.jit(do_not_specialize=["start", "count", *_SCALARS])
     def _modelinit_v1_kernel(
         out_ptr,
         start: tl.int64,
@@ -417,7 +439,7 @@ if triton is not None:
         mask = (i >= start) & (i < start + count)
         tl.store(out_ptr + (i - start), bits, mask=mask)
 
-    @triton.jit(do_not_specialize=["k0", "k1", "p0", "p1", "p2", "p3", "p4", "p5", "zlo", "zhi"])
+    @triton.jit(do_not_specialize=list(_SCALARS))
     def _modelinit_v1_runs_kernel(
         out_ptr,
         tab_ptr,
@@ -449,6 +471,10 @@ if triton is not None:
         mask = (i >= start) & (i < start + count)
         tl.store(out_ptr + off + (i - start), bits, mask=mask)
 
+    for _kernel in (_modelinit_v1_kernel, _modelinit_v1_runs_kernel):  # the launches pass _SCALARS by position
+        assert tuple(_kernel.arg_names[-len(_SCALARS + _CONSTEXPRS):]) == _SCALARS + _CONSTEXPRS, _kernel
+    del _kernel
+
 
 # ------------------------------------------------------------------------------------------------
 # Host side
@@ -460,57 +486,37 @@ def _bits(x: float) -> int:
     return struct.unpack("<q", struct.pack("<d", float(x)))[0]
 
 
-def _kernel_params(sampler: Sampler) -> tuple[int, bool, tuple[int, ...]]:
-    """(kind code, flip, six float64 bit patterns) for the kernel; trunc scalars come from the Sampler."""
-    kind = sampler.kind
-    if kind == "normal":
-        vals, flip = (sampler.mean, sampler.std), False
-    elif kind == "trunc_normal":
-        plo, _, pw, flip = sampler.trunc_scalars
-        vals = (sampler.mean, sampler.std, plo, pw, sampler.a, sampler.b)
-    elif kind == "uniform":
-        vals, flip = (sampler.low, sampler.high - sampler.low), False  # d = high - low: one subtraction
-    else:
-        vals, flip = (sampler.value,), False
-    vals = tuple(vals) + (0.0,) * (6 - len(vals))
-    return _KIND_CODE[kind], bool(flip), tuple(_bits(v) for v in vals)
+def _constexprs(kind: str, flip: bool, dtype: str, soft_cvt: bool, block: int) -> dict:
+    """The kernels' constexprs (:data:`_CONSTEXPRS`), by name."""
+    return {"KIND": _KIND_CODE[kind], "FLIP": bool(flip), "DTYPE": _DTYPE_CODE[dtype], "SOFT_CVT": bool(soft_cvt),
+            "BLOCK": block}
 
 
-def _validate(sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str):
-    """The checks of :func:`.core.generate_array`, in its order and with its messages."""
-    if not isinstance(sampler, Sampler):
-        raise ValueError(f"sampler: must be a Sampler, got {type(sampler).__name__}")
-    key = _check_key(key)
-    start, count = _check_range(start, count)
-    check_dtype(sampler, dtype)
-    return key, start, count
+def _shared_args(sampler: Sampler, key: tuple[int, int], dtype: str, block: int,
+                 soft_cvt: bool) -> tuple[tuple[int, ...], dict]:
+    """The arguments both kernels share, built once per call: the int64 scalars of :data:`_SCALARS` in
+    order and the constexprs by name.
 
-
-def _zero_range(sampler: Sampler, start: int, count: int) -> tuple[int, int]:
-    """[zlo, zhi) of the padding row clipped to the requested range (0, 0 when there is none)."""
-    if sampler.zero_row is None:
-        return 0, 0
-    lo = sampler.zero_row * sampler.row_size
-    i0, i1 = max(lo, start), min(lo + sampler.row_size, start + count)
-    return (i0, i1) if i0 < i1 else (0, 0)
+    p0..p5 are the float64 bit patterns of :func:`.core.kernel_scalars` ``mean, std, plo, pw, a, b`` (the
+    kernels read plo, pw, a, b for trunc_normal only; uniform: low, high - low; constant: value). [zlo, zhi)
+    is the whole padding row (``(0, 0)``: none): the kernels compare absolute element indices."""
+    ks = kernel_scalars(sampler)
+    params = tuple(_bits(v) for v in (ks.mean, ks.std, ks.plo, ks.pw, ks.a, ks.b))
+    zlo, zhi = zero_range(sampler, 0, MAX_ELEMENTS)
+    return (key[0], key[1], *params, zlo, zhi), _constexprs(sampler.kind, ks.flip, dtype, soft_cvt, block)
 
 
 def _launch(view, sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str,
             block: int, soft_cvt: bool) -> None:
     """Run the kernel into ``view`` (int32 / int16 torch tensor of ``count`` elements)."""
-    kind, flip, params = _kernel_params(sampler)
-    zlo, zhi = _zero_range(sampler, start, count)
+    scalars, consts = _shared_args(sampler, key, dtype, block, soft_cvt)
     done = 0
     per_launch = _MAX_PROGRAMS * block - 4  # keeps the program count of a launch below the limit
     while done < count:
         n = min(count - done, per_launch)
         s = start + done
         grid = (triton.cdiv((s & 3) + n, block),)
-        _modelinit_v1_kernel[grid](
-            view[done : done + n], s, n, key[0], key[1], *params, zlo, zhi,
-            KIND=kind, FLIP=flip, DTYPE=_DTYPE_CODE[dtype], SOFT_CVT=bool(soft_cvt), BLOCK=block,
-            num_warps=NUM_WARPS, enable_fp_fusion=False,
-        )
+        _modelinit_v1_kernel[grid](view[done : done + n], s, n, *scalars, **consts, **_OPTIONS)
         done += n
 
 
@@ -534,7 +540,7 @@ def generate_into(out, sampler: Sampler, key: tuple[int, int], start: int, count
     ``block`` (elements per Triton program, a power of two >= 4) and ``soft_cvt`` (integer float64 ->
     float32 -> float16 conversions instead of ``cvt`` instructions) change speed only, never the bytes.
     """
-    key, start, count = _validate(sampler, key, start, count, dtype)
+    key, start, count = check_args(sampler, key, start, count, dtype)
     blk = _check_block(block)
     if triton is None:
         raise RuntimeError("triton is not installed")
@@ -567,7 +573,7 @@ def generate_runs_into(out, sampler: Sampler, key: tuple[int, int], starts, coun
     into ``out`` (as :func:`generate_into`, of ``sum(counts) * itemsize`` bytes): the bytes of one
     :func:`generate_into` per run, in one launch over a table of (run, block) programs (a column
     block of a matrix is thousands of short runs)."""
-    key, _, _ = _validate(sampler, key, 0, 0, dtype)
+    key, _, _ = check_args(sampler, key, 0, 0, dtype)
     starts, counts = check_runs(starts, counts)
     blk = _check_block(block)
     if triton is None:
@@ -613,17 +619,11 @@ def _launch_runs(view, sampler: Sampler, key: tuple[int, int], starts: np.ndarra
                  block: int, soft_cvt: bool) -> None:
     import torch
 
-    kind, flip, params = _kernel_params(sampler)
-    zlo, zhi = (0, 0) if sampler.zero_row is None else (sampler.zero_row * sampler.row_size,
-                                                         (sampler.zero_row + 1) * sampler.row_size)
+    scalars, consts = _shared_args(sampler, key, dtype, block, soft_cvt)
     table = torch.from_numpy(run_table(starts, counts, block)).to(view.device)
     for a in range(0, table.shape[0], _MAX_PROGRAMS):
         part = table[a : a + _MAX_PROGRAMS]
-        _modelinit_v1_runs_kernel[(part.shape[0],)](
-            view, part, key[0], key[1], *params, zlo, zhi,
-            KIND=kind, FLIP=flip, DTYPE=_DTYPE_CODE[dtype], SOFT_CVT=bool(soft_cvt), BLOCK=block,
-            num_warps=NUM_WARPS, enable_fp_fusion=False,
-        )
+        _modelinit_v1_runs_kernel[(part.shape[0],)](view, part, *scalars, **consts, **_OPTIONS)
 
 
 def _check_device(out) -> None:
@@ -653,7 +653,7 @@ def generate_tensor(sampler: Sampler, key: tuple[int, int], start: int, count: i
     """Elements ``[start, start + count)`` as a 1-D torch tensor of ``dtype`` (``float32``, ``bfloat16``,
     ``float16``) on ``device`` (default ``"cuda"``, or ``"cpu"`` under the interpreter). Same bytes and
     same validation as :func:`generate_into`."""
-    key, start, count = _validate(sampler, key, start, count, dtype)
+    key, start, count = check_args(sampler, key, start, count, dtype)
     import torch
 
     if device is None:
@@ -694,20 +694,15 @@ def ptx(kind: str = "normal", dtype: str = "bfloat16", *, flip: bool = False, so
 
     blk = _check_block(block)
     sig = {"out_ptr": "*i32" if DTYPE_ITEMSIZE[dtype] == 4 else "*i16"}
-    scalars = ("k0", "k1", "p0", "p1", "p2", "p3", "p4", "p5", "zlo", "zhi")
     if runs:
         sig["tab_ptr"] = "*i64"
-    else:
-        scalars = ("start", "count", *scalars)
-    for name in scalars:
+    for name in (_SCALARS if runs else ("start", "count", *_SCALARS)):
         sig[name] = "i64"
-    consts = {"KIND": _KIND_CODE[kind], "FLIP": bool(flip), "DTYPE": _DTYPE_CODE[dtype], "SOFT_CVT": bool(soft_cvt),
-              "BLOCK": blk}
-    for name in consts:
+    consts = _constexprs(kind, flip, dtype, soft_cvt, blk)
+    for name in _CONSTEXPRS:
         sig[name] = "constexpr"
     src = ASTSource(fn=_modelinit_v1_runs_kernel if runs else _modelinit_v1_kernel, signature=sig, constexprs=consts)
-    compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32),
-                              options={"num_warps": NUM_WARPS, "enable_fp_fusion": False})
+    compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=dict(_OPTIONS))
     return compiled.asm["ptx"]
 
 

@@ -5,6 +5,12 @@ scalar kernel (numba, Triton, C) should follow line by line, and the tests check
 reference in :mod:`.core` gives the same bytes. Python floats round every operation separately and
 never fuse, and ``math.frexp`` / ``math.sqrt`` are exact / correctly rounded, so this is exactly the
 arithmetic the spec prescribes. Far too slow for real use (about 10 microseconds per element).
+
+``log_ieee`` / ``normal_ppf`` here are one of four deliberate copies (see ``special.py``'s docstring):
+``special.py`` (numpy, the reference), this one, ``cpu.py`` (numba) and ``cuda.py`` (Triton), with the
+constants of ``special.py`` only. ``tests/test_engine.py`` proves this copy equal to the reference
+(``test_scalar_tail_branches_agree``: both functions, deep tails; ``test_vectorized_equals_scalar_transcription``:
+whole elements, every kind and dtype).
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ def element_bits(key: tuple[int, int], i: int) -> int:
     return philox(c & M32, c >> 32, 0, 0, key[0], key[1])[i % 4]
 
 
+# Copies: special.log_ieee (the reference), cpu._log_ieee, cuda._log_ieee.
 def log_ieee(x: float) -> float:
     m, e = math.frexp(x)
     if m < SQRT_HALF:
@@ -59,6 +66,7 @@ def horner(c: tuple[float, ...], r: float) -> float:
     return acc
 
 
+# Copies: special.normal_ppf (the reference), cpu._central / _ppf_tails / _far_tails, cuda._normal_ppf.
 def normal_ppf(u: float) -> float:
     q = u - 0.5
     if abs(q) <= 0.425:

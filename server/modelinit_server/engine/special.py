@@ -7,6 +7,14 @@ operation separately rounded, in exactly the order written here. numpy never fus
 an add, so the vectorized code below is the reference a numba or Triton kernel must reproduce bit
 for bit (with FMA contraction disabled there). ``std_normal_cdf`` runs once per sampler on the
 host, in exact decimal arithmetic, so it has no libm in it either.
+
+``log_ieee`` and ``normal_ppf`` exist in four deliberate copies, one per compiler, all tested equal to
+the ones here: this module (numpy, vectorized: the reference), ``scalar.py`` (plain Python floats, one
+element at a time: ``tests/test_engine.py::test_scalar_tail_branches_agree``), ``cpu.py`` (numba:
+``tests/test_kernel_cpu.py``, through the kernel's bytes) and ``cuda.py`` (Triton:
+``tests/test_kernel_cuda.py::test_interpreter_building_blocks``, under the Triton interpreter). The
+constants below are the only ones: every copy imports them from here (``tests/test_golden.py``
+pins their bits).
 """
 from __future__ import annotations
 
@@ -48,6 +56,8 @@ LOG_C = (None,) + tuple(1.0 / (2 * k + 1) for k in range(1, 11))
 assert LN2_HI.hex() == "0x1.62e42fee00000p-1" and LN2_LO.hex() == "0x1.a39ef35793c76p-33"
 
 
+# The reference copy; the others: scalar.log_ieee, cpu._log_ieee (numba), cuda._log_ieee (Triton). See the
+# module docstring for the tests that prove them equal.
 def log_ieee(x: np.ndarray) -> np.ndarray:
     """Natural log of positive float64 values in (0, 1] (it is accurate on any positive normal or subnormal input).
 
@@ -164,6 +174,8 @@ def _horner(coefs: tuple[float, ...], r: np.ndarray) -> np.ndarray:
     return acc
 
 
+# The reference copy; the others: scalar.normal_ppf, cpu._central / cpu._ppf_tails / cpu._far_tails (numba),
+# cuda._normal_ppf (Triton). See the module docstring for the tests that prove them equal.
 def normal_ppf(u: np.ndarray) -> np.ndarray:
     """Inverse standard normal CDF of float64 values in (0, 1) by AS241 (PPND16), vectorized.
 
