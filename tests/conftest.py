@@ -15,6 +15,8 @@ import modelinit
 import pytest
 from modelinit_server.service.server import BackgroundServer
 
+from tests.s3_server import s3_bucket, s3_env, s3_no_checksums, s3_server  # noqa: F401 - fixtures
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 #: Tiny configs of every supported family: fast to generate, still every tensor kind and role.

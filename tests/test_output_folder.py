@@ -412,9 +412,10 @@ def test_verify_reports_what_init_calls_foreign(client, tmp_path):
 # -- Destinations that are not a local folder ----------------------------------------------------
 
 
-@pytest.mark.parametrize("url", ["s3://bucket/prefix", "gs://bucket/p", "az://container/p", "hf://org/model"])
-def test_an_object_store_url_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys, url):
-    """`--out s3://...` used to create a local folder named `s3:` and report success."""
+@pytest.mark.parametrize("url", ["hf://org/model", "http://host/prefix", "ftp://host/p"])
+def test_a_url_of_no_supported_store_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys, url):
+    """`--out s3://...` used to create a local folder named `s3:` and report success; s3://, gs://
+    and az:// are object stores now (tests/test_object_store.py), any other scheme is refused."""
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(SPEC))
@@ -422,7 +423,7 @@ def test_an_object_store_url_is_refused_before_anything_is_written(tmp_path, mon
     err = capsys.readouterr().err.strip().splitlines()
     scheme = url.partition("://")[0]
     assert err == [f"modelinit: error: out_dir: {scheme}:// is not a location this version can use; "
-                   "give a local folder (or a file:// URL)"]
+                   "give a local folder, a file:// URL or an object-store prefix (s3://, gs://, az://)"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.json"]
     assert main(["verify", url]) == 2
     assert capsys.readouterr().err.startswith(f"modelinit: error: path: {scheme}://")

@@ -145,7 +145,12 @@ def _parser() -> argparse.ArgumentParser:
 
     init = sub.add_parser("init", help="write a model's initialized weights into a folder")
     _add_request_args(init, from_manifest=True)
-    init.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    init.add_argument("--out", required=True, metavar="DIR|URL",
+                      help="output folder, or an object-store prefix: s3://bucket/prefix (also gs://, az://, file://; "
+                           "needs pip install 'modelinit[cloud]')")
+    init.add_argument("--part", default=None, metavar="K/N",
+                      help="write only part K of N (0-based, as JOB_COMPLETION_INDEX): a byte-balanced share of the shards; "
+                           "the part that finds all N there writes the index, config.json and modelinit.json")
     init.add_argument("--quiet", action="store_true", help="no progress bar")
     init.add_argument("--fsync", action="store_true", help="flush every file to stable storage before renaming it (power-loss safe, slower)")
     init.add_argument("--parallel", type=int, default=1, metavar="N",

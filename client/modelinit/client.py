@@ -16,6 +16,8 @@ from typing import Any, Callable, Mapping
 import grpc
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
+from . import bucket_writer
+from .bucket import Bucket, is_bucket_url
 from .embedded import EmbeddedSource
 from .errors import ModelInitError
 from .fanout import fetch
@@ -33,6 +35,7 @@ from .manifest import (  # noqa: F401 - MANIFEST_FILE, PROGRESS_FILE, check_file
     plan_differences,
     read_manifest,
 )
+from .parts import Part, parse_part, part_files
 from .progress import progress_bar
 from .remote import RETRYABLE, RemoteSource, RetryPolicy, connect_failure, split_targets  # noqa: F401 - also the client's API
 from .request import PolicyArg, Spec, model_policy, model_request, model_spec  # noqa: F401 - also the client's API
@@ -46,8 +49,8 @@ log = logging.getLogger("modelinit.client")
 class InitResult:
     """What ``init_model`` wrote."""
 
-    path: pathlib.Path
-    """The output folder."""
+    path: "pathlib.Path | str"
+    """The output folder, or the object-store URL written (``s3://bucket/prefix``)."""
     fingerprint: str
     """Identifies the weights (same fingerprint, same tensor bytes)."""
     files: tuple[FileResult, ...]
@@ -61,6 +64,9 @@ class InitResult:
     kept: tuple[str, ...] = ()
     """Files an interrupted run of the same weights had finished, re-hashed and kept (not fetched
     again)."""
+    complete: bool = True
+    """False after a ``part`` that found other parts unfinished: its shards are in, ``files``
+    lists them, and the last part to finish (or ``modelinit finalize``) writes ``modelinit.json``."""
 
 
 @dataclass(frozen=True)
@@ -298,8 +304,16 @@ class Client:
         direct_io: bool = True,
         parallel: int = 1,
         overwrite: bool = False,
+        part: "str | tuple[int, int] | Part | None" = None,
     ) -> InitResult:
         """Write the model's files (HF layout) into ``out_dir``; returns what was written.
+
+        ``out_dir`` is a local folder, a ``file://`` URL, or an object-store prefix
+        (``s3://bucket/prefix``, ``gs://``, ``az://``; the ``cloud`` extra): each shard is then one
+        multipart upload that appears only once complete, and ``modelinit.json`` is written last
+        (docs/object_storage.md). ``part=(K, N)`` (or ``"K/N"``, 0-based) writes only part K's
+        byte-balanced share of the shards, so N workers write one checkpoint; the part that finds
+        all N done writes the index, config.json and ``modelinit.json`` (``complete``), once.
 
         Each file goes to a hidden temp file, is checked against the server's SHA-256 and only
         then renamed into place; ``modelinit.json`` is written last, so a folder that has it is
@@ -332,11 +346,20 @@ class Client:
         """
         if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"parallel: must be an integer >= 1, got {parallel!r}")
-        out = local_folder(out_dir, "out_dir")
+        share = parse_part(part)
+        bucket = Bucket(os.fspath(out_dir), "out_dir") if is_bucket_url(out_dir) else None
+        out = local_folder(out_dir, "out_dir") if bucket is None else None
         request = model_request(spec, seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size,
                                 algorithm_version=algorithm_version, architecture=architecture)
         plan = full_plan(self.source, request)
         check_plan_names(plan)  # before anything is written
+        if bucket is not None or not share.whole:
+            if bucket is None:  # parts into a shared folder: the same protocol, through obstore's local store
+                assert out is not None
+                out.mkdir(parents=True, exist_ok=True)
+                bucket = Bucket(out.resolve().as_uri(), "out_dir")
+            return self._init_bucket(bucket, request, plan, share, overwrite, progress, parallel)
+        assert out is not None
         lock = FolderLock(out)  # one init per folder at a time: a second one fails at once
         try:
             lock.acquire()
@@ -354,8 +377,10 @@ class Client:
                 if not todo:
                     written: list[FileResult] = []
                 elif isinstance(self.source, RemoteSource) and (parallel > 1 or len(self.source.targets) > 1):
-                    written, self.last_served = fetch(self.source, request, plan, out, parallel, bar, fsync, direct_io,
-                                                      files=files, on_written=record.add)
+                    def write(stream, indices, tick):
+                        return write_files(stream, plan, out, indices, tick, fsync, direct_io, on_written=record.add)
+
+                    written, self.last_served = fetch(self.source, request, plan, write, parallel, bar, files=files)
                 else:
                     written = write_files(self.source.events(request, plan, files), plan, out, todo, bar, fsync, direct_io,
                                           on_written=record.add)
@@ -374,6 +399,39 @@ class Client:
             lock.release()
         return InitResult(out, plan.fingerprint, tuple(ordered), plan.total_params, plan.total_bytes, plan.algorithm_version,
                           kept=tuple(kept[i].name for i in sorted(kept)))
+
+    def _init_bucket(self, bucket: Bucket, request: pb.ModelRequest, plan: pb.PlanResponse, part: Part, overwrite: bool,
+                     progress: bool | Callable[[int], None], parallel: int) -> InitResult:
+        """``init_model`` into an object-store prefix (or ``part`` of a shared folder):
+        :mod:`modelinit.bucket_writer`'s survey, uploads and finalization."""
+        record = bucket_writer.prepare(bucket, plan, part, overwrite)
+        if isinstance(record, list):
+            return InitResult(bucket.url, plan.fingerprint, tuple(record), plan.total_params, plan.total_bytes,
+                              plan.algorithm_version, reused=True)
+        mine = part_files(plan, part)
+        todo = [i for i in mine if i not in record.files]
+        kept = tuple(plan.files[i].name for i in mine if i in record.files)
+        if kept:
+            log.info("%s: keeping %d shard(s) an interrupted run uploaded (same e_tag)", bucket, len(kept))
+        bar = progress_bar(progress, sum(plan.files[i].size for i in todo))
+        try:
+            if not todo:
+                pass
+            elif isinstance(self.source, RemoteSource) and (parallel > 1 or len(self.source.targets) > 1):
+                def write(stream, indices, tick):
+                    return bucket_writer.upload_files(bucket, stream, plan, indices, tick, record.add)
+
+                _, self.last_served = fetch(self.source, request, plan, write, parallel, bar, files=todo)
+            else:
+                bucket_writer.upload_files(bucket, self.source.events(request, plan, todo), plan, todo, bar, record.add)
+        finally:
+            bar(None)
+        files = bucket_writer.finalize(bucket, plan, part.count, lambda idx: self.source.events(request, plan, idx))
+        if files is None:
+            return InitResult(bucket.url, plan.fingerprint, tuple(record.files[i][0] for i in mine), plan.total_params,
+                              plan.total_bytes, plan.algorithm_version, kept=kept, complete=False)
+        return InitResult(bucket.url, plan.fingerprint, tuple(files), plan.total_params, plan.total_bytes,
+                          plan.algorithm_version, kept=kept)
 
     def init_model_from_manifest(self, manifest: str | os.PathLike, out_dir: str | os.PathLike, **options: Any) -> InitResult:
         """Reproduce a run byte for byte: write into ``out_dir`` what the request recorded in

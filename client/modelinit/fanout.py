@@ -3,15 +3,14 @@
 The service is stateless and deterministic, so any replica can serve any file, from any byte.
 Each file is one resumable stream of that file alone (:meth:`RemoteSource.events
 <modelinit.remote.RemoteSource.events>`: on a lost server it moves on to the next replica from
-the byte reached), written by the same writer as a single stream
-(:func:`~modelinit.writer.write_files`). ``parallel`` files are in flight at once, file ``i``
+the byte reached), written by the same writer as a single stream (``write``: the folder's
+:func:`~modelinit.writer.write_files` or the bucket's :func:`~modelinit.bucket_writer.upload_files`). ``parallel`` files are in flight at once, file ``i``
 starting on replica ``i mod n``; a replica serves only after it planned the same fingerprint
 (one :class:`~modelinit.remote.Replicas` shared by the streams). The first file that fails
 stops the others.
 """
 from __future__ import annotations
 
-import pathlib
 import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Callable
@@ -20,18 +19,20 @@ from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .manifest import FileResult
 from .remote import RemoteSource, ResumingEvents
-from .writer import write_files
+from .source import Events
+
+#: Writes one stream's files (indices into the plan) and returns them checked: the sink.
+Write = Callable[[Events, list[int], Callable[[int], None]], list[FileResult]]
 
 
 class _Stopped(Exception):
     """Another file failed first: this one was not started or was cut short."""
 
 
-def fetch(source: RemoteSource, request: pb.ModelRequest, plan: pb.PlanResponse, out: pathlib.Path, parallel: int,
-          progress: Callable[[int], None], fsync: bool, direct_io: bool, files: list[int] | None = None,
-          on_written: Callable[[int, FileResult], None] | None = None) -> tuple[list[FileResult], dict[str, int]]:
-    """Every file of ``plan`` (or those of ``files``, indices into it) into ``out``, in that
-    order; also how many files each target finished. ``on_written`` as in ``write_files``."""
+def fetch(source: RemoteSource, request: pb.ModelRequest, plan: pb.PlanResponse, write: Write, parallel: int,
+          progress: Callable[[int], None], files: list[int] | None = None) -> tuple[list[FileResult], dict[str, int]]:
+    """Every file of ``plan`` (or those of ``files``, indices into it), each through ``write``, in
+    that order; also how many files each target finished."""
     replicas = source.replicas(plan.fingerprint)
     served = {t: 0 for t in source.targets}
     stop = threading.Event()
@@ -49,7 +50,7 @@ def fetch(source: RemoteSource, request: pb.ModelRequest, plan: pb.PlanResponse,
         with lock:
             active.add(stream)
         try:
-            (result,) = write_files(stream, plan, out, [i], locked_progress, fsync, direct_io, on_written)
+            (result,) = write(stream, [i], locked_progress)
         finally:
             with lock:
                 active.discard(stream)

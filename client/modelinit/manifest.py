@@ -41,9 +41,10 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
 def local_folder(path: str | os.PathLike, field: str) -> pathlib.Path:
-    """The local folder ``path`` names: a path, or a ``file://`` URL. Any other URL (``s3://``,
-    ``gs://``, ...) is refused with INVALID_ARGUMENT naming ``field``, before anything is planned
-    or written (it would otherwise become a local folder called ``s3:``)."""
+    """The local folder ``path`` names: a path, or a ``file://`` URL. Any other URL is refused with
+    INVALID_ARGUMENT naming ``field``, before anything is planned or written (it would otherwise
+    become a local folder called ``hf:``); callers that take object-store prefixes
+    (:func:`modelinit.bucket.is_bucket_url`) handle those first."""
     text = os.fspath(path)
     if isinstance(text, bytes):
         text = os.fsdecode(text)
@@ -60,8 +61,8 @@ def local_folder(path: str | os.PathLike, field: str) -> pathlib.Path:
                                  f"{field}: {text!r} is not a local file URL; use file:///absolute/path")
         return pathlib.Path(unquote(parts.path))
     raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"{field}: {scheme}:// is not a location this version can use; give a local folder "
-                         "(or a file:// URL)")
+                         f"{field}: {scheme}:// is not a location this version can use; give a local folder, a file:// "
+                         "URL or an object-store prefix (s3://, gs://, az://)")
 
 
 _LOADER_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".index.json")
@@ -130,8 +131,17 @@ class Record:
 def read_record(path: pathlib.Path) -> "Record | None":
     """The record at ``path``; None when it cannot be read as one."""
     try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError):
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return parse_record(data)
+
+
+def parse_record(data: bytes) -> "Record | None":
+    """A record's bytes, leniently read; None when they are not one."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
         return None
     if not isinstance(doc, dict):
         return None
@@ -201,9 +211,8 @@ def manifest_bytes(plan: pb.PlanResponse, written: list[FileResult]) -> bytes:
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
-def _bad_manifest(path: pathlib.Path, what: str) -> ModelInitError:
-    file = path if path.is_file() else path / MANIFEST_FILE  # a folder, or the manifest file itself
-    return ModelInitError(grpc.StatusCode.FAILED_PRECONDITION, f"{file}: malformed manifest: {what}")
+def _bad_manifest(where: str, what: str) -> ModelInitError:
+    return ModelInitError(grpc.StatusCode.FAILED_PRECONDITION, f"{where}: malformed manifest: {what}")
 
 
 def _is_int(x: object) -> TypeGuard[int]:
@@ -211,10 +220,10 @@ def _is_int(x: object) -> TypeGuard[int]:
 
 
 def read_manifest(path: str | os.PathLike, field: str = "manifest") -> dict:
-    """The folder's ``modelinit.json``, checked for shape (fields, types, safe file names, a
-    request that parses). Raises ModelInitError(FAILED_PRECONDITION) when the folder is not a
-    directory, has no manifest, or the manifest is malformed (naming what is wrong). ``path``
-    may also be the manifest file itself (``DIR/modelinit.json``)."""
+    """The folder's ``modelinit.json``, checked for shape (:func:`parse_manifest`). Raises
+    ModelInitError(FAILED_PRECONDITION) when the folder is not a directory, has no manifest, or the
+    manifest is malformed (naming what is wrong). ``path`` may also be the manifest file itself
+    (``DIR/modelinit.json``). Object-store URLs: :func:`modelinit.bucket_writer.read_bucket_manifest`."""
     folder = local_folder(path, field)
     if folder.is_file():
         file = folder  # the manifest file itself (errors name it)
@@ -230,42 +239,48 @@ def read_manifest(path: str | os.PathLike, field: str = "manifest") -> dict:
             f"{folder} has no {MANIFEST_FILE}: not a complete modelinit folder (an interrupted run leaves none)",
         ) from None
     except (OSError, UnicodeDecodeError) as e:
-        raise _bad_manifest(folder, f"cannot read it: {e}") from None
+        raise _bad_manifest(str(file), f"cannot read it: {e}") from None
+    return parse_manifest(text, str(file))
+
+
+def parse_manifest(text: str | bytes, where: str) -> dict:
+    """A ``modelinit.json``'s text, checked for shape (fields, types, safe file names, a request
+    that parses); ``where`` names it in errors (FAILED_PRECONDITION, naming what is wrong)."""
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as e:
-        raise _bad_manifest(folder, f"not JSON ({e})") from None
+        raise _bad_manifest(where, f"not JSON ({e})") from None
     if not isinstance(doc, dict):
-        raise _bad_manifest(folder, "not a JSON object")
+        raise _bad_manifest(where, "not a JSON object")
     if not _is_int(doc.get("algorithm_version")) or doc["algorithm_version"] < 0:
-        raise _bad_manifest(folder, "algorithm_version: missing or not a non-negative integer")
+        raise _bad_manifest(where, "algorithm_version: missing or not a non-negative integer")
     if not isinstance(doc.get("fingerprint"), str) or not doc["fingerprint"]:
-        raise _bad_manifest(folder, "fingerprint: missing or not a string")
+        raise _bad_manifest(where, "fingerprint: missing or not a string")
     files = doc.get("files")
     if not isinstance(files, list):
-        raise _bad_manifest(folder, "files: missing or not a list")
+        raise _bad_manifest(where, "files: missing or not a list")
     seen = set()
     for i, f in enumerate(files):
         if not isinstance(f, dict):
-            raise _bad_manifest(folder, f"files[{i}]: not an object")
+            raise _bad_manifest(where, f"files[{i}]: not an object")
         name = f.get("name")
         if not isinstance(name, str):
-            raise _bad_manifest(folder, f"files[{i}].name: missing or not a string")
+            raise _bad_manifest(where, f"files[{i}].name: missing or not a string")
         try:
             check_file_name(name)
         except ModelInitError:
-            raise _bad_manifest(folder, f"files[{i}].name: unsafe file name {name!r} (must be a plain name inside the folder)") from None
+            raise _bad_manifest(where, f"files[{i}].name: unsafe file name {name!r} (must be a plain name inside the folder)") from None
         if name == MANIFEST_FILE or name in seen:
-            raise _bad_manifest(folder, f"files[{i}].name: {name!r} listed twice or names the manifest itself")
+            raise _bad_manifest(where, f"files[{i}].name: {name!r} listed twice or names the manifest itself")
         seen.add(name)
         if not _is_int(f.get("size")) or f["size"] < 0:
-            raise _bad_manifest(folder, f"files[{i}].size: missing or not a non-negative integer")
+            raise _bad_manifest(where, f"files[{i}].size: missing or not a non-negative integer")
         if not isinstance(f.get("sha256"), str) or not _SHA_RE.match(f["sha256"]):
-            raise _bad_manifest(folder, f"files[{i}].sha256: missing or not 64 lowercase hex digits")
+            raise _bad_manifest(where, f"files[{i}].sha256: missing or not 64 lowercase hex digits")
     try:
         manifest_request(doc)
     except ValueError as e:
-        raise _bad_manifest(folder, str(e)) from None
+        raise _bad_manifest(where, str(e)) from None
     return doc
 
 

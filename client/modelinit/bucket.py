@@ -1,0 +1,240 @@
+"""An object-store prefix (``s3://bucket/prefix``, ``gs://``, ``az://``) as a flat folder of objects.
+
+Everything goes through obstore (the Python binding of Rust's ``object_store``; the ``cloud``
+extra): credentials and endpoint come from its standard chain (``AWS_*`` environment variables,
+profiles, instance and workload identity; ``AWS_ENDPOINT_URL`` for S3-compatible stores,
+``AWS_ALLOW_HTTP=true`` for a plain-HTTP one). It was measured against fsspec/s3fs on the same S3
+server (docs/object_storage.md): about half the client CPU per GB, memory bounded by the parts in
+flight, and it aborts its multipart upload when the data source fails. What it cannot do is list
+the multipart uploads a killed process left open; on ``s3://`` that one call goes through boto3
+(also in the extra), asking for no checksum headers the store does not require (S3-compatible
+stores reject them: boto3#4392).
+
+A shard is one multipart upload (:data:`PART_BYTES` per part, :data:`PARTS_IN_FLIGHT` at once), so
+an object exists only once complete. Every store error becomes one ModelInitError naming the
+URL and what to do; no credential ever reaches a message (only the store's error code is kept).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import grpc
+
+from .errors import ModelInitError
+
+log = logging.getLogger("modelinit.client")
+
+#: URL schemes written through the object store (file:// is a local folder: modelinit.writer).
+SCHEMES = ("s3", "gs", "az", "azure", "abfs", "abfss")
+PART_BYTES = 16 << 20
+"""Bytes per uploaded part: S3 allows 5 MiB-5 GiB and 10,000 parts, so 16 MiB parts take shards up
+to 156 GiB, and 8 in flight keep a 10 Gb/s link busy."""
+PARTS_IN_FLIGHT = 8
+"""Parts uploaded at once per shard: memory is at most PART_BYTES x PARTS_IN_FLIGHT (128 MiB)."""
+RETRIES = int(os.environ.get("MODELINIT_STORE_RETRIES", "5"))
+"""Retries of a failed store request (backoff 0.2 s doubling, at most 10 s apart): a lost
+connection or a 5xx is ridden out; an endpoint that never answers fails in about 6 s."""
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_EXTRA = "pip install 'modelinit[cloud]'"
+
+
+def url_scheme(path: str | os.PathLike) -> str | None:
+    """The lower-case scheme of a URL (``s3``), None for a plain path."""
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    m = _URL.match(text)
+    return m.group(1).lower() if m else None
+
+
+def is_bucket_url(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names an object-store prefix this module writes."""
+    return url_scheme(path) in SCHEMES
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """An object under the prefix."""
+
+    name: str
+    """Its key relative to the prefix."""
+    size: int
+    e_tag: str
+    """Changes whenever the object is rewritten: a recorded e_tag that still matches is the same
+    object this client uploaded."""
+
+
+def _obstore() -> Any:
+    try:
+        import obstore
+    except ImportError:
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"writing to object storage needs the object-store extra: {_EXTRA}") from None
+    return obstore
+
+
+def _code(e: BaseException) -> str:
+    """The store's error code or HTTP status from an obstore error, nothing else (no URLs with
+    signatures, no keys)."""
+    text = str(e)
+    m = re.search(r"<Code>([A-Za-z]+)</Code>", text)
+    if m:
+        return m.group(1)
+    m = re.search(r"(\d{3} [A-Z][A-Za-z ]+?)[:,\n]", text)
+    if m:
+        return m.group(1)
+    for word in ("Connection refused", "dns error", "timed out", "certificate", "connection closed"):
+        if word.lower() in text.lower():
+            return word
+    return type(e).__name__
+
+
+class Bucket:
+    """A prefix of a bucket: list, read, write and delete the objects directly under it."""
+
+    def __init__(self, url: str, field: str = "out_dir") -> None:
+        obstore = _obstore()
+        from datetime import timedelta
+
+        self.url = url.rstrip("/")
+        self.field = field
+        self.scheme = url_scheme(url) or ""
+        self.bucket, _, self.prefix = self.url.split("://", 1)[1].partition("/")
+        if not self.bucket:
+            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {url!r} names no bucket; write {self.scheme}://BUCKET/PREFIX")
+        retry = {"max_retries": RETRIES, "retry_timeout": timedelta(minutes=3),
+                 "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=10), "base": 2}}
+        try:
+            self.store = obstore.store.from_url(self.url, retry_config=retry)
+        except Exception as e:  # a malformed URL or configuration (obstore raises its own types)
+            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"{field}: cannot use {self.url}: {' '.join(str(e).split())[:200]}") from None
+        self._obstore = obstore
+
+    def __str__(self) -> str:
+        return self.url
+
+    # -- errors ---------------------------------------------------------------------------------
+    def error(self, e: BaseException, doing: str) -> ModelInitError:
+        """A store error as one ModelInitError: the URL, what was being done, the store's code and
+        the likely fix."""
+        code = _code(e)
+        where = f"{self.url}: {doing}"
+        if code == "NoSuchBucket":
+            return ModelInitError(grpc.StatusCode.NOT_FOUND, f"{where}: bucket {self.bucket!r} does not exist (create it, or fix the URL)")
+        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled") or code.startswith("403"):
+            return ModelInitError(grpc.StatusCode.PERMISSION_DENIED,
+                                  f"{where}: access denied ({code}): check the credentials (AWS_ACCESS_KEY_ID/AWS_PROFILE, "
+                                  "workload identity) and the bucket policy")
+        if code in ("ExpiredToken", "TokenRefreshRequired", "ExpiredTokenException") or code.startswith("401"):
+            return ModelInitError(grpc.StatusCode.UNAUTHENTICATED, f"{where}: credentials expired or refused ({code}): refresh them")
+        if code in ("Connection refused", "dns error", "timed out", "connection closed", "certificate"):
+            return ModelInitError(grpc.StatusCode.UNAVAILABLE,
+                                  f"{where}: cannot reach the store ({code}); check AWS_ENDPOINT_URL / the network")
+        if type(e).__name__ in ("UnauthenticatedError",):
+            return ModelInitError(grpc.StatusCode.UNAUTHENTICATED, f"{where}: no usable credentials ({code})")
+        if type(e).__name__ in ("PermissionDeniedError",):
+            return ModelInitError(grpc.StatusCode.PERMISSION_DENIED, f"{where}: permission denied ({code})")
+        return ModelInitError(grpc.StatusCode.UNAVAILABLE, f"{where}: the store refused the request ({code})")
+
+    def _call(self, doing: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ModelInitError:
+            raise
+        except FileNotFoundError as e:
+            if "NoSuchBucket" in str(e):
+                raise self.error(e, doing) from None
+            raise
+        except Exception as e:
+            if type(e).__module__.startswith("obstore") or isinstance(e, (OSError, ConnectionError)):
+                raise self.error(e, doing) from None
+            raise
+
+    # -- objects --------------------------------------------------------------------------------
+    def list(self) -> dict[str, ObjectInfo]:
+        """The objects directly under the prefix (not in "subfolders"), by name."""
+        result = self._call("listing the prefix", self._obstore.list_with_delimiter, self.store)
+        return {m["path"]: ObjectInfo(m["path"], m["size"], m.get("e_tag") or "") for m in result["objects"]}
+
+    def read(self, name: str) -> bytes | None:
+        """The whole object (small ones: records, the manifest), None when it is not there."""
+        try:
+            return bytes(self._call(f"reading {name}", self._obstore.get, self.store, name).bytes())
+        except FileNotFoundError:
+            return None
+
+    def chunks(self, name: str) -> Iterator[memoryview]:
+        """The object's bytes, streamed (verify, rehash)."""
+        result = self._call(f"reading {name}", self._obstore.get, self.store, name)
+        try:
+            for chunk in result:
+                yield memoryview(chunk)
+        except Exception as e:
+            raise self.error(e, f"reading {name}") from None
+
+    def put(self, name: str, data: bytes, create: bool = False) -> str:
+        """A small object in one request; ``create``: only if no object has the name (raises
+        FileExistsError when one has). The new e_tag."""
+        try:
+            return self._call(f"writing {name}", self._obstore.put, self.store, name, data,
+                              mode="create" if create else "overwrite", use_multipart=False).get("e_tag") or ""
+        except self._obstore.exceptions.AlreadyExistsError:
+            raise FileExistsError(name) from None
+
+    def upload(self, name: str, chunks: Iterable[Any]) -> str:
+        """A shard as one multipart upload of ``chunks`` (buffers, in order): the object appears only
+        once every part is in; when ``chunks`` raises, the upload is aborted and the error re-raised
+        (no object, no parts left). The new e_tag."""
+        result = self._call(f"uploading {name}", self._obstore.put, self.store, name, chunks,
+                            use_multipart=True, chunk_size=PART_BYTES, max_concurrency=PARTS_IN_FLIGHT)
+        return result.get("e_tag") or ""
+
+    def delete(self, name: str) -> None:
+        try:
+            self._call(f"deleting {name}", self._obstore.delete, self.store, name)
+        except FileNotFoundError:
+            pass
+
+    # -- multipart uploads a killed process left ------------------------------------------------
+    def abort_pending(self, names: Iterable[str]) -> int:
+        """Abort the open multipart uploads of ``names`` (a process killed mid-upload leaves its
+        parts stored and billed, invisible). S3 only (boto3); elsewhere the store's own expiry
+        applies. How many were aborted."""
+        wanted = {self._key(n) for n in names}
+        if self.scheme != "s3" or not wanted:
+            return 0
+        client = self._s3_admin()
+        if client is None:
+            return 0
+        aborted = 0
+        try:
+            pages = client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=self._key(""))
+            for page in pages:
+                for upload in page.get("Uploads", []):
+                    if upload["Key"] in wanted:
+                        client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                        aborted += 1
+        except Exception as e:  # listing uploads is an extra permission some roles lack: say so, go on
+            log.warning("%s: cannot list or abort open multipart uploads (%s); a bucket lifecycle rule "
+                        "AbortIncompleteMultipartUpload removes them", self.url, _code(e))
+        return aborted
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def _s3_admin(self) -> Any:
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError:
+            log.warning("%s: boto3 is missing, so open multipart uploads of a killed run are not aborted (%s)", self.url, _EXTRA)
+            return None
+        # Only the checksums the store requires: S3-compatible stores reject the newer default ones.
+        config = Config(request_checksum_calculation="when_required", response_checksum_validation="when_required",
+                        retries={"max_attempts": 3, "mode": "standard"})
+        return boto3.client("s3", config=config)

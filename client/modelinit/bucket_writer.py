@@ -1,0 +1,320 @@
+"""What ``init_model`` does to an object-store prefix (or, for ``--part``, a shared folder):
+the object-store counterpart of :mod:`modelinit.writer`, written for many writers at once.
+
+One run, or part K of N (:mod:`modelinit.parts`), goes:
+
+1. :func:`prepare` surveys the prefix: the shards of this part that an earlier try uploaded and
+   recorded (same fingerprint, same size, same e_tag: the very object it uploaded) are kept; the
+   open multipart uploads a killed try left for this part's shards are aborted; objects an earlier
+   run recorded but this plan does not write are deleted, and a ``modelinit.json`` of other weights
+   goes first (the prefix is incomplete from then on); objects no run recorded that a loader would
+   read are refused unless ``overwrite``. Another part's shards are never touched.
+2. :func:`upload_files` uploads each shard as one multipart upload fed by the stream, checked on
+   the way (:class:`~modelinit.stream.StreamCheck`): a check that fails aborts the upload, so no
+   object ever holds wrong or partial bytes. After each shard the part's record
+   (``.modelinit.part-K-of-N.json``; ``.modelinit.progress.json`` for a whole run) is rewritten.
+3. :func:`finalize`: once every part's record lists its shards, present with their e_tags, the
+   small files (index, config.json) and then ``modelinit.json`` are created exactly once, with a
+   conditional create (S3 ``If-None-Match: *``) where the store has one; a part that loses the race
+   finds the same bytes there. The records are deleted last. ``modelinit finalize URL`` runs it alone.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import threading
+from typing import Callable, Iterable, Iterator
+
+import grpc
+from modelinit_wire.events import Begin, Data, End
+from modelinit_wire.v1 import modelinit_pb2 as pb
+
+from .bucket import Bucket
+from .errors import ModelInitError
+from .manifest import (
+    MANIFEST_FILE,
+    PROGRESS_FILE,
+    FileResult,
+    loader_file,
+    manifest_bytes,
+    parse_manifest,
+    parse_record,
+)
+from .parts import Part, part_files, small_files
+from .source import Events
+from .stream import StreamCheck
+
+log = logging.getLogger("modelinit.client")
+
+_PART_RECORD = re.compile(r"^\.modelinit\.part-(\d+)-of-(\d+)\.json$")
+
+
+def record_name(part: Part) -> str:
+    """The hidden object recording what ``part`` has uploaded."""
+    return PROGRESS_FILE if part.whole else f".modelinit.part-{part.index:05d}-of-{part.count:05d}.json"
+
+
+def _is_record(name: str) -> bool:
+    return name == PROGRESS_FILE or _PART_RECORD.match(name) is not None
+
+
+class BucketRecord:
+    """This part's record: the shards it finished, each with its SHA-256 and the e_tag of the
+    object (a rerun keeps a shard whose object still has that e_tag). Rewritten whole after each
+    shard (thread-safe)."""
+
+    def __init__(self, bucket: Bucket, plan: pb.PlanResponse, part: Part, kept: dict[int, tuple[FileResult, str]]) -> None:
+        self.bucket, self.plan, self.part = bucket, plan, part
+        self.files: dict[int, tuple[FileResult, str]] = dict(kept)
+        """Plan index -> (file, e_tag)."""
+        self._lock = threading.Lock()
+
+    def add(self, index: int, result: FileResult, e_tag: str) -> None:
+        with self._lock:
+            self.files[index] = (result, e_tag)
+            self.save()
+
+    def save(self) -> None:
+        files = [f for _, (f, _) in sorted(self.files.items())]
+        doc = {
+            "fingerprint": self.plan.fingerprint,
+            "algorithm_version": self.plan.algorithm_version,
+            "part": [self.part.index, self.part.count],
+            "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in files],
+            "e_tags": {f.name: t for _, (f, t) in sorted(self.files.items())},
+            "stale": [],
+        }
+        self.bucket.put(record_name(self.part), (json.dumps(doc, indent=1) + "\n").encode())
+
+
+def _read_record(bucket: Bucket, name: str, plan: pb.PlanResponse) -> dict[str, tuple[FileResult, str]] | None:
+    """A record of ``plan``'s weights: file name -> (file, e_tag); None when it is missing,
+    unreadable or of other weights."""
+    data = bucket.read(name)
+    record = parse_record(data) if data is not None else None
+    if record is None or record.fingerprint != plan.fingerprint or record.algorithm_version != plan.algorithm_version:
+        return None
+    try:
+        tags = json.loads(data).get("e_tags", {})  # type: ignore[arg-type]
+    except (ValueError, AttributeError):
+        tags = {}
+    return {f.name: (f, tags[f.name]) for f in record.files if isinstance(tags.get(f.name), str)}
+
+
+def _recorded_names(bucket: Bucket, name: str) -> set[str]:
+    """Every name a record or manifest lists (whatever its weights): ours to replace."""
+    data = bucket.read(name)
+    record = parse_record(data) if data is not None else None
+    return set() if record is None else {f.name for f in record.files} | set(record.stale)
+
+
+def _complete_manifest(bucket: Bucket, plan: pb.PlanResponse, objects: dict) -> list[FileResult] | None:
+    """The files of a ``modelinit.json`` that describes exactly this plan, every object there
+    with its recorded size; None otherwise."""
+    if MANIFEST_FILE not in objects:
+        return None
+    data = bucket.read(MANIFEST_FILE)
+    try:
+        doc = parse_manifest(data or b"", f"{bucket}/{MANIFEST_FILE}")
+    except ModelInitError:
+        return None
+    files = [FileResult(f["name"], f["size"], f["sha256"]) for f in doc["files"]]
+    if (doc["fingerprint"] != plan.fingerprint or doc["algorithm_version"] != plan.algorithm_version
+            or [(f.name, f.size) for f in files] != [(f.name, f.size) for f in plan.files]):
+        return None
+    if any(f.name not in objects or objects[f.name].size != f.size for f in files):
+        return None
+    return files
+
+
+def sha256_object(bucket: Bucket, name: str) -> str:
+    h = hashlib.sha256()
+    for chunk in bucket.chunks(name):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def prepare(bucket: Bucket, plan: pb.PlanResponse, part: Part, overwrite: bool) -> "list[FileResult] | BucketRecord":
+    """Survey the prefix for ``part`` of ``plan`` and clear what must go (the module's step 1).
+    Returns the plan's files when the prefix is already complete with these weights (this part's
+    objects re-hashed); otherwise this part's record (saved), holding the shards kept."""
+    objects = bucket.list()
+    mine = part_files(plan, part)
+    planned = {f.name: i for i, f in enumerate(plan.files)}
+    complete = _complete_manifest(bucket, plan, objects)
+    if complete is not None and all(sha256_object(bucket, complete[i].name) == complete[i].sha256 for i in mine):
+        return complete
+
+    records = sorted(n for n in objects if _is_record(n))
+    own = _read_record(bucket, record_name(part), plan) if record_name(part) in objects else None
+    ours = set().union(*(_recorded_names(bucket, n) for n in [*records, *([MANIFEST_FILE] if MANIFEST_FILE in objects else [])]))
+    if any(_read_record(bucket, n, plan) is not None for n in records):
+        ours |= {plan.files[i].name for i in small_files(plan)}  # a finalization of these weights may have begun
+
+    kept: dict[int, tuple[FileResult, str]] = {}
+    for i in mine:
+        name = plan.files[i].name
+        got = objects.get(name)
+        if own is None or got is None or name not in own:
+            continue
+        result, tag = own[name]
+        if result.size == plan.files[i].size == got.size and tag == got.e_tag:
+            kept[i] = (result, tag)
+
+    others = {plan.files[i].name for i in range(len(plan.files)) if plan.files[i].shard} - {plan.files[i].name for i in mine}
+    foreign = sorted(n for n in objects if not n.startswith(".") and n != MANIFEST_FILE and n not in ours
+                     and n not in others and (n in planned or loader_file(n)))
+    if foreign and not overwrite:
+        shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"{bucket} holds {shown}, which no modelinit run recorded (in {MANIFEST_FILE}) and a loader "
+                             "would pick up beside the new weights; move them away, or pass --overwrite "
+                             "(overwrite=True) to delete them")
+    record = BucketRecord(bucket, plan, part, kept)
+    record.save()
+    if MANIFEST_FILE in objects:
+        bucket.delete(MANIFEST_FILE)  # the prefix is incomplete from here on
+    stale = sorted(n for n in (ours & objects.keys()) if n not in planned and not _is_record(n) and n != MANIFEST_FILE) + \
+        [n for n in foreign if n not in planned]
+    for name in stale:
+        bucket.delete(name)
+    for name in records:  # records of other weights, or of another split of these
+        if name != record_name(part) and _read_record(bucket, name, plan) is None:
+            bucket.delete(name)
+    aborted = bucket.abort_pending(plan.files[i].name for i in mine if i not in kept)
+    if aborted:
+        log.info("%s: aborted %d multipart upload(s) an interrupted run left open", bucket, aborted)
+    return record
+
+
+def _bytes_view(data) -> "bytes | memoryview":
+    """A buffer as flat bytes (obstore takes 1-d uint8 buffers; the engine may hand out arrays)."""
+    return data if isinstance(data, bytes) else memoryview(data).cast("B")
+
+
+def _file_chunks(events: Iterator, check: StreamCheck, first: Begin, progress: Callable[[int], None],
+                 done: list[FileResult]) -> Iterator:
+    """One file's bytes from the shared event iterator, checked as they pass; the file's checked
+    result goes to ``done`` at its End (before the upload may complete). A failed check raises,
+    and the multipart upload fed from here is aborted."""
+    check.begin(first)
+    for event in events:
+        if isinstance(event, Data):
+            n = check.data(event.data)
+            check.sha256.update(event.data)
+            progress(n)
+            yield _bytes_view(event.data)
+        elif isinstance(event, End):
+            done.append(check.end(event))
+            return
+        else:
+            check.begin(event)  # refuses a file beginning inside another (DATA_LOSS)
+    raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: {first.name} ended early")
+
+
+def upload_files(bucket: Bucket, source: Events, plan: pb.PlanResponse, indices: Iterable[int],
+                 progress: Callable[[int], None], on_written: Callable[[int, FileResult, str], None] | None = None
+                 ) -> list[FileResult]:
+    """Upload the files ``indices`` (in that order) from ``source``'s events, each as one
+    multipart upload (the module's step 2); ``on_written(index, result, e_tag)`` follows each.
+    Closes ``source``."""
+    check = StreamCheck(plan, indices)
+    events = iter(source)
+    try:
+        for event in events:
+            if not isinstance(event, Begin):
+                raise ModelInitError(grpc.StatusCode.DATA_LOSS, "stream: data outside a file")
+            done: list[FileResult] = []
+            e_tag = bucket.upload(event.name, _file_chunks(events, check, event, progress, done))
+            if not done:
+                raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: {event.name} ended early")
+            if on_written is not None:
+                on_written(event.index, done[0], e_tag)
+    finally:
+        source.close()
+    return check.finish()
+
+
+def _small_bytes(source: Events, plan: pb.PlanResponse, indices: list[int]) -> list[tuple[FileResult, bytes]]:
+    """The small files (index, config) whole in memory, checked."""
+    check = StreamCheck(plan, indices)
+    out: list[tuple[FileResult, bytes]] = []
+    buf = bytearray()
+    try:
+        for event in source:
+            if isinstance(event, Begin):
+                check.begin(event)
+                buf = bytearray()
+            elif isinstance(event, Data):
+                check.data(event.data)
+                check.sha256.update(event.data)
+                buf += _bytes_view(event.data)
+            else:
+                out.append((check.end(event), bytes(buf)))
+    finally:
+        source.close()
+    check.finish()
+    return out
+
+
+def _create_once(bucket: Bucket, name: str, data: bytes) -> bool:
+    """``name`` created with ``data`` unless it already holds exactly that (another part won the
+    race): True when this call wrote it. Where the store has no conditional create, the bytes are
+    written plainly (every part writes the same ones), and the log says so."""
+    try:
+        bucket.put(name, data, create=True)
+        return True
+    except FileExistsError:
+        if bucket.read(name) == data:
+            return False
+        log.info("%s: replacing %s of an earlier run", bucket, name)
+    except ModelInitError as e:
+        if e.code not in (grpc.StatusCode.UNAVAILABLE,) or "NotImplemented" not in e.details and "501" not in e.details:
+            raise
+        log.warning("%s: the store has no conditional create (If-None-Match); writing %s unconditionally", bucket, name)
+    bucket.put(name, data)
+    return True
+
+
+def finalize(bucket: Bucket, plan: pb.PlanResponse, count: int, make_small: Callable[[list[int]], Events]) -> list[FileResult] | None:
+    """If every one of ``count`` parts recorded its shards, and each is there as recorded: create
+    the small files (``make_small(indices)`` streams them) and then ``modelinit.json`` exactly once,
+    delete the records, and return the plan's files. None (nothing written) while a part is
+    missing; the log names the missing parts."""
+    objects = bucket.list()
+    done = _complete_manifest(bucket, plan, objects)
+    if done is not None:
+        return done
+    results: dict[int, FileResult] = {}
+    missing: list[int] = []
+    index = {f.name: i for i, f in enumerate(plan.files)}
+    uploaded: dict[str, FileResult] = {}  # name -> a recorded file whose object is there as recorded
+    for k in range(count):
+        name = record_name(Part(k, count))
+        record = _read_record(bucket, name, plan) if name in objects else None
+        for result, tag in (record or {}).values():
+            got = objects.get(result.name)
+            if got is not None and got.size == result.size and got.e_tag == tag:
+                uploaded[result.name] = result
+        shards = [i for i in part_files(plan, Part(k, count)) if plan.files[i].shard]
+        if any(plan.files[i].name not in uploaded for i in shards):
+            missing.append(k)
+        results.update((i, uploaded[plan.files[i].name]) for i in shards if plan.files[i].name in uploaded)
+    if missing:
+        log.info("%s: part(s) %s of %d not finished yet; the last part to finish writes %s", bucket,
+                 ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else ""), count, MANIFEST_FILE)
+        return None
+    small = [i for i in small_files(plan) if plan.files[i].name not in uploaded]  # a whole run uploaded its own
+    results.update((i, uploaded[plan.files[i].name]) for i in small_files(plan) if i not in small)
+    if small:
+        for result, data in _small_bytes(make_small(small), plan, small):
+            _create_once(bucket, result.name, data)
+            results[index[result.name]] = result
+    ordered = [results[i] for i in range(len(plan.files))]
+    _create_once(bucket, MANIFEST_FILE, manifest_bytes(plan, ordered))
+    for name in bucket.list():
+        if _is_record(name):
+            bucket.delete(name)
+    return ordered

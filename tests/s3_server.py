@@ -1,0 +1,147 @@
+"""A real S3 server on loopback for the object-storage tests: moto's standalone server (Flask,
+``moto[server]``), started on a free port the way s3fs's own tests run it; the tests talk to it
+over HTTP with the real libraries (obstore, boto3, s3fs), never through mocked calls.
+
+``s3_server`` (session): the endpoint, fake credentials and :meth:`S3Server.env`, the environment a
+subprocess (the CLI) needs to reach it; ``s3_bucket``: a fresh, empty bucket per test (its URL).
+``s3_server_no_checksums``: a loopback proxy in front of it that refuses any request carrying
+``x-amz-checksum-*`` headers, as several S3-compatible stores do (boto3#4392).
+"""
+from __future__ import annotations
+
+import http.client
+import http.server
+import itertools
+import os
+import socketserver
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+
+REGION = "us-east-1"
+KEYS = {"AWS_ACCESS_KEY_ID": "modelinit-test", "AWS_SECRET_ACCESS_KEY": "modelinit-test-secret"}
+_names = itertools.count()
+
+
+@dataclass
+class S3Server:
+    endpoint: str
+    """``http://127.0.0.1:PORT``."""
+    admin: object = field(repr=False)
+    """A boto3 S3 client on the server (to create buckets, list uploads, corrupt objects)."""
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a process needs to reach this server through the libraries' standard chain."""
+        return {**KEYS, "AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION, "AWS_ENDPOINT_URL": self.endpoint,
+                "AWS_ALLOW_HTTP": "true", "MODELINIT_STORE_RETRIES": "1"}
+
+    def new_bucket(self) -> str:
+        name = f"modelinit-test-{os.getpid()}-{next(_names)}"
+        self.admin.create_bucket(Bucket=name)
+        return name
+
+    def keys(self, bucket: str, prefix: str = "") -> dict[str, bytes]:
+        """Every object under ``prefix`` (relative names) with its bytes."""
+        out = {}
+        for page in self.admin.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for o in page.get("Contents", []):
+                out[o["Key"][len(prefix):].lstrip("/")] = self.admin.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
+        return out
+
+    def pending_uploads(self, bucket: str) -> list[str]:
+        """Keys with an open multipart upload."""
+        return [u["Key"] for u in self.admin.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    pytest.importorskip("obstore")
+    boto3 = pytest.importorskip("boto3")
+    server_mod = pytest.importorskip("moto.server")
+    from botocore.config import Config
+
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    admin = boto3.client("s3", endpoint_url=endpoint, region_name=REGION, aws_access_key_id=KEYS["AWS_ACCESS_KEY_ID"],
+                         aws_secret_access_key=KEYS["AWS_SECRET_ACCESS_KEY"],
+                         config=Config(request_checksum_calculation="when_required"))
+    yield S3Server(endpoint, admin)
+    server.stop()
+
+
+@pytest.fixture()
+def s3_env(s3_server, monkeypatch):
+    """This process's environment pointed at the server (obstore and boto3 read it)."""
+    for k, v in s3_server.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr("modelinit.bucket.RETRIES", 1)
+    return s3_server
+
+
+@pytest.fixture()
+def s3_bucket(s3_env) -> str:
+    """A new empty bucket (its name); the environment points at the server."""
+    return s3_env.new_bucket()
+
+
+class _RefuseChecksums(http.server.BaseHTTPRequestHandler):
+    """Forwards every request to the upstream server, but answers 400 InvalidRequest to one that
+    carries an ``x-amz-checksum-*`` or ``x-amz-sdk-checksum-algorithm`` header."""
+
+    upstream: tuple[str, int]
+    refused: list[str]
+    protocol_version = "HTTP/1.1"
+
+    def _any(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if any(k.lower().startswith(("x-amz-checksum-", "x-amz-sdk-checksum")) for k in self.headers):
+            self.refused.append(f"{self.command} {self.path}")
+            msg = b"<Error><Code>InvalidRequest</Code><Message>checksum headers are not supported</Message></Error>"
+            self.send_response(400)
+            self.send_header("Content-Length", str(len(msg)))
+            self.end_headers()
+            self.wfile.write(msg)
+            return
+        conn = http.client.HTTPConnection(*self.upstream, timeout=60)
+        conn.request(self.command, self.path, body=body, headers={k: v for k, v in self.headers.items()})
+        r = conn.getresponse()
+        data = r.read()
+        self.send_response(r.status)
+        head = self.command == "HEAD"  # its Content-Length is the object's, and it has no body
+        for k, v in r.getheaders():
+            if k.lower() not in ("transfer-encoding", "connection") and (head or k.lower() != "content-length"):
+                self.send_header(k, v)
+        if not head:
+            self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(data)
+        conn.close()
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture()
+def s3_no_checksums(s3_server, monkeypatch):
+    """The server behind a proxy that refuses checksum headers; the environment points at the proxy.
+    Yields (server, list of refused requests)."""
+    refused: list[str] = []
+    host, port = s3_server.endpoint.removeprefix("http://").split(":")
+    handler = type("H", (_RefuseChecksums,), {"upstream": (host, int(port)), "refused": refused})
+    proxy = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
+    proxy.daemon_threads = True
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{proxy.server_address[1]}"
+    for k, v in {**s3_server.env, "AWS_ENDPOINT_URL": endpoint}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr("modelinit.bucket.RETRIES", 1)
+    yield s3_server, refused
+    proxy.shutdown()
+    proxy.server_close()
