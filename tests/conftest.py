@@ -15,7 +15,7 @@ import modelinit
 import pytest
 from modelinit_server.service.server import BackgroundServer
 
-from tests.s3_server import s3_bucket, s3_env, s3_no_checksums, s3_server  # noqa: F401 - fixtures
+from tests.s3_server import s3_bucket, s3_checking_keys, s3_env, s3_no_checksums, s3_server  # noqa: F401 - fixtures
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -4,11 +4,13 @@ over HTTP with the real libraries (obstore, boto3, s3fs), never through mocked c
 
 ``s3_server`` (session): the endpoint, fake credentials and :meth:`S3Server.env`, the environment a
 subprocess (the CLI) needs to reach it; ``s3_bucket``: a fresh, empty bucket per test (its URL).
-``s3_server_no_checksums``: a loopback proxy in front of it that refuses any request carrying
-``x-amz-checksum-*`` headers, as several S3-compatible stores do (boto3#4392).
+``s3_no_checksums``: a loopback proxy in front of it that refuses any request carrying
+``x-amz-checksum-*`` headers, as several S3-compatible stores do (boto3#4392);
+``s3_checking_keys``: one that refuses any access key but the test's (moto accepts any).
 """
 from __future__ import annotations
 
+import contextlib
 import http.client
 import http.server
 import itertools
@@ -88,20 +90,23 @@ def s3_bucket(s3_env) -> str:
     return s3_env.new_bucket()
 
 
-class _RefuseChecksums(http.server.BaseHTTPRequestHandler):
-    """Forwards every request to the upstream server, but answers 400 InvalidRequest to one that
-    carries an ``x-amz-checksum-*`` or ``x-amz-sdk-checksum-algorithm`` header."""
+class _Proxy(http.server.BaseHTTPRequestHandler):
+    """Forwards every request to the upstream server, unless ``refuse(headers)`` names an error
+    (HTTP status, S3 error code) to answer instead, as a store that behaves otherwise would."""
 
     upstream: tuple[str, int]
     refused: list[str]
+    refuse: staticmethod
     protocol_version = "HTTP/1.1"
 
     def _any(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if any(k.lower().startswith(("x-amz-checksum-", "x-amz-sdk-checksum")) for k in self.headers):
+        answer = self.refuse(self.headers)
+        if answer is not None:
             self.refused.append(f"{self.command} {self.path}")
-            msg = b"<Error><Code>InvalidRequest</Code><Message>checksum headers are not supported</Message></Error>"
-            self.send_response(400)
+            status, code = answer
+            msg = f"<Error><Code>{code}</Code><Message>refused by the test proxy</Message></Error>".encode()
+            self.send_response(status)
             self.send_header("Content-Length", str(len(msg)))
             self.end_headers()
             self.wfile.write(msg)
@@ -128,13 +133,24 @@ class _RefuseChecksums(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture()
-def s3_no_checksums(s3_server, monkeypatch):
-    """The server behind a proxy that refuses checksum headers; the environment points at the proxy.
-    Yields (server, list of refused requests)."""
+def _checksum_headers(headers) -> "tuple[int, str] | None":
+    if any(k.lower().startswith(("x-amz-checksum-", "x-amz-sdk-checksum")) for k in headers):
+        return 400, "InvalidRequest"
+    return None
+
+
+def _foreign_key(headers) -> "tuple[int, str] | None":
+    """moto's server accepts any key; a real store refuses one it does not know."""
+    if f"Credential={KEYS['AWS_ACCESS_KEY_ID']}/" not in headers.get("Authorization", ""):
+        return 403, "InvalidAccessKeyId"
+    return None
+
+
+@contextlib.contextmanager
+def _proxied(s3_server, monkeypatch, refuse):
     refused: list[str] = []
     host, port = s3_server.endpoint.removeprefix("http://").split(":")
-    handler = type("H", (_RefuseChecksums,), {"upstream": (host, int(port)), "refused": refused})
+    handler = type("H", (_Proxy,), {"upstream": (host, int(port)), "refused": refused, "refuse": staticmethod(refuse)})
     proxy = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
     proxy.daemon_threads = True
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
@@ -142,6 +158,23 @@ def s3_no_checksums(s3_server, monkeypatch):
     for k, v in {**s3_server.env, "AWS_ENDPOINT_URL": endpoint}.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr("modelinit.bucket.RETRIES", 1)
-    yield s3_server, refused
-    proxy.shutdown()
-    proxy.server_close()
+    try:
+        yield s3_server, refused
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+
+
+@pytest.fixture()
+def s3_no_checksums(s3_server, monkeypatch):
+    """The server behind a proxy that refuses checksum headers, as several S3-compatible stores
+    do (boto3#4392); the environment points at the proxy. Yields (server, refused requests)."""
+    with _proxied(s3_server, monkeypatch, _checksum_headers) as got:
+        yield got
+
+
+@pytest.fixture()
+def s3_checking_keys(s3_server, monkeypatch):
+    """The server behind a proxy that refuses (403 InvalidAccessKeyId) any key but the test's."""
+    with _proxied(s3_server, monkeypatch, _foreign_key) as got:
+        yield got

@@ -20,7 +20,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, NoReturn
 
 import grpc
 
@@ -40,6 +40,9 @@ RETRIES = int(os.environ.get("MODELINIT_STORE_RETRIES", "5"))
 connection or a 5xx is ridden out; an endpoint that never answers fails in about 6 s."""
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _EXTRA = "pip install 'modelinit[cloud]'"
+#: What S3-compatible stores answer to checksum headers they do not know (boto3#4392).
+_CHECKSUM_REFUSALS = {"InvalidRequest", "NotImplemented", "InvalidArgument", "XAmzContentSHA256Mismatch",
+                      "400 Bad Request", "501 Not Implemented"}
 
 
 def url_scheme(path: str | os.PathLike) -> str | None:
@@ -78,8 +81,11 @@ def _obstore() -> Any:
 
 
 def _code(e: BaseException) -> str:
-    """The store's error code or HTTP status from an obstore error, nothing else (no URLs with
-    signatures, no keys)."""
+    """The store's error code or HTTP status from an obstore or boto3 error, nothing else (no URLs
+    with signatures, no keys)."""
+    response = getattr(e, "response", None)  # botocore's ClientError
+    if isinstance(response, dict) and response.get("Error", {}).get("Code"):
+        return str(response["Error"]["Code"])
     text = str(e)
     m = re.search(r"<Code>([A-Za-z]+)</Code>", text)
     if m:
@@ -104,16 +110,22 @@ class Bucket:
         self.field = field
         self.scheme = url_scheme(url) or ""
         self.bucket, _, self.prefix = self.url.split("://", 1)[1].partition("/")
-        if not self.bucket:
+        if not self.bucket and self.scheme != "file":
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {url!r} names no bucket; write {self.scheme}://BUCKET/PREFIX")
-        retry = {"max_retries": RETRIES, "retry_timeout": timedelta(minutes=3),
-                 "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=10), "base": 2}}
+        self._obstore = obstore
+        self._retry = {"max_retries": RETRIES, "retry_timeout": timedelta(minutes=3),
+                       "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=10), "base": 2}}
+        # Per-part SHA-256 checksums where the store checks them (S3); off when it refuses them.
+        self.checksums = self.scheme == "s3" and os.environ.get("MODELINIT_STORE_CHECKSUMS", "1") != "0"
+        self.store = self._open()
+
+    def _open(self) -> Any:
+        options = {"checksum_algorithm": "sha256"} if self.checksums else {}
         try:
-            self.store = obstore.store.from_url(self.url, retry_config=retry)
+            return self._obstore.store.from_url(self.url, retry_config=self._retry, **options)
         except Exception as e:  # a malformed URL or configuration (obstore raises its own types)
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"{field}: cannot use {self.url}: {' '.join(str(e).split())[:200]}") from None
-        self._obstore = obstore
+                                 f"{self.field}: cannot use {self.url}: {' '.join(str(e).split())[:200]}") from None
 
     def __str__(self) -> str:
         return self.url
@@ -141,36 +153,51 @@ class Bucket:
             return ModelInitError(grpc.StatusCode.PERMISSION_DENIED, f"{where}: permission denied ({code})")
         return ModelInitError(grpc.StatusCode.UNAVAILABLE, f"{where}: the store refused the request ({code})")
 
-    def _call(self, doing: str, fn, *args, **kwargs):
+    def _call(self, doing: str, fn, *args, retry_plain: bool = True, **kwargs):
+        """``fn(store, *args, **kwargs)``, its errors translated. A request refused for its
+        checksum headers (S3-compatible stores that predate them) is sent again without them,
+        once, and the store is used without them from then on (``retry_plain``: the request can
+        be sent again, its data is not a one-shot iterator)."""
         try:
-            return fn(*args, **kwargs)
-        except ModelInitError:
-            raise
-        except FileNotFoundError as e:
-            if "NoSuchBucket" in str(e):
-                raise self.error(e, doing) from None
-            raise
+            return fn(self.store, *args, **kwargs)
         except Exception as e:
-            if type(e).__module__.startswith("obstore") or isinstance(e, (OSError, ConnectionError)):
-                raise self.error(e, doing) from None
-            raise
+            if not (self.checksums and retry_plain and _code(e) in _CHECKSUM_REFUSALS):
+                return self._translate(e, doing)
+            self.checksums = False
+            self.store = self._open()
+            log.warning("%s: the store refused checksum headers (%s); uploading without per-part checksums "
+                        "(every shard's SHA-256 is still checked end to end)", self.url, _code(e))
+        try:
+            return fn(self.store, *args, **kwargs)
+        except Exception as e:
+            return self._translate(e, doing)
+
+    def _translate(self, e: Exception, doing: str) -> NoReturn:
+        """Re-raise ``e``: a store error as :meth:`error`'s ModelInitError; a missing object
+        (FileNotFoundError) and anything not from the store as it is."""
+        missing_object = isinstance(e, FileNotFoundError) and "NoSuchBucket" not in str(e)
+        if isinstance(e, ModelInitError) or missing_object:
+            raise e
+        if type(e).__module__.startswith("obstore") or isinstance(e, (OSError, ConnectionError)):
+            raise self.error(e, doing) from None
+        raise e
 
     # -- objects --------------------------------------------------------------------------------
     def list(self) -> dict[str, ObjectInfo]:
         """The objects directly under the prefix (not in "subfolders"), by name."""
-        result = self._call("listing the prefix", self._obstore.list_with_delimiter, self.store)
+        result = self._call("listing the prefix", self._obstore.list_with_delimiter)
         return {m["path"]: ObjectInfo(m["path"], m["size"], m.get("e_tag") or "") for m in result["objects"]}
 
     def read(self, name: str) -> bytes | None:
         """The whole object (small ones: records, the manifest), None when it is not there."""
         try:
-            return bytes(self._call(f"reading {name}", self._obstore.get, self.store, name).bytes())
+            return bytes(self._call(f"reading {name}", self._obstore.get, name).bytes())
         except FileNotFoundError:
             return None
 
     def chunks(self, name: str) -> Iterator[memoryview]:
         """The object's bytes, streamed (verify, rehash)."""
-        result = self._call(f"reading {name}", self._obstore.get, self.store, name)
+        result = self._call(f"reading {name}", self._obstore.get, name)
         try:
             for chunk in result:
                 yield memoryview(chunk)
@@ -181,7 +208,7 @@ class Bucket:
         """A small object in one request; ``create``: only if no object has the name (raises
         FileExistsError when one has). The new e_tag."""
         try:
-            return self._call(f"writing {name}", self._obstore.put, self.store, name, data,
+            return self._call(f"writing {name}", self._obstore.put, name, data,
                               mode="create" if create else "overwrite", use_multipart=False).get("e_tag") or ""
         except self._obstore.exceptions.AlreadyExistsError:
             raise FileExistsError(name) from None
@@ -190,13 +217,22 @@ class Bucket:
         """A shard as one multipart upload of ``chunks`` (buffers, in order): the object appears only
         once every part is in; when ``chunks`` raises, the upload is aborted and the error re-raised
         (no object, no parts left). The new e_tag."""
-        result = self._call(f"uploading {name}", self._obstore.put, self.store, name, chunks,
+        result = self._call(f"uploading {name}", self._obstore.put, name, chunks, retry_plain=False,
                             use_multipart=True, chunk_size=PART_BYTES, max_concurrency=PARTS_IN_FLIGHT)
         return result.get("e_tag") or ""
 
     def delete(self, name: str) -> None:
+        """Delete the object (a missing one is fine). obstore deletes through S3's bulk
+        DeleteObjects, which always carries a checksum header: on a store that refuses those,
+        the plain DeleteObject goes through boto3 instead."""
+        if self.scheme == "s3" and not self.checksums and (client := self._s3_admin()) is not None:
+            try:
+                client.delete_object(Bucket=self.bucket, Key=self._key(name))
+                return
+            except Exception as e:
+                raise self.error(e, f"deleting {name}") from None
         try:
-            self._call(f"deleting {name}", self._obstore.delete, self.store, name)
+            self._call(f"deleting {name}", self._obstore.delete, name)
         except FileNotFoundError:
             pass
 
@@ -228,6 +264,8 @@ class Bucket:
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def _s3_admin(self) -> Any:
+        if getattr(self, "_admin", None) is not None:
+            return self._admin
         try:
             import boto3
             from botocore.config import Config
@@ -237,4 +275,5 @@ class Bucket:
         # Only the checksums the store requires: S3-compatible stores reject the newer default ones.
         config = Config(request_checksum_calculation="when_required", response_checksum_validation="when_required",
                         retries={"max_attempts": 3, "mode": "standard"})
-        return boto3.client("s3", config=config)
+        self._admin = boto3.client("s3", config=config)
+        return self._admin

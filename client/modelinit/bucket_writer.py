@@ -70,6 +70,7 @@ class BucketRecord:
         self.files: dict[int, tuple[FileResult, str]] = dict(kept)
         """Plan index -> (file, e_tag)."""
         self._lock = threading.Lock()
+        self._request = json.loads(manifest_bytes(plan, []))["request"]
 
     def add(self, index: int, result: FileResult, e_tag: str) -> None:
         with self._lock:
@@ -81,6 +82,7 @@ class BucketRecord:
         doc = {
             "fingerprint": self.plan.fingerprint,
             "algorithm_version": self.plan.algorithm_version,
+            "request": self._request,  # what `modelinit finalize URL` replans the small files from
             "part": [self.part.index, self.part.count],
             "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in files],
             "e_tags": {f.name: t for _, (f, t) in sorted(self.files.items())},
@@ -278,15 +280,16 @@ def _create_once(bucket: Bucket, name: str, data: bytes) -> bool:
     return True
 
 
-def finalize(bucket: Bucket, plan: pb.PlanResponse, count: int, make_small: Callable[[list[int]], Events]) -> list[FileResult] | None:
+def finalize(bucket: Bucket, plan: pb.PlanResponse, count: int, make_small: Callable[[list[int]], Events]
+             ) -> tuple[list[FileResult] | None, list[int]]:
     """If every one of ``count`` parts recorded its shards, and each is there as recorded: create
     the small files (``make_small(indices)`` streams them) and then ``modelinit.json`` exactly once,
-    delete the records, and return the plan's files. None (nothing written) while a part is
-    missing; the log names the missing parts."""
+    delete the records; returns the plan's files and ``[]``. While a part is missing: None (nothing
+    written) and the missing parts."""
     objects = bucket.list()
     done = _complete_manifest(bucket, plan, objects)
     if done is not None:
-        return done
+        return done, []
     results: dict[int, FileResult] = {}
     missing: list[int] = []
     index = {f.name: i for i, f in enumerate(plan.files)}
@@ -305,7 +308,7 @@ def finalize(bucket: Bucket, plan: pb.PlanResponse, count: int, make_small: Call
     if missing:
         log.info("%s: part(s) %s of %d not finished yet; the last part to finish writes %s", bucket,
                  ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else ""), count, MANIFEST_FILE)
-        return None
+        return None, missing
     small = [i for i in small_files(plan) if plan.files[i].name not in uploaded]  # a whole run uploaded its own
     results.update((i, uploaded[plan.files[i].name]) for i in small_files(plan) if i not in small)
     if small:
@@ -317,4 +320,35 @@ def finalize(bucket: Bucket, plan: pb.PlanResponse, count: int, make_small: Call
     for name in bucket.list():
         if _is_record(name):
             bucket.delete(name)
-    return ordered
+    return ordered, []
+
+
+def recorded_request(bucket: Bucket) -> tuple[pb.ModelRequest, int]:
+    """The request the part records under the prefix hold, and how many parts they split it
+    into: what ``modelinit finalize URL`` needs. FAILED_PRECONDITION when there is no record, or
+    records of different requests or splits."""
+    from .manifest import manifest_request
+
+    found: dict[tuple[str, int], dict] = {}
+    for name in sorted(bucket.list()):
+        if not _is_record(name):
+            continue
+        data = bucket.read(name)
+        try:
+            doc = json.loads(data or b"")
+            part = doc.get("part", [0, 1])
+            request = manifest_request(doc)
+        except (ValueError, AttributeError, TypeError):
+            continue
+        count = part[1] if isinstance(part, list) and len(part) == 2 and isinstance(part[1], int) else 1
+        found[(request.SerializeToString(deterministic=True).hex(), count)] = {"request": request, "count": count}
+    if not found:
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"{bucket}: no part records (.modelinit.part-*.json): nothing to finalize (a finished "
+                             f"checkpoint has {MANIFEST_FILE} instead; an empty prefix was never written)")
+    if len(found) > 1:
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"{bucket}: part records of {len(found)} different requests or splits; rerun one of them "
+                             "with --overwrite")
+    (only,) = found.values()
+    return only["request"], only["count"]

@@ -162,6 +162,13 @@ def _parser() -> argparse.ArgumentParser:
                            "*.index.json, config.json, ...); without it they are refused. An earlier modelinit run's files are "
                            "always replaced")
 
+    fin = sub.add_parser("finalize", help="after `init --part K/N` of every part: write the index, config.json and "
+                                          "modelinit.json once (the last part does it itself; this is for a final step)")
+    fin.add_argument("url", metavar="URL", help="the --out the parts wrote (s3://bucket/prefix, gs://, az://, or a shared folder)")
+    fin.add_argument("--server", default=None, metavar="TARGET", help="server that regenerates the small files; default: embedded")
+    fin.add_argument("--device", default="auto", choices=DEVICES, help="embedded engine (default auto)")
+    _add_connection_args(fin)
+
     plan = sub.add_parser("plan", help="show every tensor's rule, std and shard without generating anything")
     _add_request_args(plan)
     plan.add_argument("--json", action="store_true", help="print the manifest as JSON")
@@ -250,18 +257,27 @@ def _main(argv: list[str] | None) -> int:
         return _serve(args)
     if args.command == "verify":
         return _verify(args)
+    if args.command == "finalize":
+        return _finalize(args)
     try:
         with connect(args) as client:
             kwargs = dict(seed=args.seed or 0, policy=args.policy, dtype=args.dtype, max_shard_size=args.max_shard_size,
                           algorithm_version=args.algorithm_version, architecture=args.architecture)
             if args.command == "init":
                 write = dict(out_dir=args.out, progress=not args.quiet and sys.stderr.isatty(), fsync=args.fsync,
-                             direct_io=not args.buffered_io, parallel=args.parallel, overwrite=args.overwrite)
+                             direct_io=not args.buffered_io, parallel=args.parallel, overwrite=args.overwrite, part=args.part)
                 if args.from_manifest is not None:
                     result = client.init_model_from_manifest(args.from_manifest, **write)
                 else:
                     result = client.init_model(args.spec, **write, **kwargs)
                 shards = sum(f.name.endswith(".safetensors") for f in result.files)
+                if not result.complete:
+                    size = sum(f.size for f in result.files)
+                    missing = ", ".join(map(str, result.missing_parts[:16])) + (" ..." if len(result.missing_parts) > 16 else "")
+                    print(f"wrote part {args.part}: {shards} shard(s) ({size / 1e9:.2f} GB) to {result.path}; part(s) {missing} "
+                          f"not finished yet: the last one (or `modelinit finalize {result.path}`) writes modelinit.json; "
+                          f"fingerprint {result.fingerprint[:16]}")
+                    return 0
                 verb = "already complete (verified, nothing written):" if result.reused else "wrote"
                 print(f"{verb} {result.total_params:,} parameters ({result.total_bytes / 1e9:.2f} GB) in {shards} shard(s) "
                       f"to {result.path}; fingerprint {result.fingerprint[:16]}")
@@ -305,6 +321,30 @@ def connect(args: argparse.Namespace):
 
 def _serve(args: argparse.Namespace) -> int:
     return embedded.serve(args, _fail)
+
+
+def _finalize(args: argparse.Namespace) -> int:
+    """``modelinit finalize URL``: 0 complete, 3 parts still missing (nothing written; rerun it
+    later), 2 bad input, 1 the environment."""
+    try:
+        with (connect(args) if args.server else Client(device=args.device)) as client:
+            result = client.finalize(args.url)
+    except ModelInitError as e:
+        return _fail(e.details, 2 if e.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION) else 1)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    if not result.complete:
+        missing = ", ".join(map(str, result.missing_parts[:16])) + (" ..." if len(result.missing_parts) > 16 else "")
+        return _fail(f"{result.path}: part(s) {missing} not finished yet; nothing written (run finalize again after them)",
+                     EXIT_PARTS_MISSING)
+    print(f"complete: {result.total_params:,} parameters ({result.total_bytes / 1e9:.2f} GB) in "
+          f"{sum(f.name.endswith('.safetensors') for f in result.files)} shard(s) at {result.path}; "
+          f"fingerprint {result.fingerprint[:16]}")
+    return 0
+
+
+#: ``modelinit finalize``'s exit status while a part is missing: retry later (not an error of the input).
+EXIT_PARTS_MISSING = 3
 
 
 def _verify(args: argparse.Namespace) -> int:

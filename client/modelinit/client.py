@@ -67,6 +67,8 @@ class InitResult:
     complete: bool = True
     """False after a ``part`` that found other parts unfinished: its shards are in, ``files``
     lists them, and the last part to finish (or ``modelinit finalize``) writes ``modelinit.json``."""
+    missing_parts: tuple[int, ...] = ()
+    """When not ``complete``: the parts (0-based) whose shards are not all there yet."""
 
 
 @dataclass(frozen=True)
@@ -426,12 +428,27 @@ class Client:
                 bucket_writer.upload_files(bucket, self.source.events(request, plan, todo), plan, todo, bar, record.add)
         finally:
             bar(None)
-        files = bucket_writer.finalize(bucket, plan, part.count, lambda idx: self.source.events(request, plan, idx))
+        files, missing = bucket_writer.finalize(bucket, plan, part.count, lambda idx: self.source.events(request, plan, idx))
         if files is None:
             return InitResult(bucket.url, plan.fingerprint, tuple(record.files[i][0] for i in mine), plan.total_params,
-                              plan.total_bytes, plan.algorithm_version, kept=kept, complete=False)
+                              plan.total_bytes, plan.algorithm_version, kept=kept, complete=False, missing_parts=tuple(missing))
         return InitResult(bucket.url, plan.fingerprint, tuple(files), plan.total_params, plan.total_bytes,
                           plan.algorithm_version, kept=kept)
+
+    def finalize(self, url: str | os.PathLike) -> InitResult:
+        """Complete a checkpoint that parts wrote (``init_model(..., part=(K, N))``): when every
+        part's shards are there as recorded, write the index, config.json and ``modelinit.json``
+        (each created once), as the last part does itself; for schedulers that prefer a final
+        step. The request comes from the parts' records and is planned again here (its
+        fingerprint must match). ``complete`` is False while a part is missing (nothing written)."""
+        text = os.fspath(url)
+        bucket = Bucket(text, "url") if is_bucket_url(text) else Bucket(local_folder(text, "url").resolve().as_uri(), "url")
+        request, count = bucket_writer.recorded_request(bucket)
+        plan = full_plan(self.source, request)
+        check_plan_names(plan)
+        files, missing = bucket_writer.finalize(bucket, plan, count, lambda idx: self.source.events(request, plan, idx))
+        return InitResult(bucket.url, plan.fingerprint, tuple(files or ()), plan.total_params, plan.total_bytes,
+                          plan.algorithm_version, complete=files is not None, missing_parts=tuple(missing))
 
     def init_model_from_manifest(self, manifest: str | os.PathLike, out_dir: str | os.PathLike, **options: Any) -> InitResult:
         """Reproduce a run byte for byte: write into ``out_dir`` what the request recorded in

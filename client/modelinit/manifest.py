@@ -16,7 +16,7 @@ import os
 import pathlib
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, TypeGuard
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeGuard
 
 import grpc
 from google.protobuf import json_format
@@ -24,6 +24,9 @@ from modelinit_wire import policy_file
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .errors import ModelInitError
+
+if TYPE_CHECKING:
+    from .bucket import Bucket
 
 MANIFEST_FILE = "modelinit.json"
 PROGRESS_FILE = ".modelinit.progress.json"
@@ -223,7 +226,13 @@ def read_manifest(path: str | os.PathLike, field: str = "manifest") -> dict:
     """The folder's ``modelinit.json``, checked for shape (:func:`parse_manifest`). Raises
     ModelInitError(FAILED_PRECONDITION) when the folder is not a directory, has no manifest, or the
     manifest is malformed (naming what is wrong). ``path`` may also be the manifest file itself
-    (``DIR/modelinit.json``). Object-store URLs: :func:`modelinit.bucket_writer.read_bucket_manifest`."""
+    (``DIR/modelinit.json``), or an object-store prefix (``s3://bucket/prefix``, or
+    ``s3://bucket/prefix/modelinit.json``: :func:`read_bucket_manifest`); any other URL is refused
+    with INVALID_ARGUMENT naming ``field``."""
+    from .bucket import Bucket, is_bucket_url  # the object-store extra is loaded only for a URL
+
+    if is_bucket_url(path):
+        return read_bucket_manifest(Bucket(manifest_prefix(path), field))
     folder = local_folder(path, field)
     if folder.is_file():
         file = folder  # the manifest file itself (errors name it)
@@ -241,6 +250,32 @@ def read_manifest(path: str | os.PathLike, field: str = "manifest") -> dict:
     except (OSError, UnicodeDecodeError) as e:
         raise _bad_manifest(str(file), f"cannot read it: {e}") from None
     return parse_manifest(text, str(file))
+
+
+def manifest_prefix(url: str | os.PathLike) -> str:
+    """The object-store prefix a URL names: the URL itself, or its parent when it names the
+    manifest (``s3://bucket/prefix/modelinit.json``)."""
+    text = os.fsdecode(os.fspath(url)).rstrip("/")
+    head, sep, last = text.rpartition("/")
+    return head if sep and last == MANIFEST_FILE and not head.endswith(":/") else text
+
+
+def read_bucket_manifest(bucket: "Bucket") -> dict:
+    """The ``modelinit.json`` of an object-store prefix, checked for shape (:func:`parse_manifest`).
+    FAILED_PRECONDITION when the prefix has none (a run still uploading, or killed, leaves none:
+    it is written last), when it is malformed, or when the bucket does not exist; other store
+    errors as :meth:`Bucket.error <modelinit.bucket.Bucket.error>` makes them."""
+    try:
+        data = bucket.read(MANIFEST_FILE)
+    except ModelInitError as e:
+        if e.code != grpc.StatusCode.NOT_FOUND:
+            raise
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION, e.details) from None
+    if data is None:
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"{bucket.url}: has no {MANIFEST_FILE}: not a complete checkpoint (an unfinished or partial "
+                             "run leaves none)")
+    return parse_manifest(data, f"{bucket.url}/{MANIFEST_FILE}")
 
 
 def parse_manifest(text: str | bytes, where: str) -> dict:
