@@ -335,3 +335,35 @@ def test_a_store_that_refuses_checksum_headers_gets_the_same_objects(s3_no_check
     assert refused  # it was asked with checksums first
     assert "refused checksum headers" in caplog.text
     assert server.keys(bucket, "m") == expected
+
+
+def test_a_reused_buffer_is_uploaded_as_it_was_passed(s3_env, s3_bucket, monkeypatch):
+    """The embedded engine reuses its segment buffers a few events later; obstore keeps the buffers
+    it is given until their part is sent. Each part must hold the bytes as they were passed."""
+    from modelinit import bucket_writer
+    from modelinit.bucket import Bucket
+    from modelinit_wire.events import Begin, Data, End
+    from modelinit_wire.v1 import modelinit_pb2 as pb
+
+    monkeypatch.setattr("modelinit.bucket.PART_BYTES", 5 << 20)  # S3's smallest part: 3 parts in flight
+    size, segment = 12 << 20, 1 << 20
+    plan = pb.PlanResponse(files=[pb.FilePlan(name="model.safetensors", size=size, shard=True)])
+    ring = bytearray(segment)
+
+    class Reusing:
+        def __iter__(self):
+            yield Begin(0, "model.safetensors", size)
+            for i in range(size // segment):
+                ring[:] = bytes([i]) * segment  # the same buffer, refilled
+                yield Data(memoryview(ring))
+            yield End(0, None)
+
+        def close(self):
+            pass
+
+    (result,) = bucket_writer.upload_files(Bucket(f"s3://{s3_bucket}/m"), Reusing(), plan, [0], lambda n: None)
+    data = s3_env.keys(s3_bucket, "m")["model.safetensors"]
+    assert data == b"".join(bytes([i]) * segment for i in range(size // segment))
+    import hashlib
+
+    assert result.sha256 == hashlib.sha256(data).hexdigest()

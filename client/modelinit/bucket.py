@@ -113,6 +113,7 @@ class Bucket:
         if not self.bucket and self.scheme != "file":
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {url!r} names no bucket; write {self.scheme}://BUCKET/PREFIX")
         self._obstore = obstore
+        self._admin: Any = None  # boto3's S3 client, made on first use (S3 only)
         self._retry = {"max_retries": RETRIES, "retry_timeout": timedelta(minutes=3),
                        "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=10), "base": 2}}
         # Per-part SHA-256 checksums where the store checks them (S3); off when it refuses them.
@@ -264,7 +265,7 @@ class Bucket:
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def _s3_admin(self) -> Any:
-        if getattr(self, "_admin", None) is not None:
+        if self._admin is not None:
             return self._admin
         try:
             import boto3

@@ -191,9 +191,12 @@ def prepare(bucket: Bucket, plan: pb.PlanResponse, part: Part, overwrite: bool) 
     return record
 
 
-def _bytes_view(data) -> "bytes | memoryview":
-    """A buffer as flat bytes (obstore takes 1-d uint8 buffers; the engine may hand out arrays)."""
-    return data if isinstance(data, bytes) else memoryview(data).cast("B")
+def _owned(data) -> bytes:
+    """The buffer's bytes, owned. obstore keeps the buffers it is given, without copying, until
+    their part is sent, while the embedded engine reuses its segment buffers a few events later
+    (``ring``): uploading a view would send whatever the buffer holds by then (the SHA-256, taken
+    as the bytes passed, would not notice). ``bytes`` (what gRPC gives) is immutable: no copy."""
+    return data if isinstance(data, bytes) else bytes(memoryview(data).cast("B"))
 
 
 def _file_chunks(events: Iterator, check: StreamCheck, first: Begin, progress: Callable[[int], None],
@@ -205,9 +208,10 @@ def _file_chunks(events: Iterator, check: StreamCheck, first: Begin, progress: C
     for event in events:
         if isinstance(event, Data):
             n = check.data(event.data)
-            check.sha256.update(event.data)
+            data = _owned(event.data)
+            check.sha256.update(data)
             progress(n)
-            yield _bytes_view(event.data)
+            yield data
         elif isinstance(event, End):
             done.append(check.end(event))
             return
@@ -252,7 +256,7 @@ def _small_bytes(source: Events, plan: pb.PlanResponse, indices: list[int]) -> l
             elif isinstance(event, Data):
                 check.data(event.data)
                 check.sha256.update(event.data)
-                buf += _bytes_view(event.data)
+                buf += _owned(event.data)
             else:
                 out.append((check.end(event), bytes(buf)))
     finally:
