@@ -15,7 +15,8 @@ import modelinit
 import pytest
 from modelinit_server.service.server import BackgroundServer
 
-from tests.s3_server import s3_bucket, s3_checking_keys, s3_env, s3_no_checksums, s3_server  # noqa: F401 - fixtures
+from tests.s3_server import (  # noqa: F401 - fixtures
+    s3_bucket, s3_checking_keys, s3_env, s3_no_checksums, s3_no_conditional_put, s3_server)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

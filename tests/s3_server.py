@@ -146,6 +146,12 @@ def _foreign_key(headers) -> "tuple[int, str] | None":
     return None
 
 
+def _conditional_put(headers) -> "tuple[int, str] | None":
+    if "If-None-Match" in headers:
+        return 501, "NotImplemented"
+    return None
+
+
 @contextlib.contextmanager
 def _proxied(s3_server, monkeypatch, refuse):
     refused: list[str] = []
@@ -170,6 +176,14 @@ def s3_no_checksums(s3_server, monkeypatch):
     """The server behind a proxy that refuses checksum headers, as several S3-compatible stores
     do (boto3#4392); the environment points at the proxy. Yields (server, refused requests)."""
     with _proxied(s3_server, monkeypatch, _checksum_headers) as got:
+        yield got
+
+
+@pytest.fixture()
+def s3_no_conditional_put(s3_server, monkeypatch):
+    """The server behind a proxy that answers 501 NotImplemented to a conditional PUT
+    (``If-None-Match``), as S3-compatible stores without conditional writes do."""
+    with _proxied(s3_server, monkeypatch, _conditional_put) as got:
         yield got
 
 

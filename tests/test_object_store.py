@@ -367,3 +367,56 @@ def test_a_reused_buffer_is_uploaded_as_it_was_passed(s3_env, s3_bucket, monkeyp
     import hashlib
 
     assert result.sha256 == hashlib.sha256(data).hexdigest()
+
+
+def test_two_parts_finishing_at_once_write_the_manifest_once(s3_env, s3_bucket, expected, monkeypatch):
+    """Both find every part there and race to finalize: the conditional create lets one write each
+    small file and the manifest; the other finds the same bytes. Both report complete."""
+    import threading
+
+    from modelinit import bucket_writer
+
+    url = f"s3://{s3_bucket}/m"
+    real = bucket_writer.finalize
+    monkeypatch.setattr(bucket_writer, "finalize", lambda *a: (None, []))
+    with modelinit.Client() as c:
+        for k in range(2):
+            c.init_model(SPEC, out_dir=url, part=(k, 2), **SHARDED)
+    monkeypatch.setattr(bucket_writer, "finalize", real)
+    created: list[str] = []
+    real_create = bucket_writer._create_once
+
+    def counting(bucket, name, data):
+        wrote = real_create(bucket, name, data)
+        if wrote:
+            created.append(name)
+        return wrote
+
+    monkeypatch.setattr(bucket_writer, "_create_once", counting)
+    barrier = threading.Barrier(2)
+    results = []
+
+    def finish():
+        with modelinit.Client() as c:
+            barrier.wait()
+            results.append(c.finalize(url))
+
+    threads = [threading.Thread(target=finish) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.complete for r in results] == [True, True]
+    assert sorted(created) == sorted({"model.safetensors.index.json", "config.json", "modelinit.json"} & set(created))
+    assert created.count("modelinit.json") == 1
+    assert s3_env.keys(s3_bucket, "m") == expected
+
+
+def test_a_store_without_conditional_writes_still_gets_one_checkpoint(s3_no_conditional_put, expected, caplog):
+    server, refused = s3_no_conditional_put
+    bucket = server.new_bucket()
+    with modelinit.Client() as c, caplog.at_level("WARNING", "modelinit.client"):
+        for k in (1, 0):
+            c.init_model(SPEC, out_dir=f"s3://{bucket}/m", part=(k, 2), **SHARDED)
+    assert refused and "no conditional create" in caplog.text
+    assert server.keys(bucket, "m") == expected

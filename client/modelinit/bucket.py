@@ -177,7 +177,7 @@ class Bucket:
         """Re-raise ``e``: a store error as :meth:`error`'s ModelInitError; a missing object
         (FileNotFoundError) and anything not from the store as it is."""
         missing_object = isinstance(e, FileNotFoundError) and "NoSuchBucket" not in str(e)
-        if isinstance(e, ModelInitError) or missing_object:
+        if isinstance(e, (ModelInitError, FileExistsError)) or missing_object:
             raise e
         if type(e).__module__.startswith("obstore") or isinstance(e, (OSError, ConnectionError)):
             raise self.error(e, doing) from None
@@ -207,12 +207,19 @@ class Bucket:
 
     def put(self, name: str, data: bytes, create: bool = False) -> str:
         """A small object in one request; ``create``: only if no object has the name (raises
-        FileExistsError when one has). The new e_tag."""
-        try:
-            return self._call(f"writing {name}", self._obstore.put, name, data,
-                              mode="create" if create else "overwrite", use_multipart=False).get("e_tag") or ""
-        except self._obstore.exceptions.AlreadyExistsError:
-            raise FileExistsError(name) from None
+        FileExistsError when one has, or when another writer's create of it is under way). The
+        new e_tag."""
+        exceptions = self._obstore.exceptions
+
+        def attempt(store: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return self._obstore.put(store, *args, **kwargs)
+            except (exceptions.AlreadyExistsError, exceptions.PreconditionError):
+                raise FileExistsError(name) from None
+
+        result = self._call(f"writing {name}", attempt, name, data, mode="create" if create else "overwrite",
+                            use_multipart=False)
+        return result.get("e_tag") or ""
 
     def upload(self, name: str, chunks: Iterable[Any]) -> str:
         """A shard as one multipart upload of ``chunks`` (buffers, in order): the object appears only

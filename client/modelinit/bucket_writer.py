@@ -25,6 +25,7 @@ import json
 import logging
 import re
 import threading
+import time
 from typing import Callable, Iterable, Iterator
 
 import grpc
@@ -152,8 +153,10 @@ def prepare(bucket: Bucket, plan: pb.PlanResponse, part: Part, overwrite: bool) 
     records = sorted(n for n in objects if _is_record(n))
     own = _read_record(bucket, record_name(part), plan) if record_name(part) in objects else None
     ours = set().union(*(_recorded_names(bucket, n) for n in [*records, *([MANIFEST_FILE] if MANIFEST_FILE in objects else [])]))
-    if any(_read_record(bucket, n, plan) is not None for n in records):
-        ours |= {plan.files[i].name for i in small_files(plan)}  # a finalization of these weights may have begun
+    finalizing = any(_read_record(bucket, n, plan) is not None for n in records)
+    small_names = {plan.files[i].name for i in small_files(plan)}
+    if finalizing:
+        ours |= small_names  # a finalization of these weights may have begun: its small files are ours
 
     kept: dict[int, tuple[FileResult, str]] = {}
     for i in mine:
@@ -180,6 +183,8 @@ def prepare(bucket: Bucket, plan: pb.PlanResponse, part: Part, overwrite: bool) 
         bucket.delete(MANIFEST_FILE)  # the prefix is incomplete from here on
     stale = sorted(n for n in (ours & objects.keys()) if n not in planned and not _is_record(n) and n != MANIFEST_FILE) + \
         [n for n in foreign if n not in planned]
+    if not finalizing:  # an earlier run's index and config.json go now, not at the conditional create
+        stale += sorted(n for n in (ours & objects.keys() & small_names) if n not in stale)
     for name in stale:
         bucket.delete(name)
     for name in records:  # records of other weights, or of another split of these
@@ -269,17 +274,22 @@ def _create_once(bucket: Bucket, name: str, data: bytes) -> bool:
     """``name`` created with ``data`` unless it already holds exactly that (another part won the
     race): True when this call wrote it. Where the store has no conditional create, the bytes are
     written plainly (every part writes the same ones), and the log says so."""
-    try:
-        bucket.put(name, data, create=True)
-        return True
-    except FileExistsError:
-        if bucket.read(name) == data:
-            return False
-        log.info("%s: replacing %s of an earlier run", bucket, name)
-    except ModelInitError as e:
-        if e.code not in (grpc.StatusCode.UNAVAILABLE,) or "NotImplemented" not in e.details and "501" not in e.details:
-            raise
-        log.warning("%s: the store has no conditional create (If-None-Match); writing %s unconditionally", bucket, name)
+    for attempt in range(5):
+        try:
+            bucket.put(name, data, create=True)
+            return True
+        except FileExistsError:
+            if bucket.read(name) == data:
+                return False
+            if attempt < 4:  # or another writer's create is under way (412/409 before its object shows)
+                time.sleep(0.2 * 2**attempt)
+                continue
+            log.info("%s: replacing %s of an earlier run", bucket, name)
+        except ModelInitError as e:
+            if "NotImplemented" not in e.details and "501" not in e.details:
+                raise
+            log.warning("%s: the store has no conditional create (If-None-Match); writing %s unconditionally", bucket, name)
+        break
     bucket.put(name, data)
     return True
 
