@@ -237,9 +237,10 @@ _PINNED = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._/-]*(?::[0-9]+/[a-z0-9._/-]+)?
                      r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
 
 DOCKERFILES = {
-    # file: (ENTRYPOINT, server device in CMD or None, pip extra installed)
-    "Dockerfile": (["modelinit", "serve"], "cpu", "server"),
-    "Dockerfile.cuda": (["modelinit", "serve"], "cuda", "cuda"),
+    # file: (ENTRYPOINT, server device in CMD or None, pip extras installed: the engine's, and
+    # `cloud` so the image's `modelinit init --out s3://...` (the Indexed Job's pods) can write)
+    "Dockerfile": (["modelinit", "serve"], "cpu", "server,cloud"),
+    "Dockerfile.cuda": (["modelinit", "serve"], "cuda", "cuda,cloud"),
     "Dockerfile.client": (["modelinit"], None, None),
 }
 
@@ -336,8 +337,8 @@ def test_dockerfile_conventions(name):
     if device == "cpu":
         assert any("--index-url https://download.pytorch.org/whl/cpu" in r for r in torch_runs), \
             f"{name}: the CPU image must take torch from the PyTorch CPU index"
-    assert re.search(rf'/src\[{extra}\]', runs), f"{name}: the image must install the `{extra}` extra"
-    assert extra in pyproject()["project"]["optional-dependencies"]
+    assert re.search(rf'/src\[{extra}\]', runs), f"{name}: the image must install the `{extra}` extras"
+    assert all(e in pyproject()["project"]["optional-dependencies"] for e in extra.split(","))
 
     cmd = final["cmd"]
     assert isinstance(cmd, list)

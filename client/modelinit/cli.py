@@ -29,6 +29,7 @@ from modelinit_wire.policy_file import looks_like_file, to_dict
 from . import embedded
 from .client import Client
 from .errors import ModelInitError
+from .job import add_job_parser, check_parts, parse_rate, print_parts, run_job
 from .manifest import read_manifest
 from .remote import RetryPolicy
 from .verify import embedded_client, verify_folder
@@ -175,10 +176,16 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--tensors", action=argparse.BooleanOptionalAction, default=True,
                       help="list every tensor (the default; fetched page by page, any model size); "
                            "--no-tensors: only the totals and files")
+    plan.add_argument("--parts", type=int, default=None, metavar="N",
+                      help="how `init --part K/N` (and `modelinit job --parts N`) splits the shards: each part's shards, "
+                           "bytes and time at --rate")
+    plan.add_argument("--rate", default="0.5GB/s", metavar="R", help="bytes per second one part writes, for --parts (default 0.5GB/s)")
 
     explain = sub.add_parser("explain", help="tensor groups with their std against the Xavier/LeCun references, and warnings")
     _add_request_args(explain)
     explain.add_argument("--json", action="store_true", help='print {"groups": [...], "summary": {...}} as JSON')
+
+    add_job_parser(sub)
 
     verify = sub.add_parser("verify", help="check a finished folder against its modelinit.json (sizes, SHA-256, headers), "
                                            "regenerating its bytes from (spec, policy, seed)")
@@ -259,6 +266,13 @@ def _main(argv: list[str] | None) -> int:
         return _verify(args)
     if args.command == "finalize":
         return _finalize(args)
+    if args.command == "job":
+        try:
+            return run_job(args)
+        except ModelInitError as e:
+            return _fail(e.details, 2)
+    if args.command == "plan" and args.parts is not None and args.json:
+        return _fail("--parts: prints a table; not with --json", 2)
     try:
         with connect(args) as client:
             kwargs = dict(seed=args.seed or 0, policy=args.policy, dtype=args.dtype, max_shard_size=args.max_shard_size,
@@ -283,6 +297,10 @@ def _main(argv: list[str] | None) -> int:
                       f"to {result.path}; fingerprint {result.fingerprint[:16]}")
             elif args.command == "explain":
                 _print_explain(client.plan(args.spec, **kwargs), args.json, args.policy)
+            elif args.parts is not None:  # how `init --part K/N` splits the shards
+                check_parts(args.parts)  # a bad --parts or --rate fails before planning
+                rate = parse_rate(args.rate)
+                print_parts(client.plan(args.spec, tensors=False, **kwargs), args.parts, rate)
             else:
                 _print_plan(client.plan(args.spec, tensors=args.tensors, **kwargs), args.json, args.tensors)
     except ModelInitError as e:

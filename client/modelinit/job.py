@@ -41,6 +41,7 @@ NAMESPACE = "training"
 QUEUE = "training-queue"
 """The LocalQueue of deploy/examples/kueue-queues.yaml."""
 SECRET = "modelinit-store"
+"""The store-credentials Secret deploy/k8s/init-job reads (AWS_ACCESS_KEY_ID, ... as env vars)."""
 TOKEN_SECRET = "modelinit-token"
 """The token Secret of docs/deploy.md (key ``token``), read with ``--server``."""
 BACKOFF_LIMIT_PER_INDEX = 3
@@ -66,6 +67,7 @@ _DEVICES = ("cpu", "cuda", "auto")
 
 
 def _bad(message: str) -> ModelInitError:
+    """Bad input: the CLI prints it as one line and exits 2."""
     return ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
@@ -77,10 +79,12 @@ def _check(pattern: re.Pattern, value: Any, flag: str, what: str, longest: int =
 
 
 def _label(value: Any, flag: str) -> str:
+    """A DNS label (RFC 1123): what Job names, namespaces and pod hostnames must be."""
     return _check(_LABEL, value, flag, "a DNS label: lower-case letters, digits and '-', starting and ending alphanumeric")
 
 
 def _subdomain(value: Any, flag: str) -> str:
+    """An object name (Secret, ServiceAccount, claim): a DNS subdomain."""
     return _check(_SUBDOMAIN, value, flag, "a Kubernetes object name (lower-case letters, digits, '-', '.')", 253)
 
 
@@ -91,6 +95,13 @@ def _quantity(value: Any, flag: str) -> str:
     if m is None or float(m.group(1)) == 0:
         raise _bad(f"{flag}: {text!r} is not a positive Kubernetes quantity, e.g. 4, 500m, 16Gi")
     return text
+
+
+def check_parts(count: Any) -> int:
+    """``count`` if it is a number of parts (1..MAX_PARTS); INVALID_ARGUMENT naming --parts."""
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_PARTS:
+        raise _bad(f"--parts: the number of parts (pods) must be an integer in 1..{MAX_PARTS}, got {count!r}")
+    return count
 
 
 def parse_bytes(text: str, flag: str) -> float:
@@ -144,6 +155,7 @@ def check_out(out: Any, pvc: str | None = None) -> str | None:
 
 
 def _local_file(value: str, flag: str, what: str) -> ModelInitError:
+    """A file on the caller's machine given where the pods would need it."""
     return _bad(f"{flag}: {value!r} is {what} on this machine; the pods cannot read it: use a preset name "
                 "(or put the file into the image and edit the Job's args)")
 
@@ -265,8 +277,7 @@ def job_manifest(spec: str, *, parts: int, out: str, seed: int | None = None, po
     vars (AWS_ACCESS_KEY_ID, ...); ``service_account``: one bound to a cloud identity (IRSA, GKE
     Workload Identity). ``server``: the pods fetch from modelinit servers instead of generating.
     """
-    if isinstance(parts, bool) or not isinstance(parts, int) or not 1 <= parts <= MAX_PARTS:
-        raise _bad(f"--parts: the number of pods must be an integer in 1..{MAX_PARTS}, got {parts!r}")
+    check_parts(parts)
     seed = _check_request(spec, seed, policy, dtype, max_shard_size, algorithm_version)
     mount = check_out(out, pvc)
     device, image = _engine(server, device, gpus, image)
@@ -279,8 +290,8 @@ def job_manifest(spec: str, *, parts: int, out: str, seed: int | None = None, po
     resources: dict[str, Any] = {"cpu": _quantity(cpu, "--cpu"), "memory": _quantity(memory, "--memory")}
     if gpus:
         resources["nvidia.com/gpu"] = gpus
-    request = dict(seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size, architecture=architecture,
-                   algorithm_version=algorithm_version)
+    request: dict[str, Any] = dict(seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size,
+                                   architecture=architecture, algorithm_version=algorithm_version)
     name = default_name(spec, {**request, "out": out}, parts) if name is None else _label(name, "--name")
     if len(f"{name}-{parts - 1}") > 63:  # the Job controller names pod K's host <name>-<K>
         raise _bad(f"--name: {name!r} is too long for {parts} parts: the pods' hostnames {name}-<K> must fit 63 characters")
@@ -334,7 +345,7 @@ def add_job_parser(sub) -> argparse.ArgumentParser:
     req.add_argument("--seed", type=int, default=None, help="seed, 0 <= seed < 2^64 (default 0)")
     req.add_argument("--policy", default=None, metavar="P", help="init policy preset (a policy file is not in the pods)")
     req.add_argument("--dtype", default=None, help=f"output dtype: {', '.join(DTYPES)} (default float32)")
-    req.add_argument("--max-shard-size", default=None, help="largest shard, e.g. 5GB (the default)")
+    req.add_argument("--max-shard-size", default=None, metavar="SIZE", help="largest shard, e.g. 5GB (the default)")
     req.add_argument("--architecture", default=None, metavar="CLASS", help="model class overriding the spec's")
     req.add_argument("--algorithm-version", type=int, default=None, metavar="V", help="generation algorithm (default: the newest)")
     req.add_argument("--server", default=None, metavar="TARGET",
@@ -380,6 +391,7 @@ def _duration(seconds: float) -> str:
 
 
 def _gb(n: float) -> str:
+    """Bytes as ``84.8 GB`` (10^9)."""
     return f"{n / 1e9:,.1f} GB"
 
 
@@ -387,27 +399,27 @@ def parts_table(plan, count: int, rate_bytes_per_s: float = DEFAULT_RATE) -> lis
     """What ``plan --parts N --rate R`` prints: each part's shards, bytes and time at ``rate``
     bytes/s per pod (:func:`modelinit.parts.split_shards`, the split ``init --part`` writes),
     then the totals and one writer's time at the same rate. ``plan``: a PlanResponse."""
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_PARTS:
-        raise _bad(f"--parts: must be an integer in 1..{MAX_PARTS}, got {count!r}")
+    check_parts(count)
     if not rate_bytes_per_s > 0:
         raise _bad(f"--rate: must be > 0 bytes/s, got {rate_bytes_per_s!r}")
     sizes = [f.size for f in plan.files]
     split = split_shards(sizes, [bool(f.shard) for f in plan.files], count)
     loads = [sum(sizes[i] for i in p) for p in split]
+    shards, shard_bytes, everything = sum(len(p) for p in split), sum(loads), sum(sizes)
     rows = [(str(k), str(len(p)), f"{b:,}", _gb(b), _duration(b / rate_bytes_per_s)) for k, (p, b) in enumerate(zip(split, loads))]
-    header = ("part", "shards", "bytes", "", f"time at {rate_bytes_per_s / 1e9:g} GB/s")
+    header = ("part", "shards", "bytes", "size", f"time at {rate_bytes_per_s / 1e9:g} GB/s")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) if i in (1, 2, 3) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+    table = ["  ".join(c.rjust(w) if i in (1, 2, 3) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
              for r in [header, *rows]]
-    shard_bytes, everything = sum(loads), sum(sizes)
-    small = len(sizes) - sum(len(p) for p in split)
-    slowest = max(loads) / rate_bytes_per_s
-    one = everything / rate_bytes_per_s
-    lines.append(f"total: {sum(len(p) for p in split)} shards, {shard_bytes:,} bytes ({_gb(shard_bytes)}); "
-                 f"{small} small file(s), {everything - shard_bytes:,} bytes, written once by the last part")
-    lines.append(f"time: {_duration(slowest)} with {count} pods (the largest part), {_duration(one)} with one writer"
-                 + (f" ({one / slowest:.1f}x)" if slowest else ""))
-    return lines
+    slowest, one = max(loads) / rate_bytes_per_s, everything / rate_bytes_per_s
+    return [
+        f"{plan.architecture or 'model'}: {shards} shard(s) in {count} parts (fingerprint {plan.fingerprint[:16] or '-'})",
+        *table,
+        f"total: {shards} shard(s), {shard_bytes:,} bytes ({_gb(shard_bytes)}); {len(sizes) - shards} small file(s), "
+        f"{everything - shard_bytes:,} bytes, written once by the part that finishes last",
+        f"time: {_duration(slowest)} with {count} pods (the largest part), {_duration(one)} with one writer"
+        + (f" ({one / slowest:.1f}x)" if slowest else ""),
+    ]
 
 
 def print_parts(plan, count: int, rate_bytes_per_s: float = DEFAULT_RATE) -> None:
