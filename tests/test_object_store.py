@@ -420,3 +420,11 @@ def test_a_store_without_conditional_writes_still_gets_one_checkpoint(s3_no_cond
             c.init_model(SPEC, out_dir=f"s3://{bucket}/m", part=(k, 2), **SHARDED)
     assert refused and "no conditional create" in caplog.text
     assert server.keys(bucket, "m") == expected
+
+
+def test_credentials_in_the_url_are_refused_without_echoing_them(capsys, tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC))
+    assert main(["init", str(spec), "--out", "s3://AKIAXXXX:topsecret@bucket/p", "--quiet"]) == 2
+    line = _one_line_error(capsys)
+    assert "credentials in the URL are not taken" in line and "topsecret" not in line

@@ -2,7 +2,8 @@
 
 Everything goes through obstore (the Python binding of Rust's ``object_store``; the ``cloud``
 extra): credentials and endpoint come from its standard chain (``AWS_*`` environment variables,
-profiles, instance and workload identity; ``AWS_ENDPOINT_URL`` for S3-compatible stores,
+instance and workload identity (IRSA, GKE/Azure workload identity); named AWS profiles are not read:
+``aws configure export-credentials --format env``; ``AWS_ENDPOINT_URL`` for S3-compatible stores,
 ``AWS_ALLOW_HTTP=true`` for a plain-HTTP one). It was measured against fsspec/s3fs on the same S3
 server (docs/object_storage.md): about half the client CPU per GB, memory bounded by the parts in
 flight, and it aborts its multipart upload when the data source fails. What it cannot do is list
@@ -110,6 +111,10 @@ class Bucket:
         self.field = field
         self.scheme = url_scheme(url) or ""
         self.bucket, _, self.prefix = self.url.split("://", 1)[1].partition("/")
+        if "@" in self.bucket:  # userinfo: a secret that would reach logs, errors and modelinit.json
+            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"{field}: credentials in the URL are not taken (they would be logged); give "
+                                 f"{self.scheme}://BUCKET/PREFIX and the credentials through the environment or a profile")
         if not self.bucket and self.scheme != "file":
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {url!r} names no bucket; write {self.scheme}://BUCKET/PREFIX")
         self._obstore = obstore
@@ -141,8 +146,8 @@ class Bucket:
             return ModelInitError(grpc.StatusCode.NOT_FOUND, f"{where}: bucket {self.bucket!r} does not exist (create it, or fix the URL)")
         if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled") or code.startswith("403"):
             return ModelInitError(grpc.StatusCode.PERMISSION_DENIED,
-                                  f"{where}: access denied ({code}): check the credentials (AWS_ACCESS_KEY_ID/AWS_PROFILE, "
-                                  "workload identity) and the bucket policy")
+                                  f"{where}: access denied ({code}): check the credentials (AWS_ACCESS_KEY_ID and "
+                                  "AWS_SECRET_ACCESS_KEY, or workload identity) and the bucket policy")
         if code in ("ExpiredToken", "TokenRefreshRequired", "ExpiredTokenException") or code.startswith("401"):
             return ModelInitError(grpc.StatusCode.UNAUTHENTICATED, f"{where}: credentials expired or refused ({code}): refresh them")
         if code in ("Connection refused", "dns error", "timed out", "connection closed", "certificate"):

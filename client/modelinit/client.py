@@ -462,10 +462,12 @@ class Client:
         is refused with FAILED_PRECONDITION before anything is written. Written files whose
         SHA-256 differs from the recorded one raise DATA_LOSS. A missing or malformed manifest is
         a bad argument: INVALID_ARGUMENT."""
-        folder = local_folder(manifest, "from_manifest")
+        where = os.fspath(manifest) if is_bucket_url(manifest) else local_folder(manifest, "from_manifest")
         try:
-            doc = read_manifest(folder)
+            doc = read_manifest(where, "from_manifest")
         except ModelInitError as e:
+            if e.code != grpc.StatusCode.FAILED_PRECONDITION:
+                raise  # a malformed URL (INVALID_ARGUMENT, naming the field) or the store's error (UNAVAILABLE, ...)
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"from_manifest: {e.details}") from None
         request = manifest_request(doc)
         differences = plan_differences(doc, full_plan(self.source, request))
