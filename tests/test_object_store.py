@@ -177,10 +177,11 @@ def test_parts_into_a_shared_local_folder(tmp_path, expected):
 
 # -- interruptions --------------------------------------------------------------------------------
 
-#: Kills its own process (SIGKILL: no cleanup runs) once the upload of the second shard has passed
-#: 6 MiB, with parts of it in flight.
+#: Kills its own process (SIGKILL: no cleanup runs) once the upload of its N-th shard
+#: (``$DIE_IN_SHARD``, default 2) has passed 6 MiB, with parts of it in flight.
 _DIE_MID_UPLOAD = """
 import os, signal
+die_in = int(os.environ.get("DIE_IN_SHARD", "2"))
 from modelinit import bucket, bucket_writer
 bucket.PART_BYTES = 5 << 20  # S3's smallest part: several parts of a test-sized shard
 real = bucket_writer._file_chunks
@@ -190,7 +191,7 @@ def dying(events, check, first, progress, done):
     sent = 0
     for chunk in real(events, check, first, progress, done):
         sent += memoryview(chunk).nbytes
-        if len(shards) == 2 and sent > (6 << 20):
+        if len(shards) == die_in and sent > (6 << 20):
             os.kill(os.getpid(), signal.SIGKILL)
         yield chunk
 bucket_writer._file_chunks = dying
@@ -428,3 +429,33 @@ def test_credentials_in_the_url_are_refused_without_echoing_them(capsys, tmp_pat
     assert main(["init", str(spec), "--out", "s3://AKIAXXXX:topsecret@bucket/p", "--quiet"]) == 2
     line = _one_line_error(capsys)
     assert "credentials in the URL are not taken" in line and "topsecret" not in line
+
+
+def test_a_part_killed_mid_upload_and_rerun_completes_the_checkpoint(s3_server, tmp_path):
+    """Three parts in separate processes; part 1 is killed mid-upload of its shard (SIGKILL). The
+    others finish but cannot write the manifest; part 1's rerun aborts its open upload and, as the
+    last part, writes the index, config and manifest: exactly one writer's objects, no upload
+    left open."""
+    bucket = s3_server.new_bucket()
+    spec = tmp_path / "big.json"
+    spec.write_text(json.dumps(BIG))
+    url = f"s3://{bucket}/m"
+    args = ["init", str(spec), "--max-shard-size", "12MB", "--out", url, "--quiet", "--device", "cpu"]
+    killed = _cli([*args, "--part", "1/3"], {**s3_server.env, "DIE_IN_SHARD": "1"}, _DIE_MID_UPLOAD)
+    _, err = killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL, err
+    assert s3_server.pending_uploads(bucket)  # its second shard's parts
+    others = [_cli([*args, "--part", f"{k}/3"], s3_server.env) for k in (2, 0)]
+    for p in others:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        assert "not finished yet" in out
+    assert "modelinit.json" not in s3_server.keys(bucket, "m")
+    rerun = _cli([*args, "--part", "1/3"], s3_server.env)
+    out, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err
+    assert out.startswith("wrote ")
+    assert s3_server.pending_uploads(bucket) == []
+    with modelinit.Client() as c:
+        c.init_model(str(spec), seed=0, out_dir=tmp_path / "local", max_shard_size="12MB")
+    assert s3_server.keys(bucket, "m") == {p.name: p.read_bytes() for p in (tmp_path / "local").iterdir()}
