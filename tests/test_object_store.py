@@ -201,7 +201,7 @@ BIG = {"model_type": "llama", "vocab_size": 8000, "hidden_size": 512, "num_hidde
        "num_key_value_heads": 2, "intermediate_size": 1024, "max_position_embeddings": 128, "tie_word_embeddings": False}
 
 
-def test_a_killed_upload_leaves_no_shard_and_the_rerun_only_uploads_what_is_missing(s3_env, s3_bucket, tmp_path):
+def test_a_killed_upload_leaves_no_shard_and_the_rerun_only_uploads_what_is_missing(s3_env, s3_bucket, tmp_path, monkeypatch):
     spec = tmp_path / "big.json"
     spec.write_text(json.dumps(BIG))
     url = f"s3://{s3_bucket}/m"
@@ -215,9 +215,19 @@ def test_a_killed_upload_leaves_no_shard_and_the_rerun_only_uploads_what_is_miss
     left = s3_env.keys(s3_bucket, "m")
     assert set(left) == {names[0], ".modelinit.progress.json"}  # the first shard, recorded; nothing half-visible
     assert s3_env.pending_uploads(s3_bucket) == [f"m/{names[1]}"]  # the killed shard's parts, stored and billed
+    from modelinit.bucket import Bucket
+
+    uploaded: list[str] = []
+    real_upload = Bucket.upload
+
+    def counting(self, name, chunks):
+        uploaded.append(name)
+        return real_upload(self, name, chunks)
+
+    monkeypatch.setattr(Bucket, "upload", counting)
     with modelinit.Client() as c:
         result = c.init_model(str(spec), seed=0, out_dir=url, max_shard_size="20MB")
-    assert result.kept == (names[0],)  # not uploaded again
+    assert result.kept == (names[0],) and uploaded == names[1:]  # the finished shard is not uploaded again
     assert s3_env.pending_uploads(s3_bucket) == []
     with modelinit.Client() as c:
         clean = c.init_model(str(spec), seed=0, out_dir=tmp_path / "local", max_shard_size="20MB")
