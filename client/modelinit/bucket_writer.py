@@ -92,10 +92,9 @@ class BucketRecord:
         self.bucket.put(record_name(self.part), (json.dumps(doc, indent=1) + "\n").encode())
 
 
-def _read_record(bucket: Bucket, name: str, plan: pb.PlanResponse) -> dict[str, tuple[FileResult, str]] | None:
-    """A record of ``plan``'s weights: file name -> (file, e_tag); None when it is missing,
-    unreadable or of other weights."""
-    data = bucket.read(name)
+def _record_of(data: bytes | None, plan: pb.PlanResponse) -> dict[str, tuple[FileResult, str]] | None:
+    """A record's bytes, when they record ``plan``'s weights: file name -> (file, e_tag); None when
+    missing, unreadable or of other weights."""
     record = parse_record(data) if data is not None else None
     if record is None or record.fingerprint != plan.fingerprint or record.algorithm_version != plan.algorithm_version:
         return None
@@ -106,19 +105,17 @@ def _read_record(bucket: Bucket, name: str, plan: pb.PlanResponse) -> dict[str, 
     return {f.name: (f, tags[f.name]) for f in record.files if isinstance(tags.get(f.name), str)}
 
 
-def _recorded_names(bucket: Bucket, name: str) -> set[str]:
-    """Every name a record or manifest lists (whatever its weights): ours to replace."""
-    data = bucket.read(name)
+def _recorded_names(data: bytes | None) -> set[str]:
+    """Every name a record's or manifest's bytes list (whatever its weights): ours to replace."""
     record = parse_record(data) if data is not None else None
     return set() if record is None else {f.name for f in record.files} | set(record.stale)
 
 
-def _complete_manifest(bucket: Bucket, plan: pb.PlanResponse, objects: dict) -> list[FileResult] | None:
-    """The files of a ``modelinit.json`` that describes exactly this plan, every object there
-    with its recorded size; None otherwise."""
-    if MANIFEST_FILE not in objects:
+def _complete_manifest(bucket: Bucket, plan: pb.PlanResponse, objects: dict, data: bytes | None) -> list[FileResult] | None:
+    """The files of a ``modelinit.json`` (its bytes: ``data``) that describes exactly this plan,
+    every object there with its recorded size; None otherwise."""
+    if MANIFEST_FILE not in objects or data is None:
         return None
-    data = bucket.read(MANIFEST_FILE)
     try:
         doc = parse_manifest(data or b"", f"{bucket}/{MANIFEST_FILE}")
     except ModelInitError:
@@ -146,14 +143,17 @@ def prepare(bucket: Bucket, plan: pb.PlanResponse, part: Part, overwrite: bool) 
     objects = bucket.list()
     mine = part_files(plan, part)
     planned = {f.name: i for i, f in enumerate(plan.files)}
-    complete = _complete_manifest(bucket, plan, objects)
+    records = sorted(n for n in objects if _is_record(n))
+    # Each record and the manifest read once (small objects; N parts mean N records).
+    raw = {n: bucket.read(n) for n in [*records, *([MANIFEST_FILE] if MANIFEST_FILE in objects else [])]}
+    complete = _complete_manifest(bucket, plan, objects, raw.get(MANIFEST_FILE))
     if complete is not None and all(sha256_object(bucket, complete[i].name) == complete[i].sha256 for i in mine):
         return complete
 
-    records = sorted(n for n in objects if _is_record(n))
-    own = _read_record(bucket, record_name(part), plan) if record_name(part) in objects else None
-    ours = set().union(*(_recorded_names(bucket, n) for n in [*records, *([MANIFEST_FILE] if MANIFEST_FILE in objects else [])]))
-    finalizing = any(_read_record(bucket, n, plan) is not None for n in records)
+    of_plan = {n: _record_of(raw[n], plan) for n in records}
+    own = of_plan.get(record_name(part))
+    ours = set().union(*(_recorded_names(data) for data in raw.values()))
+    finalizing = any(r is not None for r in of_plan.values())
     small_names = {plan.files[i].name for i in small_files(plan)}
     if finalizing:
         ours |= small_names  # a finalization of these weights may have begun: its small files are ours
@@ -187,8 +187,8 @@ def prepare(bucket: Bucket, plan: pb.PlanResponse, part: Part, overwrite: bool) 
         stale += sorted(n for n in (ours & objects.keys() & small_names) if n not in stale)
     for name in stale:
         bucket.delete(name)
-    for name in records:  # records of other weights, or of another split of these
-        if name != record_name(part) and _read_record(bucket, name, plan) is None:
+    for name in records:  # records of other weights (this part's own was just rewritten)
+        if name != record_name(part) and of_plan[name] is None:
             bucket.delete(name)
     aborted = bucket.abort_pending(plan.files[i].name for i in mine if i not in kept)
     if aborted:
@@ -301,7 +301,7 @@ def finalize(bucket: Bucket, plan: pb.PlanResponse, count: int, make_small: Call
     delete the records; returns the plan's files and ``[]``. While a part is missing: None (nothing
     written) and the missing parts."""
     objects = bucket.list()
-    done = _complete_manifest(bucket, plan, objects)
+    done = _complete_manifest(bucket, plan, objects, bucket.read(MANIFEST_FILE) if MANIFEST_FILE in objects else None)
     if done is not None:
         return done, []
     results: dict[int, FileResult] = {}
@@ -310,7 +310,7 @@ def finalize(bucket: Bucket, plan: pb.PlanResponse, count: int, make_small: Call
     uploaded: dict[str, FileResult] = {}  # name -> a recorded file whose object is there as recorded
     for k in range(count):
         name = record_name(Part(k, count))
-        record = _read_record(bucket, name, plan) if name in objects else None
+        record = _record_of(bucket.read(name), plan) if name in objects else None
         for result, tag in (record or {}).values():
             got = objects.get(result.name)
             if got is not None and got.size == result.size and got.e_tag == tag:
