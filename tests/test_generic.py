@@ -590,8 +590,6 @@ REJECTED = [
                  id="transformers-type-check-rejects"),
     pytest.param({**_MIXTRAL, "num_local_experts": 0}, "", ["spec.config", "cannot lay out", "fix the sizes"],
                  id="no-experts"),
-    pytest.param({"model_type": "mamba", "vocab_size": 96, "hidden_size": 32, "state_size": 8, "num_hidden_layers": 2,
-                  "intermediate_size": 64}, "", ["spec", "A_log", "copy_", "not supported"], id="mamba-computed-tensor"),
 ]
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..core.tensors import HfInit, ModelSpec, TensorSpec
 from ._fields import DROPPED_KEYS, MAX_DIM, invalid
+from .computed import replay_of
 from .recorder import Record, record_init
 from .roles import ModuleInfo, describe
 
@@ -232,6 +233,7 @@ def build(document: dict[str, Any], architecture: str = "") -> ModelSpec:
     out_config = {k: v for k, v in document.items() if k not in DROPPED_KEYS}
     out_config["architectures"] = [architecture]
     return ModelSpec(
+        computed=replay_of(architecture, document, tensors),
         family=config.model_type,
         architecture=architecture,
         config=dict(sorted(out_config.items())),
@@ -358,6 +360,12 @@ def _tensor_spec(name: str, shape: tuple[int, ...], info: "ModuleInfo", records:
         raise ValueError(f"spec: {name!r} is stored from in-memory tensors with different init rules; not supported")
     kind, role, param, layer, fan_in, fan_out, padding_idx = describe(name, shape, info)
     init = recs[0].init
+    if init.kind == "computed":
+        origin = info.sources[0]
+        if len(info.sources) != 1 or tuple(model.get_parameter_or_buffer(origin).shape) != tuple(shape):
+            raise ValueError(f"spec: {name!r} is computed by the model's code ({init.source}) and stored converted "
+                             f"from {', '.join(info.sources)}; this architecture is not supported")
+        init = HfInit(**{**init.__dict__, "origin": origin})
     if init.zero_row and padding_idx is None:
         init = HfInit(**{**init.__dict__, "zero_row": False})
     if padding_idx is not None and not init.zero_row:

@@ -4,15 +4,19 @@
 ``transformers.initialization`` replaced by a recorder, and a torch function mode watching for
 anything else that writes a stored tensor in place (``weight.data.normal_()``, ``fill_``, ...).
 Each write becomes a distribution with concrete numbers (fan-based ones resolved the way torch
-resolves them for the in-memory tensor); values are never computed. The last write to a tensor
-wins, as it does in transformers; a zeroed padding row is kept beside the write it follows.
-Writes that cannot be reproduced bit for bit (``orthogonal_``, values computed by ``copy_``) are
-recorded as refusals, reported by name if such a tensor is stored.
+resolves them for the in-memory tensor); a scalar ``mul_``/``div_``/``add_``/``sub_`` after it
+scales or shifts that distribution. The last write to a tensor wins, as it does in transformers; a
+zeroed padding row is kept beside the write it follows. A tensor whose final values the code
+computes rather than draws (``init.copy_`` of a formula, another in-place operation, a partial
+write, ``orthogonal_``, ``eye_``, a constant of ±inf) is recorded as ``computed``: its values come
+from replaying the same code (:mod:`.computed`), every random draw taken from the engine. Only
+``sparse_`` is refused, by name if such a tensor is stored.
 """
 from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -40,6 +44,58 @@ class Record:
 
 def _g(x: Any) -> str:
     return f"{float(x):g}"
+
+
+def caller() -> str:
+    """``Class.method (file.py:line)`` of the model code that made the current call: the first frame
+    outside this package and torch, for plans and explain."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if "/modelinit_server/" not in path and "/torch/" not in path and not path.endswith("/initialization.py"):
+            name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+            return f"{name} ({path.rsplit('/', 1)[-1]}:{frame.f_lineno})"
+        frame = frame.f_back
+    return "the model's code"
+
+
+def computed(what: str) -> HfInit:
+    """A record of values the model's code computes: ``what`` and where it was called."""
+    return HfInit("computed", source=f"{what} in {caller()}")
+
+
+def scaled(init: HfInit, op: str, x: float) -> HfInit | None:
+    """``init`` after the in-place ``op`` (mul_, div_, add_, sub_) by the number ``x``; None when the
+    result is not one of the engine's distributions."""
+    if op in ("div_", "__itruediv__"):
+        if x == 0:
+            return None
+        op, x = "mul_", 1.0 / x
+    if op in ("sub_", "__isub__"):
+        op, x = "add_", -x
+    what = f"{init.source}, then tensor.{op}({_g(x)})"
+    if op in ("mul_", "__imul__"):
+        if init.kind == "constant":
+            return replace(init, value=init.value * x, source=what)
+        if x == 0:
+            return HfInit("constant", value=0.0, source=what)
+        if init.kind == "normal":
+            return replace(init, mean=init.mean * x, std=init.std * abs(x), source=what)
+        if init.kind == "uniform":
+            lo, hi = sorted((init.low * x, init.high * x))
+            return replace(init, low=lo, high=hi, source=what)
+        if init.kind == "trunc_normal":
+            a, b = sorted((init.a * x, init.b * x))
+            return replace(init, mean=init.mean * x, std=init.std * abs(x), a=a, b=b, source=what)
+        return None
+    if op in ("add_", "__iadd__"):
+        if init.kind == "constant":
+            return replace(init, value=init.value + x, source=what)
+        if init.kind in ("normal", "trunc_normal"):
+            return replace(init, mean=init.mean + x, a=init.a + x, b=init.b + x, source=what)
+        if init.kind == "uniform":
+            return replace(init, low=init.low + x, high=init.high + x, source=what)
+    return None
 
 
 class _Recorder:
@@ -96,11 +152,33 @@ class _Recorder:
             return
         previous = self.state.get(key)
         zero = init is not None and init.kind == "constant" and init.value == 0.0
-        if row is not None and zero and previous is not None and previous.init is not None:
+        if row is not None and zero and previous is not None and previous.init is not None and previous.init.kind != "computed":
             self.state[key] = replace(previous, init=replace(previous.init, zero_row=True), zero_row_index=row)
             return
-        what = init.source if init is not None else refusal
-        self.state[key] = Record(None, f"transformers writes only part of it ({what})")
+        if refusal:
+            self.state[key] = Record(None, refusal)
+            return
+        what = init.source if init is not None else "a write"
+        self.state[key] = Record(computed(f"a partial write ({what})"))
+
+    def modify(self, tensor, op: str, x: Any) -> None:
+        """An in-place arithmetic ``op`` on a stored tensor: a scalar scales or shifts its recorded
+        distribution; anything else leaves values only a replay can give."""
+        if getattr(tensor, "_is_hf_initialized", False):
+            return
+        key, _, whole = self._target(tensor)
+        if key is None:
+            return
+        previous = self.state.get(key)
+        number = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
+        if whole and number and previous is not None and previous.init is not None and not previous.init.zero_row:
+            new = scaled(previous.init, op, float(x))
+            if new is not None:
+                self.state[key] = Record(new)
+                return
+        if previous is not None and previous.refusal:
+            return
+        self.state[key] = Record(computed(f"tensor.{op.strip('_')}_"))
 
     def records(self) -> dict[str, Record]:
         out = {}
@@ -126,7 +204,10 @@ def _functions(rec: _Recorder) -> dict[str, Callable]:
         return tensor
 
     def constant_(tensor, val):
-        rec.write(tensor, HfInit("constant", value=float(val), source=f"init.constant_({_g(val)})"))
+        if not math.isfinite(float(val)):  # e.g. a mask of -inf: stored exactly, through the replay
+            rec.write(tensor, computed(f"init.constant_({_g(val)})"))
+        else:
+            rec.write(tensor, HfInit("constant", value=float(val), source=f"init.constant_({_g(val)})"))
         return tensor
 
     def ones_(tensor):
@@ -179,14 +260,19 @@ def _functions(rec: _Recorder) -> dict[str, Callable]:
 
         return refused
 
-    not_portable = "has no bit-reproducible equivalent in the engine"
+    def computing(fname: str):
+        def record(tensor, *args, **kwargs):
+            rec.write(tensor, computed(f"init.{fname}"))
+            return tensor
+
+        return record
+
     out = dict(
         uniform_=uniform_, normal_=normal_, constant_=constant_, ones_=ones_, zeros_=zeros_, trunc_normal_=trunc_normal_,
         xavier_uniform_=xavier_uniform_, xavier_normal_=xavier_normal_, kaiming_uniform_=kaiming_uniform_,
         kaiming_normal_=kaiming_normal_,
-        eye_=refuse("eye_", not_portable), dirac_=refuse("dirac_", not_portable),
-        orthogonal_=refuse("orthogonal_", not_portable + " (QR)"), sparse_=refuse("sparse_", not_portable),
-        copy_=refuse("copy_", "computes its values instead of drawing them; the engine has no formula for it"),
+        eye_=computing("eye_"), dirac_=computing("dirac_"), orthogonal_=computing("orthogonal_"), copy_=computing("copy_"),
+        sparse_=refuse("sparse_", "draws a random sparsity pattern, which has no bit-reproducible equivalent in the engine"),
     )
 
     def guarded(fn):
@@ -240,12 +326,24 @@ def _direct_writes(rec: _Recorder):
                     rec.alias(result, args[0])
                 return result
             name = getattr(func, "__name__", "")
-            if name.endswith("_") and not name.startswith("_"):
+            if name in _NOT_WRITES:
+                return result
+            if name in _ARITHMETIC:
+                x = args[1] if len(args) > 1 else kwargs.get("other")
+                rec.modify(args[0], name, x)
+            elif name.endswith("_") and not name.startswith("_"):
                 record = _direct_record(name, args[1:], kwargs)
                 rec.write(args[0], record.init, record.refusal)
             return result
 
     return Watch()
+
+
+#: In-place methods that change no values.
+_NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad", "resize_", "set_", "detach_", "grad_",
+                         "record_stream", "pin_memory", "as_strided_", "squeeze_", "unsqueeze_", "t_", "transpose_"})
+#: In-place arithmetic: by a number it scales or shifts a distribution (``p /= math.sqrt(n)``).
+_ARITHMETIC = frozenset({"mul_", "div_", "add_", "sub_", "__imul__", "__itruediv__", "__iadd__", "__isub__"})
 
 
 def _direct_record(op: str, args: tuple, kwargs: dict) -> Record:
@@ -259,12 +357,12 @@ def _direct_record(op: str, args: tuple, kwargs: dict) -> Record:
         lo, hi = arg(0, "from", 0.0), arg(1, "to", 1.0)
         return Record(HfInit("uniform", low=lo, high=hi, source=f"tensor.uniform_({_g(lo)}, {_g(hi)})"))
     value = args[0] if args else kwargs.get("value")
-    if op == "fill_" and isinstance(value, (int, float)):
+    if op == "fill_" and isinstance(value, (int, float)) and math.isfinite(float(value)):
         v = arg(0, "value", 0.0)
         return Record(HfInit("constant", value=v, source=f"tensor.fill_({_g(v)})"))
     if op == "zero_":
         return Record(HfInit("constant", value=0.0, source="tensor.zero_()"))
-    return Record(None, f"written by tensor.{op}, which the engine cannot reproduce")
+    return Record(computed(f"tensor.{op}"))
 
 
 #: Factories whose result is one value everywhere: (the value, from the call's arguments).

@@ -21,11 +21,12 @@ import tempfile
 from typing import Any, Callable
 
 from ..core.tensors import HfInit, ModelSpec, TensorSpec
+from .computed import replay_of
 
 #: Bump when the stored layout changes.
-FORMAT = 1
+FORMAT = 2
 #: Files whose code decides a generic spec.
-_SOURCES = ("hf.py", "recorder.py", "roles.py", "spec_cache.py", "_fields.py", "../core/tensors.py", "../core/variance_scaling.py")
+_SOURCES = ("hf.py", "recorder.py", "computed.py", "roles.py", "spec_cache.py", "_fields.py", "../core/tensors.py", "../core/variance_scaling.py")
 
 
 def cache_dir() -> pathlib.Path | None:
@@ -78,7 +79,7 @@ def to_json(spec: ModelSpec) -> dict[str, Any]:
         h = t.hf_init
         tensors.append([
             t.name, list(t.shape), t.kind, t.role, t.param, t.layer, t.fan_in, t.fan_out, t.padding_idx,
-            None if h is None else [h.kind, h.mean, h.std, h.a, h.b, h.low, h.high, h.value, h.zero_row, h.source],
+            None if h is None else [h.kind, h.mean, h.std, h.a, h.b, h.low, h.high, h.value, h.zero_row, h.source, h.origin],
         ])
     return {
         "family": spec.family, "architecture": spec.architecture, "config": dict(spec.config),
@@ -92,7 +93,8 @@ def from_json(doc: dict[str, Any]) -> ModelSpec:
     tensors = []
     for name, shape, kind, role, param, layer, fan_in, fan_out, padding_idx, h in doc["tensors"]:
         hf_init = None if h is None else HfInit(
-            h[0], mean=h[1], std=h[2], a=h[3], b=h[4], low=h[5], high=h[6], value=h[7], zero_row=h[8], source=h[9]
+            h[0], mean=h[1], std=h[2], a=h[3], b=h[4], low=h[5], high=h[6], value=h[7], zero_row=h[8], source=h[9],
+            origin=h[10],
         )
         tensors.append(TensorSpec(name, tuple(shape), kind=kind, role=role, param=param, layer=layer,
                                   fan_in=fan_in, fan_out=fan_out, padding_idx=padding_idx, hf_init=hf_init))
@@ -100,6 +102,7 @@ def from_json(doc: dict[str, Any]) -> ModelSpec:
         family=doc["family"], architecture=doc["architecture"], config=doc["config"], tensors=tuple(tensors),
         n_layers=doc["n_layers"], hidden_size=doc["hidden_size"], initializer_range=doc["initializer_range"],
         tied=doc["tied"], base_model_prefix=doc["base_model_prefix"], transformers_version=doc["transformers_version"],
+        computed=replay_of(doc["architecture"], doc["config"], tensors),
     )
 
 

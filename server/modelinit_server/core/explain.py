@@ -8,9 +8,10 @@ docs/policies.md ("explain") documents the columns and the warnings.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..engine import Sampler, std_normal_cdf
+from ..engine.computed import Computed
 from .planner import Plan, TensorPlan
 from .variance_scaling import LECUN, XAVIER
 
@@ -83,6 +84,8 @@ def _group(members: list[TensorPlan]) -> Group:
     first = members[0]
     s, r = first.spec, first.resolved
     mean = distribution_mean(r.sampler)
+    if r.sampler.kind == "computed":  # what the model's code computed: its measured std stands for the rule's
+        r = replace(r, effective_std=_computed_std(r.sampler))
     xavier, lecun = _references(first)
     fields = dict(
         rule=r.rule,
@@ -117,8 +120,26 @@ def _references(t: TensorPlan) -> tuple[float, float]:
     return XAVIER.std(s.fan_in, s.fan_out), LECUN.std(s.fan_in, s.fan_out)
 
 
-def distribution_mean(d: Sampler) -> float:
-    """Analytic mean of the values a sampler draws (the padding row, if any, is ignored)."""
+def _computed_values(d: Computed):
+    import numpy as np
+
+    if d.values is None:
+        return np.zeros(0)
+    v = np.asarray(d.values(), dtype=np.float64)
+    return v[np.isfinite(v)]
+
+
+def _computed_std(d: Computed) -> float:
+    v = _computed_values(d)
+    return float(v.std()) if v.size else 0.0
+
+
+def distribution_mean(d: Sampler | Computed) -> float:
+    """Analytic mean of the values a sampler draws (the padding row, if any, is ignored); the
+    measured mean of the finite values of a computed tensor (0 before it is bound to a seed)."""
+    if isinstance(d, Computed):
+        v = _computed_values(d)
+        return float(v.mean()) if v.size else 0.0
     if d.kind == "constant":
         return d.value
     if d.kind == "uniform":
@@ -140,6 +161,8 @@ def _pdf(x: float) -> float:
 
 
 def _warnings(t: TensorPlan, mean: float, ratio_lecun: float) -> tuple[str, ...]:
+    if t.sampler.kind == "computed":  # the model's own formula (A_log, dt_bias, a sinusoid): deliberate
+        return ()
     checks = (
         _nonzero_mean(t, mean),
         _no_truncation(t),

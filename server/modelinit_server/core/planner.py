@@ -5,8 +5,10 @@ a pure function of the plan (see :mod:`modelinit_server.produce.file_bytes`).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import threading
 from dataclasses import asdict, dataclass
 
 from ..engine import (
@@ -19,6 +21,7 @@ from ..engine import (
     check_dtype,
     tensor_key,
 )
+from ..engine.computed import Computed
 from . import layout
 from .policies import Policy, Resolved, resolve
 from .tensors import ModelSpec, TensorSpec
@@ -149,7 +152,9 @@ def fingerprint(request: Request, resolved: list[Resolved]) -> str:
     version 1's document is unchanged (its fingerprints stay what they were)."""
     described: dict[Sampler, dict[str, str]] = {}  # many tensors share a sampler; its fields are scalars
 
-    def describe(sampler: Sampler) -> dict[str, str]:
+    def describe(sampler: Sampler | Computed) -> dict[str, str]:
+        if isinstance(sampler, Computed):  # its values follow from its source, under the spec's transformers
+            return {"kind": "computed", "source": sampler.source, "transformers": request.model.transformers_version}
         if sampler not in described:
             described[sampler] = {k: repr(v) for k, v in asdict(sampler).items()}
         return described[sampler]
@@ -170,9 +175,16 @@ def resolve_request(request: Request) -> tuple[list[Resolved], list[tuple[int, i
     tensor's rule and sampler (the policy resolved; the dtype must hold every sampler), its Philox
     key, and the fingerprint. The one planning core of :func:`build_plan` (files) and
     ``training.init_module_`` (a module's tensors), so both refuse and fingerprint alike."""
-    resolved = resolve(request.policy, request.model)
+    resolved = _bind_computed(request, resolve(request.policy, request.model))
     checked: set[Sampler] = set()  # many tensors share a sampler: check each once
     for t, r in zip(request.model.tensors, resolved):
+        if isinstance(r.sampler, Computed):
+            if request.dtype == "float16":  # the one dtype a model's computed values can overflow
+                try:
+                    r.sampler.check_dtype(request.dtype)
+                except ValueError as e:
+                    raise ValueError(f"dtype: {request.dtype} cannot hold {t.name!r} ({r.init}): {e}") from None
+            continue
         if r.sampler in checked:
             continue
         try:
@@ -181,6 +193,36 @@ def resolve_request(request: Request) -> tuple[list[Resolved], list[tuple[int, i
             raise ValueError(f"dtype: {request.dtype} cannot hold {t.name!r} ({r.init}): {e}") from None
         checked.add(r.sampler)
     return resolved, tensor_keys(request), fingerprint(request, resolved)
+
+
+def _bind_computed(request: Request, resolved: list[Resolved]) -> list[Resolved]:
+    """Computed tensors bound to the request's seed: the first one whose values are needed runs the
+    model's replay once for all of them (``ModelSpec.computed``); each random stream the replay
+    draws is keyed like a tensor of that name."""
+    model = request.model
+    names = tuple(t.name for t, r in zip(model.tensors, resolved) if isinstance(r.sampler, Computed))
+    if not names:
+        return resolved
+    if model.computed is None:
+        raise ValueError(f"spec: {names[0]!r} is computed by its model's code, and this spec has no replay of it; "
+                         "give it a distribution in the policy")
+    memo: dict[str, object] = {}
+    lock = threading.Lock()
+
+    def keyer(stream: str) -> tuple[int, int]:
+        return tensor_key(request.seed, key_name(request, stream), request.algorithm_version)
+
+    def values_of(name: str):
+        def values():
+            with lock:
+                if not memo:
+                    memo.update(model.computed(names, keyer))
+            return memo[name]
+
+        return values
+
+    return [dataclasses.replace(r, sampler=dataclasses.replace(r.sampler, values=values_of(t.name)))
+            if isinstance(r.sampler, Computed) else r for t, r in zip(model.tensors, resolved)]
 
 
 def build_plan(request: Request) -> Plan:

@@ -52,7 +52,10 @@ class HfInit:
     """One tensor's init as transformers performs it, as concrete numbers (fans already applied).
 
     ``kind`` is ``normal`` (mean, std), ``trunc_normal`` (mean, std, absolute bounds a, b as
-    ``torch.nn.init.trunc_normal_`` takes them), ``uniform`` (low, high) or ``constant`` (value).
+    ``torch.nn.init.trunc_normal_`` takes them), ``uniform`` (low, high), ``constant`` (value) or
+    ``computed``: values the model's own code computes (``init.copy_`` of a formula, a draw passed
+    through a function, a weight-norm magnitude), reproduced by replaying that code
+    (:mod:`modelinit_server.architectures.computed`), never drawn by a rule.
     ``zero_row``: the padding row is zeroed afterwards (``padding_idx``).
     """
 
@@ -67,9 +70,11 @@ class HfInit:
     zero_row: bool = False
     source: str = ""
     """The call that set it, for plans and errors, e.g. ``init.normal_(std=0.02)``."""
+    origin: str = ""
+    """``computed``: the in-memory tensor (state_dict name) whose final value is stored."""
 
     def __post_init__(self) -> None:
-        if self.kind not in ("normal", "trunc_normal", "uniform", "constant"):
+        if self.kind not in ("normal", "trunc_normal", "uniform", "constant", "computed"):
             raise ValueError(f"hf_init: unknown kind {self.kind!r}")
 
 
@@ -147,6 +152,10 @@ class ModelSpec:
     base class. Algorithm version 2 keys each tensor by its name with ``<prefix>.`` removed."""
     transformers_version: str = ""
     """transformers version that resolved the spec (generic path); empty for built-in specs."""
+    computed: Any = field(default=None, compare=False, repr=False)
+    """For tensors whose ``hf_init`` is ``computed``: ``computed(names, keyer)`` returns their float64
+    values by name, ``keyer(stream)`` giving the Philox key of each random stream the replay draws
+    (set by the architecture that records them; None when no tensor is computed)."""
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tensors]

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 from modelinit_wire.constants import DEVICES
 
+from .computed import Computed
 from .core import DTYPE_ITEMSIZE, check_runs, generate_array
 from .sampler import Sampler
 
@@ -30,6 +31,28 @@ FillRuns = Callable[[np.ndarray, Sampler, tuple[int, int], np.ndarray, np.ndarra
 #: The same into torch memory: ``out`` a contiguous 1-D uint8 torch tensor on the device the
 #: function was chosen for (:func:`tensor_fill_runs`).
 TensorFillRuns = Callable[[Any, Sampler, tuple[int, int], np.ndarray, np.ndarray, str], None]
+
+
+def _computing(fill: Fill) -> Fill:
+    """``fill`` that copies a :class:`~.computed.Computed` tensor's host values instead of generating."""
+
+    def fill_or_copy(out: np.ndarray, sampler, key: tuple[int, int], start: int, count: int, dtype: str) -> None:
+        if isinstance(sampler, Computed):
+            sampler.fill(out, start, count, dtype)
+        else:
+            fill(out, sampler, key, start, count, dtype)
+
+    return fill_or_copy
+
+
+def _computing_runs(fill_runs: FillRuns) -> FillRuns:
+    def fill_runs_or_copy(out: np.ndarray, sampler, key: tuple[int, int], starts, counts, dtype: str) -> None:
+        if isinstance(sampler, Computed):
+            sampler.fill_runs(out, starts, counts, dtype)
+        else:
+            fill_runs(out, sampler, key, starts, counts, dtype)
+
+    return fill_runs_or_copy
 
 
 @dataclass(frozen=True)
@@ -47,6 +70,11 @@ class Backend:
     alloc: Callable[[int], np.ndarray] | None = None
     """Allocates the host segment buffers the fills write into (page-aligned uint8); CUDA gives
     page-locked (pinned) memory so device-to-host copies run at full DMA speed. None: plain memory."""
+
+    def __post_init__(self) -> None:
+        # every backend copies computed tensors' host values the same way
+        object.__setattr__(self, "fill", _computing(self.fill))
+        object.__setattr__(self, "fill_runs", _computing_runs(self.fill_runs))
 
 
 def _reference_fill(out: np.ndarray, sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str) -> None:
@@ -162,5 +190,15 @@ def tensor_fill_runs(device_type: str, device: str = "auto") -> TensorFillRuns |
     if device_type == "cuda":
         from . import cuda
 
-        return cuda.generate_runs_into
+        def fill_cuda(out, sampler, key: tuple[int, int], starts, counts, dtype: str) -> None:
+            if isinstance(sampler, Computed):  # host values, one copy to the device
+                import torch
+
+                host = np.empty(out.numel(), np.uint8)
+                sampler.fill_runs(host, starts, counts, dtype)
+                out.copy_(torch.from_numpy(host))
+            else:
+                cuda.generate_runs_into(out, sampler, key, starts, counts, dtype)
+
+        return fill_cuda
     return None

@@ -32,6 +32,9 @@ def formula(rule: Rule, t: TensorSpec, model: ModelSpec) -> str:
 
     if kind == "constant":
         return f"constant: value = {d.value:g}"
+    if kind == "computed":
+        source = t.hf_init.source if t.hf_init is not None else ""
+        return f"computed on the host by the model's own code ({source})"
     if kind == "normal":
         return scaled("std", f"{d.std:g}", f"{d.std:g}")
     if kind == "uniform":

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from ...engine import Sampler
+from ...engine.computed import Computed
 from ..tensors import ModelSpec, TensorSpec
 from ..variance_scaling import nonlinearity_gain, uniform_bound, variance_scaling_std
 from .formulas import formula
@@ -24,7 +25,7 @@ from .truncation import check_trunc_mass, truncated_std_factor
 class Resolved:
     """A tensor's resolved init: the sampler the engine runs and what the plan reports."""
 
-    sampler: Sampler
+    sampler: Sampler | Computed
     rule: str
     """Name of the rule that matched."""
     init: str
@@ -73,6 +74,8 @@ def _from_recorded(rule: Rule, t: TensorSpec) -> Rule:
         d = Distribution("trunc_normal", mean=h.mean, std=h.std, a=h.a, b=h.b, bounds="absolute")
     elif h.kind == "uniform":
         d = Distribution("uniform", low=h.low, high=h.high)
+    elif h.kind == "computed":
+        d = Distribution("computed")
     else:
         d = Distribution("constant", value=h.value)
     name = rule.name if rule.name != "hf-default" else f"hf-default: {h.source}"
@@ -91,6 +94,12 @@ def _sampled(rule: Rule, t: TensorSpec, model: ModelSpec) -> Resolved:
     zero_row = t.padding_idx if rule.zero_padding_row else None
     row = {"zero_row": zero_row, "row_size": t.numel // t.shape[0] if t.shape else 1}
     kind = d.kind
+    if kind == "computed":
+        h = t.hf_init
+        if h is None or h.kind != "computed":
+            raise ValueError(f"rule {rule.name!r}: init 'computed' matched {t.name!r}, whose values the model does not "
+                             "compute; give it a distribution")
+        return Resolved(Computed(t.name, h.source, t.numel), rule.name, f"computed: {h.source}", 0.0, 0.0)
     if kind == "constant":
         return Resolved(Sampler("constant", value=d.value, **row), rule.name, f"constant({d.value:g})", 0.0, 0.0)
 

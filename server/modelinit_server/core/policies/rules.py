@@ -26,6 +26,7 @@ DISTRIBUTIONS = (
     "kaiming_uniform",
     "kaiming_normal",
     "recorded",
+    "computed",
 )
 DEPTH_SCALINGS = ("none", "n_layers", "layer")
 #: Most values in one of a Match's lists (kinds, roles, params, names).
@@ -106,7 +107,9 @@ class Distribution:
 
     kind: str
     """One of :data:`DISTRIBUTIONS`. ``recorded``: the tensor's own transformers rule
-    (``TensorSpec.hf_init``, learned from the model class; see docs/policies.md)."""
+    (``TensorSpec.hf_init``, learned from the model class; see docs/policies.md). ``computed``: the
+    values the model's own code computes for the tensor (only for tensors whose recorded rule is
+    ``computed``: SSM ``A_log`` / ``dt_bias``, sinusoidal tables, weight-norm magnitudes)."""
     mean: float = 0.0
     """normal / trunc_normal mean."""
     std: float = 0.0
@@ -198,7 +201,7 @@ class Rule:
             raise ValueError(f"name: {len(self.name):,} characters ({quote(self.name)}), longer than {MAX_RULE_NAME_CHARS}")
         if self.depth_scaling not in DEPTH_SCALINGS:
             raise ValueError(f"rule {self.name!r}: depth_scaling {self.depth_scaling!r} is not one of {', '.join(DEPTH_SCALINGS)}")
-        if self.depth_scaling != "none" and self.init.kind in ("constant", "recorded"):
+        if self.depth_scaling != "none" and self.init.kind in ("constant", "recorded", "computed"):
             raise ValueError(f"rule {self.name!r}: depth_scaling does not apply to a constant")
 
 

@@ -1,0 +1,282 @@
+"""The architecture census: every model type transformers knows, shrunk the same way, initialized
+by modelinit and loaded back by transformers.
+
+For each ``model_type`` of ``CONFIG_MAPPING``: its default config, every width, depth, head count,
+vocabulary and expert count made small by :func:`shrink` (nested sub-configs too); its usual class
+(:func:`modelinit_server.architectures.hf.default_class`). A type counts as *buildable* when
+transformers itself builds that class from the shrunk config (on the meta device); the others are
+skipped and counted. A buildable type *passes* when modelinit plans it, writes it, and
+``from_pretrained`` loads the folder with no missing, unexpected or mismatched keys, no NaN where
+transformers' own initialization has none, and every constant equal to transformers' own.
+
+Run it alone for the whole table: ``python -m tests.census [--only TYPE,...] [--json FILE]``.
+``tests/test_census.py`` runs it in CI.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import math
+import pathlib
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: Small sizes, by config field. A field is only ever made smaller.
+WIDTHS = ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "d_embed", "hidden_dim", "word_embed_proj_dim",
+          "projection_dim", "text_embed_dim", "vision_embed_dim", "encoder_hidden_size", "decoder_hidden_size",
+          "d_latent", "hidden_size_per_head_sum")
+FFN = ("intermediate_size", "ffn_dim", "d_ff", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", "intermediate_dim",
+       "decoder_intermediate_size", "encoder_intermediate_size", "moe_intermediate_size",
+       "shared_expert_intermediate_size", "ffn_hidden_size")
+LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
+          "num_decoder_layers", "num_encoder_layers", "decoder_num_layers", "encoder_num_layers")
+HEADS = ("num_attention_heads", "n_head", "encoder_attention_heads", "decoder_attention_heads", "num_heads",
+         "decoder_num_attention_heads", "encoder_num_attention_heads", "n_heads")
+KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")
+EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
+TOP_K = ("num_experts_per_tok", "moe_topk", "moe_k", "top_k", "num_selected_experts")
+VOCAB = ("vocab_size",)
+POSITIONS = ("max_position_embeddings", "n_positions", "n_ctx", "max_source_positions", "max_target_positions")
+SIZES: dict[str, int] = {
+    **{k: 64 for k in WIDTHS}, **{k: 128 for k in FFN}, **{k: 2 for k in LAYERS}, **{k: 4 for k in HEADS},
+    **{k: 2 for k in KV_HEADS}, **{k: 4 for k in EXPERTS}, **{k: 2 for k in TOP_K}, **{k: 256 for k in VOCAB},
+    **{k: 128 for k in POSITIONS}, "head_dim": 16,
+}
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _token_ids(d: dict[str, Any]) -> list[int]:
+    out = []
+    for k, v in d.items():
+        if k.endswith(("_token_id", "_token_index", "_token_ids")):
+            for x in v if isinstance(v, list) else [v]:
+                if _int(x):
+                    out.append(x)
+    return out
+
+
+def shrink(document: dict[str, Any], layers_only: bool = False) -> dict[str, Any]:
+    """``document`` with every size of :data:`SIZES` made small, nested configs included; lists as
+    long as the old layer count (``layer_types``) cut to the new one. ``layers_only``: depth and
+    vocabulary only (for types whose widths are tied by rules the shrink cannot know)."""
+    d = dict(document)
+    old_layers = {d[k] for k in LAYERS if _int(d.get(k))}
+    for k, v in list(d.items()):
+        if isinstance(v, dict):
+            d[k] = shrink(v, layers_only)
+        elif k in SIZES and _int(v) and v > SIZES[k]:
+            if layers_only and k not in LAYERS and k not in VOCAB and k not in EXPERTS:
+                continue
+            d[k] = SIZES[k]
+    if "vocab_size" in d and _int(d["vocab_size"]):
+        ids = _token_ids(d)
+        if ids:
+            d["vocab_size"] = max(d["vocab_size"], min(max(ids) + 1, document["vocab_size"]))
+    new_layers = {d[k] for k in LAYERS if _int(d.get(k))}
+    if len(old_layers) == 1 and len(new_layers) == 1 and old_layers != new_layers:
+        (old,), (new,) = old_layers, new_layers
+        for k, v in list(d.items()):
+            if isinstance(v, list) and len(v) == old and k not in ("architectures",):
+                d[k] = v[:new]
+    heads = [d[k] for k in HEADS if _int(d.get(k))]
+    for k in KV_HEADS:
+        if _int(d.get(k)) and heads and d[k] > heads[0]:
+            d[k] = heads[0]
+    experts = [d[k] for k in EXPERTS if _int(d.get(k))]
+    for k in TOP_K:
+        if _int(d.get(k)) and experts and d[k] > experts[0]:
+            d[k] = experts[0]
+    return d
+
+
+@dataclass
+class Outcome:
+    model_type: str
+    architecture: str = ""
+    status: str = ""
+    """``pass``, ``refused`` (modelinit says why), ``fail`` (written but wrong), ``unbuildable`` (transformers cannot build it)."""
+    reason: str = ""
+    seconds: float = 0.0
+    params: int = 0
+
+
+@contextlib.contextmanager
+def quiet():
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def model_types() -> list[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    return sorted(CONFIG_MAPPING.keys())
+
+
+def candidate(model_type: str) -> tuple[str, dict[str, Any]] | str:
+    """(class name, shrunk config.json document) transformers builds, or why there is none."""
+    import torch
+    import transformers
+    from modelinit_server.architectures import hf
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls_name = hf.default_class(model_type)
+    if not cls_name:
+        return "no model class"
+    cls = getattr(transformers, cls_name, None)
+    if cls is None:
+        return f"{cls_name} not importable"
+    try:
+        with quiet():
+            base = CONFIG_MAPPING[model_type]().to_dict()
+    except Exception as e:  # noqa: BLE001
+        return f"default config: {type(e).__name__}: {e}"
+    reasons = []
+    for layers_only in (False, True):
+        document = shrink(base, layers_only)
+        document["model_type"] = model_type
+        try:
+            with quiet():
+                config = CONFIG_MAPPING[model_type].from_dict({k: v for k, v in document.items() if k != "transformers_version"})
+                with torch.device("meta"):
+                    model = cls(config)
+            n = sum(p.numel() for p in model.parameters())
+            if n > 200_000_000:
+                reasons.append(f"{n:,} parameters after shrinking")
+                continue
+            document["architectures"] = [cls_name]
+            return cls_name, document
+        except Exception as e:  # noqa: BLE001
+            reasons.append(f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
+    return "; ".join(reasons)
+
+
+def run_one(model_type: str, root: pathlib.Path, client) -> Outcome:
+    import torch
+    import transformers
+
+    t0 = time.perf_counter()
+    found = candidate(model_type)
+    if isinstance(found, str):
+        return Outcome(model_type, status="unbuildable", reason=found, seconds=time.perf_counter() - t0)
+    cls_name, document = found
+    out = Outcome(model_type, cls_name)
+    folder = root / model_type
+    try:
+        with quiet():
+            client.init_model(document, seed=7, out_dir=folder, dtype="float32", architecture=cls_name)
+    except Exception as e:  # noqa: BLE001
+        out.status, out.reason = "refused", " ".join(str(e).split())
+        out.seconds = time.perf_counter() - t0
+        return out
+    try:
+        cls = getattr(transformers, cls_name)
+        with quiet():
+            ours, info = cls.from_pretrained(folder, output_loading_info=True)
+        bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+        if bad:
+            raise AssertionError(f"loading: {({k: sorted(v)[:3] for k, v in bad.items()})}")
+        torch.manual_seed(0)
+        with quiet():
+            reference = cls(ours.config)
+        theirs = dict(reference.state_dict())
+        from modelinit_server.architectures import from_config
+
+        spec = from_config(document, cls_name)
+        kinds = {t.name: t.hf_init for t in spec.tensors}
+        mine = dict(ours.state_dict())
+        out.params = sum(t.numel() for t in mine.values())
+        for name, t in mine.items():
+            if name not in theirs:
+                continue
+            ref = theirs[name]
+            if t.is_floating_point() and bool(torch.isnan(t).any()) and not bool(torch.isnan(ref).any()):
+                raise AssertionError(f"{name}: NaN where transformers has none")
+            h = kinds.get(name)
+            if h is not None and h.kind == "constant" and not h.zero_row and t.is_floating_point():
+                want = torch.full_like(t, h.value)
+                if not torch.equal(t, want) or not torch.equal(ref.to(t.dtype), want):
+                    raise AssertionError(f"{name}: constant {h.value} differs from transformers' own")
+        out.status = "pass"
+    except Exception as e:  # noqa: BLE001
+        out.status, out.reason = "fail", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        if "--trace" in sys.argv:
+            traceback.print_exc()
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+@dataclass
+class Census:
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def of(self, status: str) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status == status]
+
+    @property
+    def share(self) -> float:
+        buildable = [o for o in self.outcomes if o.status != "unbuildable"]
+        return len(self.of("pass")) / max(1, len(buildable))
+
+    def report(self) -> str:
+        buildable = len(self.outcomes) - len(self.of("unbuildable"))
+        lines = [f"census: {len(self.of('pass'))} of {buildable} buildable model types pass "
+                 f"({100 * self.share:.1f}%); {len(self.of('unbuildable'))} of {len(self.outcomes)} transformers "
+                 "cannot build from a shrunk default config"]
+        for status in ("refused", "fail"):
+            for o in self.of(status):
+                lines.append(f"  {status:8s} {o.model_type:28s} {o.architecture}: {o.reason[:400]}")
+        return "\n".join(lines)
+
+
+def run(types: list[str] | None = None, progress: bool = False) -> Census:
+    import modelinit
+    import torch
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    census = Census()
+    with tempfile.TemporaryDirectory() as tmp, modelinit.Client() as client:
+        for i, mt in enumerate(types or model_types()):
+            o = run_one(mt, pathlib.Path(tmp), client)
+            census.outcomes.append(o)
+            if progress:
+                print(f"[{i + 1}] {mt:28s} {o.status:11s} {o.seconds:6.2f}s {o.reason[:160]}", flush=True)
+            import shutil
+
+            shutil.rmtree(pathlib.Path(tmp) / mt, ignore_errors=True)
+    return census
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", default="", help="comma-separated model types (default: all)")
+    parser.add_argument("--json", default="", help="write every outcome to this file")
+    parser.add_argument("--trace", action="store_true")
+    args = parser.parse_args(argv)
+    types = [t for t in args.only.split(",") if t] or None
+    census = run(types, progress=True)
+    print(census.report())
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps([asdict(o) for o in census.outcomes], indent=1))
+    return 0 if math.isfinite(census.share) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
