@@ -217,6 +217,15 @@ def _families():
                                              num_attention_heads=4, image_size=32, patch_size=8)),
              "dinov2": dict(model_type="dinov2", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                             num_attention_heads=4, image_size=32, patch_size=8)}
+    from tests.census import candidate
+    from tests.test_computed import HANDMADE
+
+    # computed tensors (SSM, sinusoidal, ±inf bounds), weight norm, GPT-1's Conv1D
+    for model_type in ("mamba", "jamba", "pegasus", "wav2vec2", "openai-gpt", "gemma4_audio"):
+        found = candidate(model_type)
+        if not isinstance(found, str):
+            extra[model_type] = {k: v for k, v in found[1].items() if k != "architectures"}
+    extra["mamba2"] = {k: v for k, v in HANDMADE["mamba2"].items() if k != "architectures"}
     return {**GENERIC, **extra}
 
 
@@ -237,8 +246,13 @@ def test_every_family_equals_what_save_pretrained_writes(tmp_path, family):
         assert files["logit_scale"].shape == () and files["logit_scale"].item() == torch.tensor(2.6592).item()
 
 
-def test_constructor_constants_are_recorded_until_changed_in_place():
-    from modelinit_server.architectures.recorder import constructor_constants
+def test_constructor_records_follow_what_the_constructor_writes():
+    """Values a model's constructor sets and _init_weights never touches: constants (and elementwise
+    functions of them), torch.nn.init calls, in-place draws, randn scaled by a number; anything else
+    is a refusal naming what computed it."""
+    import math
+
+    from modelinit_server.architectures.recorder import constructor_records
 
     class M(torch.nn.Module):
         def __init__(self):
@@ -248,12 +262,34 @@ def test_constructor_constants_are_recorded_until_changed_in_place():
             self.halved = torch.nn.Parameter(torch.full((2, 2), 3.0) / 2)
             self.changed = torch.nn.Parameter(torch.ones(3))
             self.changed.data.mul_(2.0)
+            self.softplus_inv = torch.nn.Parameter(torch.log(torch.exp(torch.tensor(0.8)) - 1))
             self.drawn = torch.nn.Parameter(torch.empty(3))
+            self.conv1d = torch.nn.Parameter(torch.empty(8, 24))
+            torch.nn.init.normal_(self.conv1d, std=0.02)
+            self.masked = torch.nn.Parameter(torch.Tensor(16).uniform_())
+            self.latents = torch.nn.Parameter(torch.randn(4, 8) * 0.5)
+            self.linear = torch.nn.Linear(6, 10)
+            self.cumsum = torch.nn.Parameter(torch.ones(5).cumsum(0))
+            self.summed = torch.nn.Parameter(torch.empty(5))
+            self.summed.data.copy_(torch.arange(5.0))
 
-    with torch.device("meta"), constructor_constants() as constants:
+    with torch.device("meta"), constructor_records() as built:
         m = M()
-    got = {n: constants.get(p.untyped_storage()._cdata) for n, p in m.named_parameters()}
-    assert got == {"scale": 2.5, "gamma": 1e-5, "halved": 1.5, "changed": None, "drawn": None}
+    got = {n: built.get(p.untyped_storage()._cdata) for n, p in m.named_parameters()}
+    kind = {n: (r.init.kind if r is not None and r.init is not None else (r.refusal if r is not None else None))
+            for n, r in got.items()}
+    assert got["scale"].init.value == 2.5 and got["halved"].init.value == 1.5
+    assert got["gamma"].init.value == pytest.approx(1e-5, rel=1e-7)  # evaluated as torch does, in float32
+    assert got["changed"].init.value == 2.0
+    assert got["softplus_inv"].init.value == pytest.approx(math.log(math.exp(0.8) - 1), rel=1e-6)
+    assert kind["drawn"] is None and kind["cumsum"] is None  # nothing known: "never writes"
+    assert (got["conv1d"].init.kind, got["conv1d"].init.std) == ("normal", 0.02)
+    assert (got["masked"].init.kind, got["masked"].init.low, got["masked"].init.high) == ("uniform", 0.0, 1.0)
+    assert (got["latents"].init.kind, got["latents"].init.std) == ("normal", 0.5)
+    bound = 1 / math.sqrt(6)  # nn.Linear's kaiming_uniform(a=sqrt(5)) and its bias
+    assert got["linear.weight"].init.kind == "uniform" and got["linear.weight"].init.high == pytest.approx(bound)
+    assert got["linear.bias"].init.kind == "uniform" and got["linear.bias"].init.high == pytest.approx(bound)
+    assert "the constructor computes it" in kind["summed"]
 
 
 def test_base_class_shares_the_head_classes_backbone():

@@ -27,6 +27,23 @@ Schema = Mapping[str, tuple[Any, Check]]
 DROPPED_KEYS = frozenset({"dtype", "torch_dtype", "transformers_version", "_name_or_path", "_commit_hash"})
 
 
+#: transformers' ``to_json_file`` writes a non-finite float as ``{"__float__": "Infinity"}`` (also
+#: ``-Infinity``, ``NaN``): strict JSON has no such numbers.
+_SPECIAL_FLOATS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def decode_special_floats(value: Any) -> Any:
+    """``value`` with every ``{"__float__": "Infinity"}`` object (as transformers writes a config) made
+    the float it stands for, at any depth; everything else unchanged."""
+    if isinstance(value, dict):
+        if len(value) == 1 and isinstance(value.get("__float__"), str) and value["__float__"] in _SPECIAL_FLOATS:
+            return _SPECIAL_FLOATS[value["__float__"]]
+        return {k: decode_special_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode_special_floats(v) for v in value]
+    return value
+
+
 def invalid(field: str, problem: str, fix: str) -> ValueError:
     """The error for a bad field: ``spec.config.<field>: <problem>; <fix>``."""
     where = f"spec.config.{field}" if field else "spec.config"

@@ -51,15 +51,48 @@ _FLOAT_FACTORIES = ("arange", "ones", "zeros", "full", "empty", "linspace", "log
                     "ones_like", "zeros_like", "full_like", "empty_like")
 
 
+def weight_norm_dim(model, name: str) -> int | None:
+    """The ``dim`` of the weight-norm parametrization whose magnitude ``g`` is the tensor ``name``
+    (``...parametrizations.weight.original0``); None when ``name`` is no such tensor."""
+    owner, _, leaf = name.rpartition(".")
+    if leaf != "original0" or not owner.endswith(".parametrizations.weight") and owner != "parametrizations.weight":
+        return None
+    try:
+        plist = model.get_submodule(owner)
+    except AttributeError:
+        return None
+    first = plist[0] if len(plist) == 1 else None
+    if type(first).__name__ != "_WeightNorm":
+        return None
+    return int(first.dim)
+
+
+def _sampler_of(h) -> Sampler:
+    """The engine sampler of a recorded transformers rule (as ``hf-default`` resolves it)."""
+    if h.kind == "normal":
+        return Sampler("normal", mean=h.mean, std=h.std)
+    if h.kind == "uniform":
+        return Sampler("uniform", low=h.low, high=h.high)
+    if h.kind == "trunc_normal":
+        return _trunc(h.mean, h.std, h.a, h.b)
+    if h.kind == "constant":
+        return Sampler("constant", value=h.value)
+    raise ValueError(f"a {h.kind} rule has no sampler")
+
+
 class Replay:
-    """``Replay(architecture, document, origins)(names, keyer)`` -> {stored name: float64 values}.
+    """``Replay(architecture, document, origins, drawn)(names, keyer)`` -> {stored name: float64 values}.
 
-    ``origins`` maps each computed stored name to the in-memory tensor it is stored from."""
+    ``origins`` maps each computed stored name to the in-memory tensor it is stored from; ``drawn``
+    the recorded rule of each stored tensor a computed one is a function of (a weight-norm
+    ``original1``, whose ``original0`` is its norm)."""
 
-    def __init__(self, architecture: str, document: dict[str, Any], origins: dict[str, str]) -> None:
+    def __init__(self, architecture: str, document: dict[str, Any], origins: dict[str, str],
+                 drawn: dict[str, Any] | None = None) -> None:
         self.architecture = architecture
         self.document = document
         self.origins = dict(origins)
+        self.drawn = dict(drawn or {})
 
     def __call__(self, names: Iterable[str], keyer: Keyer) -> dict[str, np.ndarray]:
         names = tuple(names)
@@ -92,7 +125,7 @@ class Replay:
         total = 0
         for name in names:
             origin = self.origins.get(name, name)
-            if origin in targets:
+            if origin in targets or weight_norm_dim(model, origin) is not None:
                 continue
             t = model.get_parameter_or_buffer(origin)
             total += t.numel()
@@ -111,9 +144,30 @@ class Replay:
             np.random.set_state(np_state)
         out = {}
         for name in names:
-            t = targets[self.origins.get(name, name)]
+            origin = self.origins.get(name, name)
+            dim = weight_norm_dim(model, origin)
+            if dim is not None:
+                out[name] = self._magnitude(name, model.get_parameter_or_buffer(origin[:-1] + "1").shape, dim, keyer)
+                continue
+            t = targets[origin]
             out[name] = t.detach().to("cpu", torch.float64).numpy().reshape(-1).copy()
         return out
+
+    def _magnitude(self, name: str, v_shape, dim: int, keyer: Keyer) -> np.ndarray:
+        """A weight-norm ``g``: the norm of ``v`` (its stored values as the engine draws them, in float32,
+        as transformers' float32 model holds them) over every dimension but ``dim`` (all when -1)."""
+        from ..engine.core import generate_array
+
+        v_name = name[: -len("original0")] + "original1"
+        rule = self.drawn.get(v_name)
+        if rule is None:
+            raise ValueError(f"spec: {name!r} is the weight-norm magnitude of {v_name!r}, which is not drawn; not supported")
+        n = math.prod(v_shape)
+        v = generate_array(_sampler_of(rule), keyer(v_name), 0, n, "float32").astype(np.float64).reshape(tuple(v_shape))
+        if dim == -1:
+            return np.array([math.sqrt(float(np.sum(v * v)))])
+        axes = tuple(i for i in range(v.ndim) if i != dim % v.ndim)
+        return np.sqrt(np.sum(v * v, axis=axes)).reshape(-1)
 
 
 def replay_of(architecture: str, config: dict[str, Any], tensors) -> Replay | None:
@@ -121,7 +175,9 @@ def replay_of(architecture: str, config: dict[str, Any], tensors) -> Replay | No
     origins = {t.name: t.hf_init.origin for t in tensors if t.hf_init is not None and t.hf_init.kind == "computed"}
     if not origins:
         return None
-    return Replay(architecture, {k: v for k, v in config.items() if k != "architectures"}, origins)
+    drawn = {t.name: t.hf_init for t in tensors if t.name.endswith(".original1") and t.hf_init is not None
+             and t.hf_init.kind != "computed"}
+    return Replay(architecture, {k: v for k, v in config.items() if k != "architectures"}, origins, drawn)
 
 
 def _nan_allowed(a: np.ndarray) -> bool:

@@ -26,8 +26,8 @@ import warnings
 from typing import Any
 
 from ..core.tensors import HfInit, ModelSpec, TensorSpec
-from ._fields import DROPPED_KEYS, MAX_DIM, invalid
-from .computed import replay_of
+from ._fields import DROPPED_KEYS, MAX_DIM, decode_special_floats, invalid
+from .computed import replay_of, weight_norm_dim
 from .recorder import Record, record_init
 from .roles import ModuleInfo, describe
 
@@ -124,7 +124,7 @@ def _config(tf, document: dict[str, Any]):
             f"unsupported model type {model_type!r}: transformers {tf.__version__} does not know it",
             "use a model_type transformers has (e.g. llama, mixtral, bert, t5, vit); custom-code models are not run",
         )
-    fields = {k: v for k, v in document.items() if k not in DROPPED_KEYS and k != "auto_map"}
+    fields = decode_special_floats({k: v for k, v in document.items() if k not in DROPPED_KEYS and k != "auto_map"})
     try:
         with _quiet():
             return CONFIG_MAPPING[model_type].from_dict(fields)
@@ -152,12 +152,12 @@ def _meta_model(tf, cls, config):
     import torch
     from transformers.initialization import no_tie_weights
 
-    from .recorder import constructor_constants
+    from .recorder import constructor_records
 
     try:
-        with _quiet(), torch.device("meta"), no_tie_weights(), constructor_constants() as constants:
+        with _quiet(), torch.device("meta"), no_tie_weights(), constructor_records() as constructed:
             model = cls(config)
-        model._modelinit_constants = constants  # for record_init: values the constructor sets
+        model._modelinit_constructed = constructed  # for record_init: what the constructor writes
         return model
     except Exception as e:  # noqa: BLE001 - a model class that cannot be built from the config is bad input
         raise invalid(
@@ -347,6 +347,11 @@ def _reverse_conversion(tf, model, stored: dict[str, Any]):
 
 def _tensor_spec(name: str, shape: tuple[int, ...], info: "ModuleInfo", records: dict[str, Record], model) -> TensorSpec:
     recs = [records.get(src) for src in info.sources]
+    if len(recs) == 1 and recs[0] is None and weight_norm_dim(model, info.sources[0]) is not None:
+        dim = weight_norm_dim(model, info.sources[0])
+        over = "all of v" if dim == -1 else f"every dim of v but {dim}"
+        recs = [Record(HfInit("computed", source=f"weight_norm: g = ‖v‖ over {over}, v as drawn (the constructor's "
+                                                 "torch.nn.utils.parametrizations.weight_norm)"))]
     if any(r is None for r in recs):
         missing = info.sources[recs.index(None)]
         raise ValueError(

@@ -109,6 +109,27 @@ class _Recorder:
         """id of a ``.data`` alias -> (id of the stored tensor, the alias, kept alive so its id stays unique)."""
         self.state: dict[int, Record] = {}
         self.active = 0  # >0 while a recorder function runs (its own torch calls are not writes)
+        self.derived: dict[int, tuple[HfInit, Any]] = {}
+        """id of a tensor computed from a stored one by a number (``p / math.sqrt(n)``) -> (its law, the tensor)."""
+
+    def law(self, tensor) -> HfInit | None:
+        """The distribution ``tensor``'s values follow, if it is a whole stored tensor with a recorded
+        draw or a number times one."""
+        if id(tensor) in self.derived:
+            return self.derived[id(tensor)][0]
+        key, _, whole = self._target(tensor)
+        previous = self.state.get(key) if key is not None and whole else None
+        if previous is None or previous.init is None or previous.init.zero_row or previous.init.kind == "computed":
+            return None
+        return previous.init
+
+    def derive(self, out, tensor, op: str, x: Any) -> None:
+        """``out = tensor <op> x``: remembered when it is a recorded law scaled or shifted by a number."""
+        number = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
+        law = self.law(tensor) if number else None
+        new = scaled(law, op, float(x)) if law is not None else None
+        if new is not None:
+            self.derived[id(out)] = (new, out)
 
     def _stored(self, tensor) -> tuple[int | None, Any]:
         """The stored tensor that ``tensor`` is, views or is a ``.data`` alias of, and the object whose layout it shares."""
@@ -178,7 +199,7 @@ class _Recorder:
                 return
         if previous is not None and previous.refusal:
             return
-        self.state[key] = Record(computed(f"tensor.{op.strip('_')}_"))
+        self.state[key] = Record(computed("tensor[...] = ..." if op == "__setitem__" else f"tensor.{op.strip('_')}_"))
 
     def records(self) -> dict[str, Record]:
         out = {}
@@ -260,6 +281,14 @@ def _functions(rec: _Recorder) -> dict[str, Callable]:
 
         return refused
 
+    def copy_(tensor, other):
+        law = rec.law(other) if not getattr(tensor, "_is_hf_initialized", False) else None
+        if law is not None and tuple(other.shape) == tuple(tensor.shape):  # p.copy_(p / sqrt(n)): a scaled draw
+            rec.write(tensor, replace(law, source=f"{law.source}, copied"))
+        else:
+            rec.write(tensor, computed("init.copy_"))
+        return tensor
+
     def computing(fname: str):
         def record(tensor, *args, **kwargs):
             rec.write(tensor, computed(f"init.{fname}"))
@@ -271,7 +300,7 @@ def _functions(rec: _Recorder) -> dict[str, Callable]:
         uniform_=uniform_, normal_=normal_, constant_=constant_, ones_=ones_, zeros_=zeros_, trunc_normal_=trunc_normal_,
         xavier_uniform_=xavier_uniform_, xavier_normal_=xavier_normal_, kaiming_uniform_=kaiming_uniform_,
         kaiming_normal_=kaiming_normal_,
-        eye_=computing("eye_"), dirac_=computing("dirac_"), orthogonal_=computing("orthogonal_"), copy_=computing("copy_"),
+        eye_=computing("eye_"), dirac_=computing("dirac_"), orthogonal_=computing("orthogonal_"), copy_=copy_,
         sparse_=refuse("sparse_", "draws a random sparsity pattern, which has no bit-reproducible equivalent in the engine"),
     )
 
@@ -314,23 +343,32 @@ def _direct_writes(rec: _Recorder):
     from torch.overrides import TorchFunctionMode
 
     data_get = torch.Tensor.data.__get__
+    functions = _functions(rec)
 
     class Watch(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            name = getattr(func, "__name__", "")
+            if (not rec.active and name in functions and not args and isinstance(kwargs.get("tensor"), torch.Tensor)
+                    and getattr(func, "__module__", "") == "torch.nn.init"):
+                functions[name](**kwargs)  # torch.nn.init.* called directly: recorded as transformers' own
             result = func(*args, **kwargs)
             if rec.active or not args or not isinstance(args[0], torch.Tensor):
+                return result
+            if name in _SCALAR_OPS and len(args) == 2 and isinstance(result, torch.Tensor):
+                rec.derive(result, args[0], _SCALAR_OPS[name], args[1])
                 return result
             if func is data_get:
                 if isinstance(result, torch.Tensor):
                     rec.alias(result, args[0])
                 return result
-            name = getattr(func, "__name__", "")
             if name in _NOT_WRITES:
                 return result
             if name in _ARITHMETIC:
                 x = args[1] if len(args) > 1 else kwargs.get("other")
                 rec.modify(args[0], name, x)
+            elif name == "__setitem__":  # tensor[i] = v: part of it rewritten
+                rec.modify(args[0], name, None)
             elif name.endswith("_") and not name.startswith("_"):
                 record = _direct_record(name, args[1:], kwargs)
                 rec.write(args[0], record.init, record.refusal)
@@ -342,6 +380,9 @@ def _direct_writes(rec: _Recorder):
 #: In-place methods that change no values.
 _NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad", "resize_", "set_", "detach_", "grad_",
                          "record_stream", "pin_memory", "as_strided_", "squeeze_", "unsqueeze_", "t_", "transpose_"})
+#: Arithmetic by a number that makes a new tensor, as the in-place op it amounts to (``p / math.sqrt(n)``).
+_SCALAR_OPS = {"mul": "mul_", "__mul__": "mul_", "div": "div_", "__truediv__": "div_", "true_divide": "div_",
+               "add": "add_", "__add__": "add_", "sub": "sub_", "__sub__": "sub_"}
 #: In-place arithmetic: by a number it scales or shifts a distribution (``p /= math.sqrt(n)``).
 _ARITHMETIC = frozenset({"mul_", "div_", "add_", "sub_", "__imul__", "__itruediv__", "__iadd__", "__isub__"})
 
@@ -374,56 +415,163 @@ _FILLS: dict[str, Callable[[tuple, dict], Any]] = {
 }
 
 
-@contextlib.contextmanager
-def constructor_constants():
-    """While a model is built on the meta device: the float tensors its constructor makes with one
-    known value (``torch.tensor(2.6592)``, ``torch.ones(d)``, ``torch.full(...)``, those times or
-    divided by a number), which keep it until they become parameters: yields a dict filled with
-    {storage key: value} (``untyped_storage()._cdata``; a parameter shares its data's storage).
-    CLIP's ``logit_scale`` and DINOv2's layer-scale ``init_values * torch.ones(d)`` are set there,
-    never by ``_init_weights``. An in-place op on such a tensor forgets it."""
-    import torch
-    from torch.overrides import TorchFunctionMode
+#: Ops whose result has the values of their one tensor argument (shape aside).
+_SAME_VALUES = frozenset({"view", "reshape", "unsqueeze", "squeeze", "expand", "expand_as", "clone", "contiguous",
+                          "detach", "flatten", "repeat", "to", "float", "type_as", "__getitem__", "t", "transpose",
+                          "permute"})
+#: Elementwise ops evaluated on known constants (``torch.log(torch.tensor(0.5))``).
+_ELEMENTWISE = frozenset({"log", "exp", "sqrt", "rsqrt", "neg", "log1p", "expm1", "sigmoid", "tanh", "reciprocal",
+                          "abs", "sin", "cos", "pow", "add", "sub", "mul", "div", "true_divide", "__add__", "__radd__",
+                          "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__", "__neg__",
+                          "__pow__", "__rpow__", "softplus", "log2", "log10", "exp2", "square"})
 
-    values: dict[int, float] = {}
-    keep: list[Any] = []  # the tensors stay alive, so their storage keys stay unique
 
-    def number(x) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
+class _StorageRecorder:
+    """What a model's constructor writes, keyed by storage (``untyped_storage()._cdata``): a
+    parameter shares its data's storage, so the record follows the tensor into the module."""
 
+    def __init__(self) -> None:
+        self.records: dict[int, Record] = {}
+        self.keep: list[Any] = []  # the tensors stay alive, so their storage keys stay unique
+        self.active = 0
+
+    @staticmethod
     def key(t) -> int | None:
         try:
             return t.untyped_storage()._cdata
         except Exception:  # noqa: BLE001 - a tensor without storage
             return None
 
+    def get(self, t) -> Record | None:
+        k = self.key(t)
+        return self.records.get(k) if k is not None else None
+
+    def set(self, t, record: Record | None) -> None:
+        k = self.key(t)
+        if k is None:
+            return
+        if record is None:
+            self.records.pop(k, None)
+        else:
+            self.records[k] = record
+            self.keep.append(t)
+
+    def whole(self, t) -> bool:
+        return t.untyped_storage().nbytes() == t.numel() * t.element_size() and t.storage_offset() == 0
+
+    def write(self, tensor, init: HfInit | None, refusal: str = "") -> None:
+        if not self.whole(tensor):
+            self.set(tensor, Record(None, "the constructor writes only part of it"))
+            return
+        self.set(tensor, Record(init, refusal) if init is not None and init.kind != "computed"
+                 else Record(None, refusal or f"the constructor computes it ({init.source if init else 'a write'})"))
+
+
+@contextlib.contextmanager
+def constructor_records():
+    """While a model is built on the meta device: what its constructor writes into the float tensors
+    it makes, for the tensors ``_init_weights`` never writes (yields {storage key: Record}).
+
+    Followed: ``torch.nn.init`` calls and in-place draws and fills (``nn.Linear``'s own
+    kaiming-uniform, GPT-1's ``Conv1D`` normal(0.02), a bias's uniform(±1/sqrt(fan_in)),
+    ``torch.Tensor(d).uniform_()``); ``torch.randn``/``rand`` (register tokens, latents) and those
+    scaled by a number; factories with one value (``torch.tensor(2.6592)``, ``torch.ones(d)``,
+    ``torch.full``) and elementwise functions of such constants (``log(exp(0.8) - 1)``), evaluated
+    on the CPU. A value the constructor computes any other way is a refusal, named if stored."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    rec = _StorageRecorder()
+    functions = _functions(rec)  # the same numbers as transformers.initialization's, keyed by storage
+
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
+
+    def constant_of(r: Record | None) -> float | None:
+        return r.init.value if r is not None and r.init is not None and r.init.kind == "constant" else None
+
+    def evaluate(func, args, kwargs) -> float | None:
+        """``func`` on one-element CPU stand-ins of constant tensors: the constant it gives, or None."""
+        def stand_in(a):
+            if isinstance(a, torch.Tensor):
+                v = constant_of(rec.get(a))
+                return torch.tensor(v, dtype=a.dtype, device="cpu") if v is not None else None
+            return a
+
+        new = [stand_in(a) for a in args]
+        if any(n is None for n in new) or any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+            return None
+        try:
+            out = func(*new, **kwargs)
+        except Exception:  # noqa: BLE001 - not a function of scalars after all
+            return None
+        if not isinstance(out, torch.Tensor) or out.numel() != 1:
+            return None
+        v = float(out.item())
+        return v if math.isfinite(v) else None
+
     class Watch(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            out = func(*args, **kwargs)
             name = getattr(func, "__name__", "")
+            first = args[0] if args else kwargs.get("tensor")  # torch.nn.init passes it by keyword
+            target = first if isinstance(first, torch.Tensor) else None
+            if rec.active or name in _NOT_WRITES:
+                return func(*args, **kwargs)
+            if name in functions and target is not None and target.is_floating_point():
+                functions[name](*args, **kwargs)  # torch.nn.init.*: the record ...
+                rec.active += 1
+                try:
+                    return func(*args, **kwargs)  # ... and the real call (on meta)
+                finally:
+                    rec.active -= 1
+            out = func(*args, **kwargs)
+            if target is not None and name == "__setitem__" and target.is_floating_point():
+                rec.set(target, Record(None, "the constructor computes it (tensor[...] = ...)"))
+                return out
+            if target is not None and name.endswith("_") and not name.startswith("_") and target.is_floating_point():
+                previous = rec.get(target)
+                x = args[1] if len(args) > 1 else kwargs.get("other")
+                if name in _ARITHMETIC and number(x) and previous is not None and previous.init is not None:
+                    new = scaled(previous.init, name, float(x))
+                    rec.set(target, Record(new) if new is not None else Record(None, f"the constructor computes it (tensor.{name})"))
+                else:
+                    record = _direct_record(name, args[1:], kwargs)
+                    rec.write(target, record.init, record.refusal)
+                return out
             if not isinstance(out, torch.Tensor) or not out.is_floating_point():
                 return out
-            if name.endswith("_") and args and isinstance(args[0], torch.Tensor):
-                values.pop(key(args[0]), None)  # changed in place: no longer a known value
-                return out
-            value = None
+            record = None
             if func in (torch.tensor, torch.ones, torch.zeros, torch.full) and name in _FILLS:
                 v = _FILLS[name](args, kwargs)
-                value = float(v) if number(v) else None
-            elif name in ("mul", "__mul__", "__rmul__", "div", "__truediv__") and len(args) == 2:
-                t, x = (args[0], args[1]) if isinstance(args[0], torch.Tensor) else (args[1], args[0])
-                k = key(t) if isinstance(t, torch.Tensor) else None
-                if k in values and number(x):
-                    v = values[k]
-                    value = v / float(x) if name in ("div", "__truediv__") else v * float(x)
-            if value is not None and (k := key(out)) is not None:
-                values[k] = value
-                keep.append(out)
+                if number(v):
+                    record = Record(HfInit("constant", value=float(v), source=f"constructor: {_g(v)}"))
+            elif name in ("randn", "randn_like"):
+                record = Record(HfInit("normal", mean=0.0, std=1.0, source=f"constructor: torch.{name}"))
+            elif name in ("rand", "rand_like"):
+                record = Record(HfInit("uniform", low=0.0, high=1.0, source=f"constructor: torch.{name}"))
+            elif name in _SAME_VALUES and target is not None and rec.get(target) is not None and out.is_floating_point():
+                record = rec.get(target) if name not in ("__getitem__",) or constant_of(rec.get(target)) is not None else None
+            elif name in _ELEMENTWISE and out.is_floating_point():
+                tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                scalars = [a for a in args if not isinstance(a, torch.Tensor)]
+                if tensors and all(constant_of(rec.get(t)) is not None for t in tensors):
+                    v = evaluate(func, args, kwargs)
+                    if v is not None:
+                        record = Record(HfInit("constant", value=v, source=f"constructor: {_g(v)}"))
+                elif len(tensors) == 1 and len(scalars) == 1 and number(scalars[0]) and rec.get(tensors[0]) is not None:
+                    prev = rec.get(tensors[0]).init
+                    op = {"mul": "mul_", "__mul__": "mul_", "__rmul__": "mul_", "div": "div_", "__truediv__": "div_",
+                          "true_divide": "div_", "add": "add_", "__add__": "add_", "__radd__": "add_", "sub": "sub_",
+                          "__sub__": "sub_"}.get(name)
+                    new = scaled(prev, op, float(scalars[0])) if prev is not None and op else None
+                    record = Record(new) if new is not None else None
+            if record is not None:
+                rec.set(out, record)
             return out
 
     with Watch():
-        yield values
+        yield rec.records
 
 
 def record_init(model) -> dict[str, Record]:
@@ -442,12 +590,11 @@ def record_init(model) -> dict[str, Record]:
         model.initialize_weights()
     _clear_flags(model)
     records = rec.records()
-    constants = getattr(model, "_modelinit_constants", {})
+    built = getattr(model, "_modelinit_constructed", {})
     for name, t in model.state_dict(keep_vars=True).items():
         k = t.untyped_storage()._cdata if name not in records else None
-        if k in constants:  # set by the constructor and never written by the initialization
-            v = constants[k]
-            records[name] = Record(init=HfInit(kind="constant", value=v, source=f"constructor: {_g(v)}"))
+        if k in built:  # set by the constructor and never written by the initialization
+            records[name] = built[k]
     return records
 
 

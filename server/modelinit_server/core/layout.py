@@ -91,10 +91,14 @@ def index_json(total_size: int, weight_map: Mapping[str, str]) -> bytes:
     return json_file({"metadata": {"total_size": total_size}, "weight_map": dict(weight_map)})
 
 
-def config_json(config: Mapping[str, Any], dtype: str) -> bytes:
+def config_json(config: Mapping[str, Any], dtype: str, transformers_version: str = "") -> bytes:
     """The HF config with the output dtype. transformers 5 reads `dtype` and `rope_parameters`;
-    4.x reads `torch_dtype` and a top-level `rope_theta`: write both so either loads it right."""
+    4.x reads `torch_dtype` and a top-level `rope_theta`: write both so either loads it right.
+    ``transformers_version`` (the version that resolved a generic spec) is written as
+    ``save_pretrained`` writes it: some config classes read it to decide how to load."""
     doc = {**config, "dtype": dtype, "torch_dtype": dtype}
+    if transformers_version:
+        doc["transformers_version"] = transformers_version
     rope = config.get("rope_parameters")
     if isinstance(rope, Mapping) and "rope_theta" in rope and "rope_theta" not in doc:
         doc["rope_theta"] = rope["rope_theta"]

@@ -257,6 +257,6 @@ def build_plan(request: Request) -> Plan:
     json_files = []
     if len(groups) > 1:
         json_files.append((layout.INDEX_FILE, layout.index_json(sum(nbytes), weight_map)))
-    json_files.append((layout.CONFIG_FILE, layout.config_json(model.config, request.dtype)))
+    json_files.append((layout.CONFIG_FILE, layout.config_json(model.config, request.dtype, model.transformers_version)))
     files += [FilePlan(name, len(content), False, content=content) for name, content in json_files]
     return Plan(request, tuple(tensors), tuple(files), fp)  # type: ignore[arg-type]
