@@ -43,8 +43,10 @@ HEADS = ("num_attention_heads", "n_head", "encoder_attention_heads", "decoder_at
 KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")
 EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
 TOP_K = ("num_experts_per_tok", "moe_topk", "moe_k", "top_k", "num_selected_experts")
-VOCAB = ("vocab_size",)
+VOCAB = ("vocab_size", "unpadded_vocab_size")
 POSITIONS = ("max_position_embeddings", "n_positions", "n_ctx", "max_source_positions", "max_target_positions")
+#: Largest model the census writes (the unshrunk default config is the last way tried).
+MAX_PARAMS = 60_000_000
 SIZES: dict[str, int] = {
     **{k: 64 for k in WIDTHS}, **{k: 128 for k in FFN}, **{k: 2 for k in LAYERS}, **{k: 4 for k in HEADS},
     **{k: 2 for k in KV_HEADS}, **{k: 4 for k in EXPERTS}, **{k: 2 for k in TOP_K}, **{k: 256 for k in VOCAB},
@@ -66,29 +68,47 @@ def _token_ids(d: dict[str, Any]) -> list[int]:
     return out
 
 
-def shrink(document: dict[str, Any], layers_only: bool = False) -> dict[str, Any]:
-    """``document`` with every size of :data:`SIZES` made small, nested configs included; lists as
-    long as the old layer count (``layer_types``) cut to the new one. ``layers_only``: depth and
-    vocabulary only (for types whose widths are tied by rules the shrink cannot know)."""
+#: The ways :func:`candidate` tries, in order: the same for every type (only the sizes differ).
+VARIANTS: tuple[dict[str, Any], ...] = (
+    {},
+    {"num_attention_heads": 8, "num_heads": 8, "n_head": 8, "head_dim": 16},  # widths tied to heads x head_dim
+    {"hidden_size": 128, "d_model": 128, "num_attention_heads": 8, "num_heads": 8, "head_dim": 16},
+)
+
+
+def shrink(document: dict[str, Any], layers_only: bool = False, sizes: dict[str, int] | None = None) -> dict[str, Any]:
+    """``document`` with every size of :data:`SIZES` (overridden by ``sizes``) made small, nested
+    configs included; lists as long as the old layer count (``layer_types``) cut to the new one, and
+    per-layer tables and backbone stage selections that the cut would leave dangling dropped.
+    ``layers_only``: depth and vocabulary only (for types whose widths are tied by rules the shrink
+    cannot know)."""
+    table = {**SIZES, **(sizes or {})}
     d = dict(document)
     old_layers = {d[k] for k in LAYERS if _int(d.get(k))}
     for k, v in list(d.items()):
-        if isinstance(v, dict):
-            d[k] = shrink(v, layers_only)
-        elif k in SIZES and _int(v) and v > SIZES[k]:
+        if isinstance(v, dict) and not _per_layer(v):
+            d[k] = shrink(v, layers_only, sizes)
+        elif k in table and _int(v) and v > table[k]:
             if layers_only and k not in LAYERS and k not in VOCAB and k not in EXPERTS:
                 continue
-            d[k] = SIZES[k]
+            d[k] = table[k]
     if "vocab_size" in d and _int(d["vocab_size"]):
         ids = _token_ids(d)
         if ids:
             d["vocab_size"] = max(d["vocab_size"], min(max(ids) + 1, document["vocab_size"]))
+        if _int(d.get("unpadded_vocab_size")):
+            d["unpadded_vocab_size"] = min(d["unpadded_vocab_size"], d["vocab_size"])
     new_layers = {d[k] for k in LAYERS if _int(d.get(k))}
     if len(old_layers) == 1 and len(new_layers) == 1 and old_layers != new_layers:
         (old,), (new,) = old_layers, new_layers
         for k, v in list(d.items()):
             if isinstance(v, list) and len(v) == old and k not in ("architectures",):
                 d[k] = v[:new]
+            elif isinstance(v, dict) and _per_layer(v):
+                d[k] = {i: x for i, x in v.items() if int(i) < new}
+        for k in ("out_features", "out_indices"):  # a backbone's stages beyond the new depth
+            if d.get(k) is not None:
+                d[k] = None
     heads = [d[k] for k in HEADS if _int(d.get(k))]
     for k in KV_HEADS:
         if _int(d.get(k)) and heads and d[k] > heads[0]:
@@ -98,6 +118,10 @@ def shrink(document: dict[str, Any], layers_only: bool = False) -> dict[str, Any
         if _int(d.get(k)) and experts and d[k] > experts[0]:
             d[k] = experts[0]
     return d
+
+
+def _per_layer(v: dict) -> bool:
+    return bool(v) and all(isinstance(k, (int, str)) and str(k).isdigit() for k in v)
 
 
 @dataclass
@@ -137,35 +161,42 @@ def candidate(model_type: str) -> tuple[str, dict[str, Any]] | str:
     from modelinit_server.architectures import hf
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    cls_name = hf.default_class(model_type)
-    if not cls_name:
+    usual = hf.default_class(model_type)
+    if not usual:
         return "no model class"
-    cls = getattr(transformers, cls_name, None)
-    if cls is None:
-        return f"{cls_name} not importable"
     try:
         with quiet():
             base = CONFIG_MAPPING[model_type]().to_dict()
     except Exception as e:  # noqa: BLE001
         return f"default config: {type(e).__name__}: {e}"
-    reasons = []
-    for layers_only in (False, True):
-        document = shrink(base, layers_only)
-        document["model_type"] = model_type
-        try:
-            with quiet():
-                config = CONFIG_MAPPING[model_type].from_dict({k: v for k, v in document.items() if k != "transformers_version"})
-                with torch.device("meta"):
-                    model = cls(config)
-            n = sum(p.numel() for p in model.parameters())
-            if n > 200_000_000:
-                reasons.append(f"{n:,} parameters after shrinking")
-                continue
-            document["architectures"] = [cls_name]
-            return cls_name, document
-        except Exception as e:  # noqa: BLE001
-            reasons.append(f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
-    return "; ".join(reasons)
+    # the usual head first; a composite type whose usual head takes a sub-config (Qwen3.5's causal
+    # LM takes the text config) is built as its other classes
+    names = [usual] + [n for n in hf.classes_for(model_type) if n != usual]
+    documents = [shrink(base, False, v) for v in VARIANTS] + [shrink(base, True), dict(base)]
+    reasons: list[str] = []
+    for cls_name in names:
+        cls = getattr(transformers, cls_name, None)
+        if cls is None:
+            reasons.append(f"{cls_name} not importable")
+            continue
+        for document in documents:
+            document = dict(document, model_type=model_type)
+            try:
+                with quiet():
+                    config = CONFIG_MAPPING[model_type].from_dict({k: v for k, v in document.items() if k != "transformers_version"})
+                    with torch.device("meta"):
+                        model = cls(config)
+                n = sum(p.numel() for p in model.parameters())
+                if n > MAX_PARAMS:
+                    reasons.append(f"{n:,} parameters after shrinking")
+                    continue
+                document["architectures"] = [cls_name]
+                return cls_name, document
+            except Exception as e:  # noqa: BLE001
+                reasons.append(f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
+        if cls_name == usual and not any("has no attribute" in r or "not importable" in r for r in reasons):
+            break  # only a sub-config mismatch is a reason to try the type's other classes
+    return "; ".join(dict.fromkeys(reasons))
 
 
 def run_one(model_type: str, root: pathlib.Path, client) -> Outcome:

@@ -223,3 +223,60 @@ def test_config_with_infinity_is_decoded_and_written_back_as_transformers_writes
     model, info = transformers.Mamba2ForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True)
     assert model.config.time_step_limit[1] == math.inf
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+
+
+def test_empty_tensors_are_stored_empty(client, tmp_path):
+    """DINOv3 with no register tokens holds a [1, 0, d] parameter: stored as an empty tensor, as
+    save_pretrained stores it, and loaded back."""
+    cls_name, doc = document("dinov3_vit")
+    doc = dict(doc, num_register_tokens=0)
+    spec = from_config(doc, cls_name)
+    empty = [t for t in spec.tensors if t.numel == 0]
+    assert [t.name for t in empty] == ["embeddings.register_tokens"] and empty[0].shape[1] == 0
+    client.init_model(doc, seed=SEED, out_dir=tmp_path, dtype="bfloat16", architecture=cls_name)
+    ours = read_tensors(tmp_path)
+    assert tuple(ours["embeddings.register_tokens"].shape) == empty[0].shape
+    _, info = getattr(transformers, cls_name).from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+
+
+def test_a_zero_std_normal_is_its_mean(client):
+    """init.normal_(t, std=0) (OneFormer's level_embed) fills the mean, as torch does."""
+    from modelinit_server.architectures.recorder import _functions, _Recorder
+
+    lin = torch.nn.Linear(4, 4, device="meta")
+    rec = _Recorder(lin)
+    _functions(rec)["normal_"](lin.weight, mean=0.5, std=0)
+    init = rec.records()["weight"].init
+    assert (init.kind, init.value) == ("constant", 0.5)
+
+
+def test_served_files_and_slices_of_computed_tensors_equal_the_embedded_files(client, server_target, tmp_path):
+    """Through a real server on port 0: the same files, and a slice of A_log / dt_bias cut exactly."""
+    cls_name, doc = document("mamba")
+    client.init_model(doc, seed=SEED, out_dir=tmp_path / "embedded", dtype="bfloat16", architecture=cls_name)
+    with modelinit.Client(server_target) as remote:
+        remote.init_model(doc, seed=SEED, out_dir=tmp_path / "served", dtype="bfloat16", architecture=cls_name)
+        embedded, served = read_tensors(tmp_path / "embedded"), read_tensors(tmp_path / "served")
+        assert all(torch.equal(embedded[k].view(torch.int16), served[k].view(torch.int16)) for k in embedded)
+        a_log = "backbone.layers.1.mixer.A_log"
+        got = remote.tensors(doc, seed=SEED, dtype="bfloat16", architecture=cls_name,
+                             slices={a_log: ((3, 40), (2, 9))}, as_="torch")[a_log]
+        assert torch.equal(got.view(torch.int16), embedded[a_log][3:40, 2:9].contiguous().view(torch.int16))
+
+
+def test_rwkv_orthogonal_weights_are_orthogonal(client, tmp_path):
+    """RWKV's orthogonal_(gain): torch's QR construction in float64 on the host."""
+    cls_name, doc = document("rwkv")
+    spec = from_config(doc, cls_name)
+    ortho = [t for t in spec.tensors if "orthogonal_" in t.hf_init.source]
+    assert ortho
+    client.init_model(doc, seed=SEED, out_dir=tmp_path, dtype="float32", architecture=cls_name)
+    ours = read_tensors(tmp_path)
+    for t in ortho:
+        w = ours[t.name].double().reshape(t.shape[0], -1)
+        small = w if w.shape[0] <= w.shape[1] else w.T  # rows orthogonal when rows <= cols
+        gram = small @ small.T
+        gain2 = gram.diagonal().mean()
+        assert gain2 > 0
+        assert torch.allclose(gram / gain2, torch.eye(gram.shape[0], dtype=torch.float64), atol=1e-5), t.name

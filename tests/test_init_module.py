@@ -221,11 +221,12 @@ def _families():
     from tests.test_computed import HANDMADE
 
     # computed tensors (SSM, sinusoidal, ±inf bounds), weight norm, GPT-1's Conv1D
-    for model_type in ("mamba", "jamba", "pegasus", "wav2vec2", "openai-gpt", "gemma4_audio"):
+    for model_type in ("mamba", "jamba", "qwen3_next", "pegasus", "wav2vec2", "openai-gpt", "gemma4_audio", "rwkv"):
         found = candidate(model_type)
         if not isinstance(found, str):
             extra[model_type] = {k: v for k, v in found[1].items() if k != "architectures"}
-    extra["mamba2"] = {k: v for k, v in HANDMADE["mamba2"].items() if k != "architectures"}
+    for model_type in ("mamba2", "nemotron_h"):
+        extra[model_type] = {k: v for k, v in HANDMADE[model_type].items() if k != "architectures"}
     return {**GENERIC, **extra}
 
 

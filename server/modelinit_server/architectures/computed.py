@@ -222,6 +222,11 @@ class _Streams:
         return torch.from_numpy(self.values(n, sampler)).reshape(tuple(shape))
 
 
+def _normal(mean: float, std: float) -> Sampler:
+    """torch's normal_: std 0 fills the mean."""
+    return Sampler("constant", value=mean) if std == 0 else Sampler("normal", mean=mean, std=std)
+
+
 def _trunc(mean: float, std: float, a: float, b: float) -> Sampler:
     return Sampler("trunc_normal", mean=mean, std=std, a=(a - mean) / std, b=(b - mean) / std)
 
@@ -251,10 +256,14 @@ def _replaying(model, targets: dict[str, Any], keyer: Keyer):
         return draw(tensor, Sampler("uniform", low=float(a), high=float(b))) if ours(tensor) else tensor
 
     def normal_(tensor, mean=0.0, std=1.0, generator=None):
-        return draw(tensor, Sampler("normal", mean=float(mean), std=float(std))) if ours(tensor) else tensor
+        return draw(tensor, _normal(float(mean), float(std))) if ours(tensor) else tensor
 
     def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
-        return draw(tensor, _trunc(float(mean), float(std), float(a), float(b))) if ours(tensor) else tensor
+        if not ours(tensor):
+            return tensor
+        if float(std) == 0.0:
+            return draw(tensor, Sampler("constant", value=min(max(float(mean), float(a)), float(b))))
+        return draw(tensor, _trunc(float(mean), float(std), float(a), float(b)))
 
     def xavier_uniform_(tensor, gain=1.0, generator=None):
         if not ours(tensor):
@@ -370,7 +379,7 @@ def _replaying(model, targets: dict[str, Any], keyer: Keyer):
                     return draw(t, Sampler("uniform", low=lo, high=hi))
                 mean = float(rest[0]) if rest else float(kwargs.get("mean", 0.0))
                 std = float(rest[1]) if len(rest) > 1 else float(kwargs.get("std", 1.0))
-                return draw(t, Sampler("normal", mean=mean, std=std))
+                return draw(t, _normal(mean, std))
             if name in _UNSUPPORTED_RANDOM and not _all_meta(args, kwargs):
                 raise ValueError(f"spec: the model's initialization draws with torch's {name}, which modelinit cannot take "
                                  "from the engine; not supported")

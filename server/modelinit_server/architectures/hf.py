@@ -226,7 +226,10 @@ def build(document: dict[str, Any], architecture: str = "") -> ModelSpec:
     stored, tied = _stored(tf, model)
     tensors = [_tensor_spec(name, shape, info, records, model) for name, shape, info in list(_hub_layout(tf, model, stored))]
     _check_sizes(tensors)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    try:
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    except ValueError:  # several text configs (MusicGen's encoder and decoder): the top level
+        text = config
     n_layers = _int_attr(text, "num_hidden_layers", 1)
     hidden = _int_attr(text, "hidden_size", 0) or _int_attr(text, "d_model", 0) or 1
     std = getattr(text, "initializer_range", None) or 0.02
@@ -347,6 +350,8 @@ def _reverse_conversion(tf, model, stored: dict[str, Any]):
 
 def _tensor_spec(name: str, shape: tuple[int, ...], info: "ModuleInfo", records: dict[str, Record], model) -> TensorSpec:
     recs = [records.get(src) for src in info.sources]
+    if math.prod(shape) == 0 and any(r is None for r in recs):  # an empty tensor (no register tokens): no values
+        recs = [Record(HfInit("constant", value=0.0, source="empty: no elements"))]
     if len(recs) == 1 and recs[0] is None and weight_norm_dim(model, info.sources[0]) is not None:
         dim = weight_norm_dim(model, info.sources[0])
         over = "all of v" if dim == -1 else f"every dim of v but {dim}"

@@ -221,7 +221,11 @@ def _functions(rec: _Recorder) -> dict[str, Callable]:
         return tensor
 
     def normal_(tensor, mean=0.0, std=1.0, generator=None):
-        rec.write(tensor, HfInit("normal", mean=float(mean), std=float(std), source=f"init.normal_(mean={_g(mean)}, std={_g(std)})"))
+        what = f"init.normal_(mean={_g(mean)}, std={_g(std)})"
+        if float(std) == 0.0:  # torch fills the mean
+            rec.write(tensor, HfInit("constant", value=float(mean), source=what))
+        else:
+            rec.write(tensor, HfInit("normal", mean=float(mean), std=float(std), source=what))
         return tensor
 
     def constant_(tensor, val):
@@ -240,8 +244,11 @@ def _functions(rec: _Recorder) -> dict[str, Callable]:
         return tensor
 
     def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
-        rec.write(tensor, HfInit("trunc_normal", mean=float(mean), std=float(std), a=float(a), b=float(b),
-                                 source=f"init.trunc_normal_(mean={_g(mean)}, std={_g(std)}, a={_g(a)}, b={_g(b)})"))
+        what = f"init.trunc_normal_(mean={_g(mean)}, std={_g(std)}, a={_g(a)}, b={_g(b)})"
+        if float(std) == 0.0:
+            rec.write(tensor, HfInit("constant", value=min(max(float(mean), float(a)), float(b)), source=what))
+        else:
+            rec.write(tensor, HfInit("trunc_normal", mean=float(mean), std=float(std), a=float(a), b=float(b), source=what))
         return tensor
 
     # Fan-based functions resolve exactly as torch.nn.init does for the in-memory tensor (the
@@ -393,7 +400,8 @@ def _direct_record(op: str, args: tuple, kwargs: dict) -> Record:
 
     if op == "normal_":
         mean, std = arg(0, "mean", 0.0), arg(1, "std", 1.0)
-        return Record(HfInit("normal", mean=mean, std=std, source=f"tensor.normal_(mean={_g(mean)}, std={_g(std)})"))
+        what = f"tensor.normal_(mean={_g(mean)}, std={_g(std)})"
+        return Record(HfInit("constant", value=mean, source=what) if std == 0 else HfInit("normal", mean=mean, std=std, source=what))
     if op == "uniform_":
         lo, hi = arg(0, "from", 0.0), arg(1, "to", 1.0)
         return Record(HfInit("uniform", low=lo, high=hi, source=f"tensor.uniform_({_g(lo)}, {_g(hi)})"))
@@ -455,6 +463,11 @@ class _StorageRecorder:
         else:
             self.records[k] = record
             self.keep.append(t)
+
+    def law(self, t) -> HfInit | None:
+        """The distribution ``t`` holds, when the constructor made it with one (``x.copy_(t)`` passes it on)."""
+        r = self.get(t)
+        return r.init if r is not None and r.init is not None and r.init.kind != "computed" else None
 
     def whole(self, t) -> bool:
         return t.untyped_storage().nbytes() == t.numel() * t.element_size() and t.storage_offset() == 0

@@ -114,7 +114,7 @@ def _group(members: list[TensorPlan]) -> Group:
 def _references(t: TensorPlan) -> tuple[float, float]:
     """(Xavier std, LeCun std) of a random Linear/Embedding weight; (0, 0) where they mean nothing."""
     s = t.spec
-    random_weight = s.param == "weight" and s.kind != "norm" and t.sampler.kind != "constant"
+    random_weight = s.param == "weight" and s.kind != "norm" and t.sampler.kind not in ("constant", "computed")
     if not random_weight or s.fan_in <= 0 or s.fan_out <= 0:
         return 0.0, 0.0
     return XAVIER.std(s.fan_in, s.fan_out), LECUN.std(s.fan_in, s.fan_out)

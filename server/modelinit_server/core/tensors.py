@@ -114,9 +114,10 @@ class TensorSpec:
             raise ValueError(f"tensor {self.name!r}: role {self.role!r} is not one of {', '.join(ROLES)}")
         if self.param not in PARAMS:
             raise ValueError(f"tensor {self.name!r}: param {self.param!r} is not 'weight' or 'bias'")
-        if any((not isinstance(d, int)) or d <= 0 for d in self.shape):
-            raise ValueError(f"tensor {self.name!r}: shape {list(self.shape)} must be a list of positive integers "
-                             "(empty: a scalar, one element)")
+        if any((not isinstance(d, int)) or isinstance(d, bool) or d < 0 for d in self.shape):
+            raise ValueError(f"tensor {self.name!r}: shape {list(self.shape)} must be a list of non-negative integers "
+                             "(empty: a scalar, one element; a 0 makes an empty tensor, as a model with no register "
+                             "tokens has)")
         if self.padding_idx is not None and not (self.shape and 0 <= self.padding_idx < self.shape[0]):
             raise ValueError(
                 f"tensor {self.name!r}: padding_idx {self.padding_idx} is outside its {self.shape[0]} rows"

@@ -92,7 +92,7 @@ def _sampled(rule: Rule, t: TensorSpec, model: ModelSpec) -> Resolved:
     d = rule.init
     div = depth_divisor(rule, t, model)
     zero_row = t.padding_idx if rule.zero_padding_row else None
-    row = {"zero_row": zero_row, "row_size": t.numel // t.shape[0] if t.shape else 1}
+    row = {"zero_row": zero_row, "row_size": max(1, t.numel // t.shape[0]) if t.shape and t.shape[0] else 1}
     kind = d.kind
     if kind == "computed":
         h = t.hf_init
