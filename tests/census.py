@@ -18,14 +18,12 @@ import argparse
 import contextlib
 import io
 import json
-import logging
 import math
 import pathlib
 import sys
 import tempfile
 import time
 import traceback
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -73,7 +71,28 @@ VARIANTS: tuple[dict[str, Any], ...] = (
     {},
     {"num_attention_heads": 8, "num_heads": 8, "n_head": 8, "head_dim": 16},  # widths tied to heads x head_dim
     {"hidden_size": 128, "d_model": 128, "num_attention_heads": 8, "num_heads": 8, "head_dim": 16},
+    {"num_key_value_heads": 4, "num_kv_heads": 4, "n_kv_heads": 4},  # no grouped-query attention
 )
+
+
+def _renumber_token_ids(d: dict[str, Any], vocab: int) -> None:
+    """Special token ids beyond the shrunk vocabulary moved inside it, distinct ones kept distinct
+    (an id the vocabulary does not hold would leave a padding row or an image token out of range)."""
+    moved: dict[int, int] = {}
+    taken = set(_token_ids(d))
+    free = (i for i in range(vocab - 1, 0, -1) if i not in taken)
+    for k, v in list(d.items()):
+        if not k.endswith(("_token_id", "_token_index", "_token_ids")):
+            continue
+        values = v if isinstance(v, list) else [v]
+        new = []
+        for x in values:
+            if _int(x) and x >= vocab:
+                if x not in moved:
+                    moved[x] = next(free)
+                x = moved[x]
+            new.append(x)
+        d[k] = new if isinstance(v, list) else new[0]
 
 
 def shrink(document: dict[str, Any], layers_only: bool = False, sizes: dict[str, int] | None = None) -> dict[str, Any]:
@@ -92,10 +111,8 @@ def shrink(document: dict[str, Any], layers_only: bool = False, sizes: dict[str,
             if layers_only and k not in LAYERS and k not in VOCAB and k not in EXPERTS:
                 continue
             d[k] = table[k]
-    if "vocab_size" in d and _int(d["vocab_size"]):
-        ids = _token_ids(d)
-        if ids:
-            d["vocab_size"] = max(d["vocab_size"], min(max(ids) + 1, document["vocab_size"]))
+    if "vocab_size" in d and _int(d["vocab_size"]) and d["vocab_size"] < document["vocab_size"]:
+        _renumber_token_ids(d, d["vocab_size"])
         if _int(d.get("unpadded_vocab_size")):
             d["unpadded_vocab_size"] = min(d["unpadded_vocab_size"], d["vocab_size"])
     new_layers = {d[k] for k in LAYERS if _int(d.get(k))}
@@ -137,15 +154,11 @@ class Outcome:
 
 @contextlib.contextmanager
 def quiet():
-    logger = logging.getLogger("transformers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
+    """modelinit's own quieting of transformers (logging, warnings, stdout), and stderr too."""
+    from modelinit_server.architectures.hf import _quiet
+
+    with _quiet(), contextlib.redirect_stderr(io.StringIO()):
+        yield
 
 
 def model_types() -> list[str]:
