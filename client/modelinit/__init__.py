@@ -8,6 +8,8 @@
 The client is thin (no torch); the embedded server needs ``pip install modelinit[server]``.
 In the training process, ``modelinit.init_module_(module, seed=42)`` fills a materialized (or
 sharded) module with the same bytes (docs/training.md); it loads the server extra on first use.
+``modelinit.probe(spec, policies=[...])`` measures what an init does to the signal and the
+gradient on the real model before a run (docs/probe.md).
 """
 from modelinit_wire.v1.modelinit_pb2 import (  # typed policy objects, e.g. Rule(match=Match(roles=["mlp_out"]), init=...)
     Constant,
@@ -22,10 +24,11 @@ from modelinit_wire.v1.modelinit_pb2 import (  # typed policy objects, e.g. Rule
 )
 
 from .client import Client, InitResult, TensorBytes, reproduce
+from .probing import probe
 from .errors import ModelInitError
 
 __all__ = [
-    "Client", "InitResult", "TensorBytes", "ModelInitError", "reproduce", "init_module_",
+    "Client", "InitResult", "TensorBytes", "ModelInitError", "reproduce", "init_module_", "probe",
     "Policy", "Rule", "Match", "Distribution", "Normal", "TruncNormal", "Uniform", "Constant", "FanScaled",
 ]
 __version__ = "0.1.0"

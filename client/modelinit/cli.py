@@ -29,7 +29,7 @@ from modelinit_wire.policy_file import looks_like_file, to_dict
 from . import embedded
 from .client import Client
 from .errors import ModelInitError
-from .job import add_job_parser, check_parts, parse_rate, print_parts, run_job
+from .job import add_job_parser, check_parts, parse_bytes, parse_rate, print_parts, run_job
 from .manifest import read_manifest
 from .remote import RetryPolicy
 from .verify import embedded_client, verify_folder
@@ -187,6 +187,22 @@ def _parser() -> argparse.ArgumentParser:
 
     add_job_parser(sub)
 
+    probe = sub.add_parser("probe", help="fill the real model with a policy's bytes, run one forward and backward pass on a "
+                                         "synthetic batch, and report per layer what the init does (docs/probe.md)")
+    probe.add_argument("spec", metavar="SPEC", help="preset name (e.g. bert-base-uncased) or path to an HF config.json")
+    probe.add_argument("--policy", default=None, metavar="P", help="policy to probe: a preset or a policy file (default hf-default)")
+    probe.add_argument("--compare", default=None, metavar="P1,P2,...",
+                       help="more policies (presets or files, comma-separated), probed on the same batch")
+    probe.add_argument("--seed", type=int, default=0, help="seed of the weights and of the synthetic batch (default 0)")
+    probe.add_argument("--architecture", default=None, metavar="CLASS", help="model class overriding the spec's")
+    probe.add_argument("--batch", type=int, default=4, help="sequences (or images) in the batch (default 4)")
+    probe.add_argument("--seq", type=int, default=128, help="tokens per sequence (default 128, at most the model's positions)")
+    probe.add_argument("--memory-budget", default=None, metavar="SIZE",
+                       help="memory the pass may take, e.g. 8GB (default: half the available memory)")
+    probe.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                       help="write the results as JSON to FILE (or stdout with no FILE) instead of the table")
+    probe.add_argument("--plot", default=None, metavar="FILE.png", help="per-layer curves of each measure, one line per policy")
+
     verify = sub.add_parser("verify", help="check a finished folder against its modelinit.json (sizes, SHA-256, headers), "
                                            "regenerating its bytes from (spec, policy, seed)")
     verify.add_argument("dir", metavar="DIR", help="output folder of `modelinit init`")
@@ -271,6 +287,8 @@ def _main(argv: list[str] | None) -> int:
             return run_job(args)
         except ModelInitError as e:
             return _fail(e.details, 2)
+    if args.command == "probe":
+        return _probe(args)
     if args.command == "plan" and args.parts is not None and args.json:
         return _fail("--parts: prints a table; not with --json", 2)
     try:
@@ -307,6 +325,42 @@ def _main(argv: list[str] | None) -> int:
         return _fail(e.details, 2 if e.code == grpc.StatusCode.INVALID_ARGUMENT else 1)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
+    return 0
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from .embedded import probe_report
+    from .probing import probe
+
+    policies: list[str | None] = [args.policy or "hf-default"]
+    for p in (args.compare or "").split(","):
+        if p.strip() and p.strip() not in policies:
+            policies.append(p.strip())
+    try:
+        budget = int(parse_bytes(args.memory_budget, "--memory-budget")) if args.memory_budget is not None else None
+    except ModelInitError as e:
+        return _fail(e.details, 2)
+    try:
+        report, to_json = probe_report()
+        results = probe(args.spec, policies=policies, seed=args.seed, architecture=args.architecture,
+                        batch=args.batch, seq=args.seq, memory_budget=budget)
+    except ModelInitError as e:
+        return _fail(e.details, 2 if e.code == grpc.StatusCode.INVALID_ARGUMENT else 1)
+    if args.plot:
+        try:
+            report.plot(results, args.plot)
+        except OSError as e:
+            return _fail(f"--plot: cannot write {args.plot}: {e.strerror or e}", 1)
+    if args.json == "-":
+        print(to_json(results))
+    else:
+        if args.json:
+            try:
+                with open(args.json, "w", encoding="utf-8") as fh:
+                    fh.write(to_json(results))
+            except OSError as e:
+                return _fail(f"--json: cannot write {args.json}: {e.strerror or e}", 1)
+        report.render(results)
     return 0
 
 

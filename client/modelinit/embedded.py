@@ -78,3 +78,27 @@ def init_module_():
     from modelinit_server.training import init_module_ as fill
 
     return fill
+
+
+def probe(requests: list[pb.ModelRequest], labels: list[str], **options) -> list:
+    """``modelinit_server.probe.probe`` of the requests (needs the server and probe extras)."""
+    try:
+        from modelinit_server.messages import request_from_pb
+        from modelinit_server.probe import probe as run
+    except ImportError as e:
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"the probe needs the server extra ({e}); pip install 'modelinit[probe]'") from None
+    try:
+        return run([request_from_pb(r) for r in requests], labels, **options)
+    except ValueError as e:  # a spec, policy or batch the probe cannot take: one line naming it
+        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+
+
+def probe_report():
+    """The probe's report module (table, plot) and its JSON writer."""
+    try:
+        from modelinit_server.probe import report, to_json
+    except ImportError as e:
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"the probe needs the server extra ({e}); pip install 'modelinit[probe]'") from None
+    return report, to_json

@@ -1,0 +1,41 @@
+"""``modelinit.probe``: is an init sound before the run? (docs/probe.md)
+
+The probe runs in this process (it builds the model, fills it and runs a forward and backward
+pass), so it needs the server and probe extras: ``pip install 'modelinit[probe]'``. This module
+only builds the requests; ``modelinit.embedded`` runs them.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import grpc
+
+from .errors import ModelInitError
+from .request import PolicyArg, Spec, model_request
+
+
+def policy_label(policy: PolicyArg, index: int) -> str:
+    """How a policy is named in tables, plots and JSON: its preset name or file, else ``policy[i]``."""
+    if policy is None:
+        return "hf-default"
+    return policy if isinstance(policy, str) else f"policy[{index}]"
+
+
+def probe(spec: Spec, *, policies: Sequence[PolicyArg] = ("hf-default",), seed: int = 0,
+          architecture: str | None = None, batch: int = 4, seq: int = 128,
+          memory_budget: int | None = None) -> list[Any]:
+    """Probe ``spec`` under each policy on the same synthetic batch (made from ``seed``): a list
+    of ``ProbeResult`` (per-layer measures, findings in plain words), one per policy.
+
+    ``policies``: presets, policy files or dicts, as ``init_model`` takes them. ``batch`` x
+    ``seq``: the synthetic batch (sequences of token ids, or images at the config's size).
+    ``memory_budget``: bytes the pass may take (default: half the available memory); a model that
+    needs more is refused with the figure. Results print with
+    ``modelinit_server.probe.report.render`` and serialize with ``.to_json``."""
+    from .embedded import probe as run
+
+    if not policies:
+        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, "policies: give at least one policy to probe")
+    requests = [model_request(spec, seed=seed, policy=p, dtype="float32", architecture=architecture) for p in policies]
+    labels = [policy_label(p, i) for i, p in enumerate(policies)]
+    return run(requests, labels, batch=batch, seq=seq, memory_budget=memory_budget)

@@ -1,0 +1,111 @@
+"""The probe's results for people: a terminal table (rich) and a plot (matplotlib), one line per policy.
+
+Both are imported only here, when a report is asked for.
+"""
+from __future__ import annotations
+
+import math
+import shutil
+from typing import Any
+
+from . import ProbeResult
+
+#: (field, title, log scale) of each per-layer panel of the plot.
+PANELS = (
+    ("residual_std", "residual stream std", True),
+    ("update_ratio", "std(layer update) / std(residual in)", True),
+    ("grad_norm", "weight-gradient norm", True),
+    ("hidden_grad_std", "std of dLoss/d(layer output)", True),
+    ("attn_logit_std", "attention logit std", False),
+    ("attn_entropy", "attention entropy / uniform's", False),
+)
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "nan"
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        return f"{x:.4g}"
+    return str(x)
+
+
+def render(results: list[ProbeResult], console=None) -> None:
+    """Per policy: the per-layer table and the findings; then, for several policies, a summary."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(width=max(shutil.get_terminal_size((160, 24)).columns, 140))
+    for r in results:
+        m = r.measures
+        title = f"{r.model}, policy {r.policy}, seed {r.seed}: {r.batch}" + (f" [PROXY: {r.proxy}]" if r.proxy else "")
+        table = Table(title=title, title_justify="left")
+        for col in ("stack", "layer", "residual std", "update ratio", "grad norm", "dL/dh std", "attn logit std",
+                    "attn entropy", "attn max p"):
+            table.add_column(col, justify="right")
+        for x in m.layers:
+            table.add_row(x.stack or "-", str(x.index), _fmt(x.residual_std), _fmt(x.update_ratio), _fmt(x.grad_norm),
+                          _fmt(x.hidden_grad_std), _fmt(x.attn_logit_std), _fmt(x.attn_entropy), _fmt(x.attn_max_prob))
+        console.print(table)
+        ref = f" vs ln(classes) {m.reference_loss:.4g}" if m.reference_loss is not None else ""
+        console.print(f"loss {_fmt(m.loss)}{ref}; output logit std {_fmt(m.logit_std)}; "
+                      f"embedding output std {_fmt(m.embedding_std)}; {r.params:,} parameters; {r.seconds:.1f} s")
+        if r.findings:
+            for f in r.findings:
+                console.print(f"[bold red]finding:[/] {f}")
+        else:
+            console.print("[green]no findings[/]: gradients reach the first layer, activations stay bounded, attention "
+                          "is not saturated, the loss starts near uniform")
+    if len(results) > 1:
+        summary = Table(title="policies compared on the same batch", title_justify="left")
+        for col in ("policy", "loss", "logit std", "grad first/last", "residual last/first", "min attn entropy", "findings"):
+            summary.add_column(col, justify="right")
+        for r in results:
+            summary.add_row(r.policy, *[_fmt(v) for v in _summary(r)], str(len(r.findings)))
+        console.print(summary)
+
+
+def _summary(r: ProbeResult) -> tuple[float | None, ...]:
+    layers = r.measures.layers
+    stack = [x for x in layers if x.stack == layers[0].stack] if layers else []
+    grad = stack[0].grad_norm / stack[-1].grad_norm if stack and stack[-1].grad_norm > 0 else None
+    growth = stack[-1].residual_std / stack[0].residual_std if stack and stack[0].residual_std > 0 else None
+    ent = [x.attn_entropy for x in layers if x.attn_entropy is not None]
+    return r.measures.loss, r.measures.logit_std, grad, growth, min(ent) if ent else None
+
+
+def plot(results: list[ProbeResult], path: str) -> None:
+    """Per-layer curves of each measure, one line per policy (and stack), written as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax, (name, title, log) in zip(axes.flat, PANELS):
+        for r in results:
+            stacks: dict[str, list] = {}
+            for x in r.measures.layers:
+                stacks.setdefault(x.stack, []).append(x)
+            for stack, layers in stacks.items():
+                ys = [getattr(x, name) for x in layers]
+                if all(y is None for y in ys):
+                    continue
+                ys = [float("nan") if y is None or (log and y <= 0) else y for y in ys]
+                label = r.policy + (f" ({stack})" if stack else "")
+                ax.plot([x.index for x in layers], ys, marker="o", label=label)
+        ax.set_title(title)
+        ax.set_xlabel("layer")
+        if log:
+            ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    first = results[0]
+    proxy = f" — PROXY: {first.proxy}" if first.proxy else ""
+    fig.suptitle(f"modelinit probe: {first.model}, seed {first.seed}, {first.batch}{proxy}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

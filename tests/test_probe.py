@@ -1,0 +1,134 @@
+"""`modelinit probe`: a real forward and backward pass of the filled model, per-layer measures, findings.
+
+The seeds' case on a tiny Post-LN BERT (6 layers, width 64): std 1.0 and the torch.rand
+re-initialization (uniform(0, 1) weights) are flagged, hf-default and bert-tf are not; the numbers
+are a function of the request; JSON round-trips; the plot is a PNG; bad input is one line.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import modelinit
+import pytest
+from modelinit.errors import ModelInitError
+from modelinit_server.probe import from_json, to_json
+
+from modelinit.cli import main
+
+BERT = {"model_type": "bert", "vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4,
+        "intermediate_size": 128, "max_position_embeddings": 128, "architectures": ["BertForMaskedLM"]}
+LLAMA = {"model_type": "llama", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "intermediate_size": 128, "max_position_embeddings": 128,
+         "architectures": ["LlamaForCausalLM"], "tie_word_embeddings": False}
+WEIGHTS = {"kinds": ["linear", "embedding"], "params": ["weight"]}
+STD_1 = {"preset": "hf-default", "rules": [{"name": "std 1.0", "match": WEIGHTS, "init": {"normal": {"std": 1.0}}}]}
+TORCH_RAND = {"preset": "hf-default", "rules": [{"name": "torch.rand", "match": WEIGHTS,
+                                                  "init": {"uniform": {"low": 0.0, "high": 1.0}}}]}
+SEQ = 48
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    """The command line in this process: (exit status, stdout, stderr)."""
+    capsys.readouterr()
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def bert_results():
+    return modelinit.probe(BERT, policies=["hf-default", "bert-tf", STD_1, TORCH_RAND], seed=3, seq=SEQ)
+
+
+def test_sound_inits_have_no_findings(bert_results):
+    for r in bert_results[:2]:
+        assert r.findings == (), (r.policy, r.findings)
+        m = r.measures
+        assert abs(m.loss - math.log(1000)) < 0.05 * math.log(1000)  # near uniform predictions
+        assert len(m.layers) == 6 and all(x.attn_entropy > 0.9 for x in m.layers)
+        assert all(x.grad_norm > 0 and math.isfinite(x.grad_norm) for x in m.layers)
+
+
+def test_std_one_is_flagged_naming_the_layer(bert_results):
+    r = bert_results[2]
+    assert r.policy == "policy[2]"
+    text = " ".join(r.findings)
+    assert "attention is saturated" in text and "at layer" in text
+    assert "gradients explode toward the input" in text or "gradients vanish" in text
+    assert "initial loss" in text
+
+
+def test_torch_rand_reinit_is_flagged(bert_results):
+    r = bert_results[3]
+    assert r.findings, r.measures
+    assert any("initial loss" in f or "non-finite" in f for f in r.findings)
+
+
+def test_the_same_request_gives_the_same_numbers(bert_results):
+    again = modelinit.probe(BERT, policies=["hf-default"], seed=3, seq=SEQ)[0]
+    first = bert_results[0]
+    assert again.measures == first.measures and again.findings == first.findings
+
+
+def test_another_seed_gives_other_weights_and_batch(bert_results):
+    other = modelinit.probe(BERT, policies=["hf-default"], seed=4, seq=SEQ)[0]
+    assert other.measures.loss != bert_results[0].measures.loss
+
+
+def test_json_round_trips(bert_results):
+    text = to_json(bert_results)
+    assert from_json(text) == bert_results
+    doc = json.loads(text)
+    assert [r["policy"] for r in doc["probe"]] == ["hf-default", "bert-tf", "policy[2]", "policy[3]"]
+
+
+def test_pre_ln_llama_is_measured_without_findings():
+    r = modelinit.probe(LLAMA, seed=1, seq=SEQ)[0]
+    assert r.findings == ()
+    assert [x.index for x in r.measures.layers] == [0, 1, 2, 3]
+    assert all(x.attn_logit_std is not None for x in r.measures.layers)
+
+
+def test_cli_compare_json_and_plot(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(BERT))
+    policy = tmp_path / "std1.json"
+    policy.write_text(json.dumps(STD_1))
+    png = tmp_path / "probe.png"
+    code, out, err = run_cli(["probe", str(config), "--compare", f"bert-tf,{policy}", "--seed", "3", "--seq", str(SEQ),
+                              "--json", "--plot", str(png)], capsys)
+    assert code == 0, err
+    results = from_json(out)
+    assert [r.policy for r in results] == ["hf-default", "bert-tf", str(policy)]
+    assert results[2].findings and not results[0].findings
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    assert matplotlib.image.imread(str(png)).shape[2] in (3, 4)
+    code, out, err = run_cli(["probe", str(config), "--seq", str(SEQ)], capsys)
+    assert code == 0 and "no findings" in out and "residual std" in out
+
+
+def test_a_model_without_an_input_the_probe_makes_is_one_line(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "wav2vec2", "hidden_size": 32, "num_hidden_layers": 2,
+                                  "num_attention_heads": 2, "intermediate_size": 64, "conv_dim": [16, 16],
+                                  "conv_stride": [5, 2], "conv_kernel": [10, 3], "num_conv_pos_embeddings": 16,
+                                  "num_conv_pos_embedding_groups": 2, "architectures": ["Wav2Vec2Model"]}))
+    code, out, err = run_cli(["probe", str(config)], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "input_values" in err and "token ids" in err
+
+
+def test_a_model_beyond_the_memory_budget_is_one_line(capsys):
+    code, out, err = run_cli(["probe", "llama-3-8b", "--memory-budget", "1GB"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "needs about" in err and "budget of 0.9 GiB" in err
+
+
+def test_bad_batch_and_no_policy_are_refused():
+    with pytest.raises(ModelInitError, match="batch and seq"):
+        modelinit.probe(BERT, batch=0)
+    with pytest.raises(ModelInitError, match="at least one policy"):
+        modelinit.probe(BERT, policies=[])
