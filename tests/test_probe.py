@@ -122,7 +122,7 @@ def test_a_model_without_an_input_the_probe_makes_is_one_line(tmp_path, capsys):
 
 
 def test_a_model_beyond_the_memory_budget_is_one_line(capsys):
-    code, out, err = run_cli(["probe", "llama-3-8b", "--memory-budget", "1GB"], capsys)
+    code, out, err = run_cli(["probe", "llama-3-8b", "--memory-budget", "1GB", "--no-proxy"], capsys)
     assert code == 2 and err.count("\n") == 1
     assert "needs about" in err and "budget of 0.9 GiB" in err
 
@@ -132,3 +132,78 @@ def test_bad_batch_and_no_policy_are_refused():
         modelinit.probe(BERT, batch=0)
     with pytest.raises(ModelInitError, match="at least one policy"):
         modelinit.probe(BERT, policies=[])
+
+
+# --- the proxy: depth kept, widths / F, fixed stds gain-matched ---------------------------------------
+
+WIDE = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 256, "num_hidden_layers": 8, "num_attention_heads": 8,
+        "num_key_value_heads": 4, "intermediate_size": 688, "max_position_embeddings": 128,
+        "architectures": ["LlamaForCausalLM"], "tie_word_embeddings": False}
+WIDE_BERT = {"model_type": "bert", "vocab_size": 1000, "hidden_size": 256, "num_hidden_layers": 12, "num_attention_heads": 8,
+             "intermediate_size": 1024, "max_position_embeddings": 128, "architectures": ["BertForMaskedLM"]}
+#: What the proxy keeps (docs/probe.md): per-layer stds within these factors of the whole model's,
+#: attention entropy within 0.05, the loss within 3%; output logits only for an untied head.
+STD_FACTOR, GRAD_FACTOR, ENTROPY_DIFF, LOSS_REL = 1.35, 2.0, 0.05, 0.03
+
+
+@pytest.mark.parametrize("config", [WIDE, WIDE_BERT], ids=["llama", "bert"])
+@pytest.mark.parametrize("policy", ["hf-default", "xavier"])
+def test_proxy_measures_agree_with_the_whole_model(config, policy):
+    whole = modelinit.probe(config, policies=[policy], seed=2, seq=64, proxy=1)[0]
+    proxy = modelinit.probe(config, policies=[policy], seed=2, seq=64, proxy=4)[0]
+    assert whole.proxy == "" and "every width / 4" in proxy.proxy and proxy.params < whole.params / 8
+    w, p = whole.measures, proxy.measures
+    assert len(w.layers) == len(p.layers)
+
+    def within(a: float, b: float, factor: float) -> bool:
+        return a > 0 and b > 0 and max(a / b, b / a) <= factor
+
+    last_w, last_p = w.layers[-1].grad_norm, p.layers[-1].grad_norm
+    for a, b in zip(w.layers, p.layers):
+        assert within(a.residual_std, b.residual_std, STD_FACTOR), (a, b)
+        assert within(a.update_ratio, b.update_ratio, STD_FACTOR), (a, b)
+        assert within(a.attn_logit_std, b.attn_logit_std, STD_FACTOR * 1.2), (a, b)
+        assert abs(a.attn_entropy - b.attn_entropy) <= ENTROPY_DIFF
+        assert within(a.grad_norm / last_w, b.grad_norm / last_p, GRAD_FACTOR), (a, b)
+    assert abs(p.loss - w.loss) <= LOSS_REL * w.loss
+    if config is WIDE and policy == "hf-default":  # an untied head under a fixed std: the logits keep their std too
+        assert within(w.logit_std, p.logit_std, STD_FACTOR)
+
+
+def test_fixed_stds_are_gain_matched_and_fan_based_rules_are_not():
+    from modelinit_server.architectures import from_config
+    from modelinit_server.core.policies import Policy, rules_for
+    from modelinit_server.probe.proxy import fixed_std, gain_factors, proxy_config
+
+    small, changes = proxy_config(WIDE, 4)
+    assert small["hidden_size"] == 64 and small["num_attention_heads"] == 2 and small["num_key_value_heads"] == 1
+    assert "hidden_size 256 -> 64" in changes
+    full, proxy = from_config(WIDE), from_config(small)
+    for preset, expected in (("hf-default", 2.0), ("xavier", None)):
+        rules = rules_for(Policy(preset=preset), proxy)
+        gains = gain_factors(full, proxy, lambda t: fixed_std(next(r for r in rules if r.match.selects(t)), t))
+        if expected is None:
+            assert gains == {}
+        else:
+            assert gains["model.layers.0.self_attn.q_proj.weight"] == expected  # sqrt(256 / 64)
+            assert "model.embed_tokens.weight" not in gains  # an embedding's output std does not follow the width
+
+
+def test_every_output_of_a_proxy_says_proxy(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(WIDE))
+    png = tmp_path / "p.png"
+    code, out, err = run_cli(["probe", str(config), "--proxy", "4", "--seq", "32", "--plot", str(png)], capsys)
+    assert code == 0, err
+    assert "PROXY" in out
+    code, out, err = run_cli(["probe", str(config), "--proxy", "4", "--seq", "32", "--json"], capsys)
+    assert "every width / 4" in from_json(out)[0].proxy
+    code, out, err = run_cli(["probe", str(config), "--proxy", "3", "--seq", "32"], capsys)
+    assert code == 2 and "not divisible by the proxy factor 3" in err and err.count("\n") == 1
+
+
+def test_a_70b_spec_probes_as_a_proxy_within_the_budget(capsys):
+    """llama-3-70b (70.6B parameters) within a 2 GiB budget: the proxy that fits is chosen and named."""
+    r = modelinit.probe("llama-3-70b", seed=0, batch=1, seq=16, memory_budget=2 << 30)[0]
+    assert "depth-preserving proxy" in r.proxy and r.params < 300_000_000
+    assert len(r.measures.layers) == 80

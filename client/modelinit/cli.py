@@ -199,6 +199,12 @@ def _parser() -> argparse.ArgumentParser:
     probe.add_argument("--seq", type=int, default=128, help="tokens per sequence (default 128, at most the model's positions)")
     probe.add_argument("--memory-budget", default=None, metavar="SIZE",
                        help="memory the pass may take, e.g. 8GB (default: half the available memory)")
+    proxy = probe.add_mutually_exclusive_group()
+    proxy.add_argument("--proxy", type=int, default=None, metavar="F",
+                       help="probe a depth-preserving proxy with every width / F (default: the whole model when it fits "
+                            "the memory budget, else the smallest power of two that fits)")
+    proxy.add_argument("--no-proxy", dest="proxy", action="store_const", const=1,
+                       help="the whole model or nothing: refuse, with the figures, when it does not fit")
     probe.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                        help="write the results as JSON to FILE (or stdout with no FILE) instead of the table")
     probe.add_argument("--plot", default=None, metavar="FILE.png", help="per-layer curves of each measure, one line per policy")
@@ -343,7 +349,7 @@ def _probe(args: argparse.Namespace) -> int:
     try:
         report, to_json = probe_report()
         results = probe(args.spec, policies=policies, seed=args.seed, architecture=args.architecture,
-                        batch=args.batch, seq=args.seq, memory_budget=budget)
+                        batch=args.batch, seq=args.seq, memory_budget=budget, proxy=args.proxy)
     except ModelInitError as e:
         return _fail(e.details, 2 if e.code == grpc.StatusCode.INVALID_ARGUMENT else 1)
     if args.plot:

@@ -23,14 +23,17 @@ def policy_label(policy: PolicyArg, index: int) -> str:
 
 def probe(spec: Spec, *, policies: Sequence[PolicyArg] = ("hf-default",), seed: int = 0,
           architecture: str | None = None, batch: int = 4, seq: int = 128,
-          memory_budget: int | None = None) -> list[Any]:
+          memory_budget: int | None = None, proxy: int | None = None) -> list[Any]:
     """Probe ``spec`` under each policy on the same synthetic batch (made from ``seed``): a list
     of ``ProbeResult`` (per-layer measures, findings in plain words), one per policy.
 
     ``policies``: presets, policy files or dicts, as ``init_model`` takes them. ``batch`` x
     ``seq``: the synthetic batch (sequences of token ids, or images at the config's size).
-    ``memory_budget``: bytes the pass may take (default: half the available memory); a model that
-    needs more is refused with the figure. Results print with
+    ``memory_budget``: bytes the pass may take (default: half the available memory). ``proxy``:
+    None probes the whole model when it fits, else a depth-preserving proxy with every width
+    divided by the smallest power of two that fits (labelled in every output); 1 asks for the
+    whole model (refused, with the figures, when it does not fit); F > 1 forces that factor.
+    Results print with
     ``modelinit_server.probe.report.render`` and serialize with ``.to_json``."""
     from .embedded import probe as run
 
@@ -38,4 +41,4 @@ def probe(spec: Spec, *, policies: Sequence[PolicyArg] = ("hf-default",), seed: 
         raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, "policies: give at least one policy to probe")
     requests = [model_request(spec, seed=seed, policy=p, dtype="float32", architecture=architecture) for p in policies]
     labels = [policy_label(p, i) for i, p in enumerate(policies)]
-    return run(requests, labels, batch=batch, seq=seq, memory_budget=memory_budget)
+    return run(requests, labels, batch=batch, seq=seq, memory_budget=memory_budget, proxy=proxy)

@@ -10,6 +10,7 @@ The package, top to bottom:
     report      the terminal table (rich) and the plot (matplotlib)
     run         the model (float32, eager attention, filled), the batch, one measured pass
     findings    the measures read as sentences, with their thresholds
+    proxy       a model larger than the machine: the width-reduced, depth-preserving proxy
     measures    what is measured, and how
 
 May import the server layers below it (training, messages, architectures, core, engine).
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from ..core.planner import Request
 from .findings import findings
 from .measures import LayerMeasures, ModelMeasures
+from .proxy import fixed_std, gain_factors, proxy_config
 from .run import build, estimate_bytes, make_batch, measure
 
 __all__ = ["LayerMeasures", "ModelMeasures", "ProbeResult", "from_json", "probe", "to_json"]
@@ -57,34 +59,98 @@ class ProbeResult:
 
 
 def probe(requests: list[Request], labels: list[str], batch: int = BATCH, seq: int = SEQ,
-          memory_budget: int | None = None) -> list[ProbeResult]:
-    """Probe each request (one per policy; same spec and seed) on the same synthetic batch."""
+          memory_budget: int | None = None, proxy: int | None = None) -> list[ProbeResult]:
+    """Probe each request (one per policy; same spec and seed) on the same synthetic batch.
+
+    ``proxy``: None picks the whole model when it fits ``memory_budget`` (default: half the
+    available memory), else the narrowest-reduction proxy that fits (:mod:`.proxy`); 1 asks for the
+    whole model (refused, with the figures, when it does not fit); F > 1 a proxy with every width / F."""
     import torch
 
     if batch < 1 or seq < 1:
         raise ValueError(f"probe: batch and seq must be at least 1, got {batch} x {seq}")
+    if proxy is not None and (isinstance(proxy, bool) or not isinstance(proxy, int) or proxy < 1):
+        raise ValueError(f"probe: the proxy factor must be a whole number >= 1, got {proxy!r}")
+    budget = memory_budget if memory_budget is not None else _available_bytes() // 2
     results = []
     for request, label in zip(requests, labels):
         spec = request.model
-        text = spec.config.get("text_config") if isinstance(spec.config.get("text_config"), dict) else spec.config
-        heads = int(text.get("num_attention_heads") or text.get("n_head") or 1) if isinstance(text, dict) else 1
-        need = estimate_bytes(spec.numel, batch, seq, spec.hidden_size, spec.n_layers, heads)
-        budget = memory_budget if memory_budget is not None else _available_bytes() // 2
-        if need > budget:
+        factor = proxy if proxy is not None else _factor(spec, batch, seq, budget)
+        if factor == 1 and _need(spec, batch, seq) > budget:
+            need = _need(spec, batch, seq)
             raise ValueError(f"probe: {spec.architecture} ({spec.numel:,} parameters) needs about {need / 2**30:.1f} GiB "
                              f"for a {batch} x {seq} probe, more than the budget of {budget / 2**30:.1f} GiB; use a smaller "
-                             "--batch / --seq, or a width-reduced proxy")
+                             "--batch / --seq, or a width-reduced proxy (--proxy F, or leave --proxy unset)")
         t0 = time.perf_counter()
+        run_request, gains, what = request, {}, ""
+        if factor > 1:
+            run_request, gains, what = _proxy_request(request, factor)
         with torch.no_grad():
-            model = build(request)
+            model = build(run_request)
+            for name, g in gains.items():
+                try:
+                    model.get_parameter(name).mul_(g)
+                except AttributeError:  # stored converted (fused experts): left at the reduced width's std
+                    pass
         data = make_batch(model, request.seed, batch, seq)
         measures = measure(model, data)
         del model
         results.append(ProbeResult(
             model=f"{spec.architecture} ({spec.family})", policy=label, seed=request.seed, batch=data.description,
-            params=spec.numel, measures=measures, findings=tuple(findings(measures)), seconds=time.perf_counter() - t0,
+            params=run_request.model.numel, measures=measures, findings=tuple(findings(measures)), proxy=what,
+            seconds=time.perf_counter() - t0,
         ))
     return results
+
+
+def _heads(spec) -> int:
+    text = spec.config.get("text_config") if isinstance(spec.config.get("text_config"), dict) else spec.config
+    return int(text.get("num_attention_heads") or text.get("n_head") or 1) if isinstance(text, dict) else 1
+
+
+def _need(spec, batch: int, seq: int) -> int:
+    return estimate_bytes(spec.numel, batch, seq, spec.hidden_size, spec.n_layers, _heads(spec))
+
+
+def _factor(spec, batch: int, seq: int, budget: int) -> int:
+    """1 when the whole model fits; else the smallest power of two whose proxy fits (and divides the heads)."""
+    if _need(spec, batch, seq) <= budget:
+        return 1
+    heads = _heads(spec)
+    factor = 2
+    while factor <= heads and heads % factor == 0:
+        if _need(_proxy_spec(spec, factor)[0], batch, seq) <= budget:  # built on the meta device: milliseconds
+            return factor
+        factor *= 2
+    raise ValueError(f"probe: {spec.architecture} ({spec.numel:,} parameters) does not fit the budget of "
+                     f"{budget / 2**30:.1f} GiB even as a proxy with every width / {factor // 2}; use a smaller --batch / --seq "
+                     "or a larger --memory-budget")
+
+
+def _proxy_spec(spec, factor: int):
+    from ..architectures import from_config
+
+    config, changes = proxy_config(dict(spec.config), factor)
+    return from_config(config, spec.architecture), changes
+
+
+def _proxy_request(request: Request, factor: int):
+    """The proxy's request, the gain factors of its fixed-std weights, and what the proxy is, in words."""
+    from ..core.policies import rules_for
+
+    spec = request.model
+    small, changes = _proxy_spec(spec, factor)
+    rules = rules_for(request.policy, small)
+
+    def fixed(t) -> bool:
+        rule = next((r for r in rules if r.match.selects(t)), None)
+        return rule is not None and fixed_std(rule, t)
+
+    gains = gain_factors(spec, small, fixed)
+    what = (f"depth-preserving proxy, every width / {factor} ({', '.join(changes[:6])}{', ...' if len(changes) > 6 else ''}); "
+            f"{len(gains)} fixed-std weights scaled by sqrt(fan_in ratio) to keep the full model's per-layer gain; "
+            f"{small.numel:,} of {spec.numel:,} parameters")
+    return dataclasses.replace(request, model=small), gains, what
 
 
 def _available_bytes() -> int:
