@@ -207,3 +207,20 @@ def test_a_70b_spec_probes_as_a_proxy_within_the_budget(capsys):
     r = modelinit.probe("llama-3-70b", seed=0, batch=1, seq=16, memory_budget=2 << 30)[0]
     assert "depth-preserving proxy" in r.proxy and r.params < 300_000_000
     assert len(r.measures.layers) == 80
+
+
+def test_attention_measures_of_known_patterns():
+    import torch
+    from modelinit_server.probe.measures import attention_stats
+
+    k = 8
+    uniform = torch.full((1, 2, k, k), 1.0 / k)
+    logit_std, entropy, max_p = attention_stats(uniform)
+    assert logit_std == pytest.approx(0.0, abs=1e-12) and entropy == pytest.approx(1.0) and max_p == pytest.approx(1 / k)
+    causal = torch.tril(torch.ones(k, k))
+    causal = (causal / causal.sum(-1, keepdim=True)).expand(1, 2, k, k)
+    assert attention_stats(causal)[1] == pytest.approx(1.0)  # uniform over the keys a causal row attends
+    one_hot = torch.zeros(1, 1, k, k)
+    one_hot[..., 0] = 1.0  # every query on key 0; the other probabilities underflowed
+    logit_std, entropy, max_p = attention_stats(one_hot)
+    assert entropy == pytest.approx(0.0, abs=1e-12) and max_p == 1.0 and logit_std > 30  # a lower bound, never 0

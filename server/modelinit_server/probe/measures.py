@@ -7,7 +7,8 @@ Definitions (docs/probe.md has them with their reasons):
 * ``update_ratio``: std(h_out - h_in) / std(h_in): how much the layer's branches change the
   residual stream relative to what flows in (pre-LN: the branches' sum; post-LN: after the norm);
 * ``attn_logit_std``: per query row, the std of log p over the keys it attends (log-softmax
-  differs from the logits by a per-row constant, so this is the logits' std), averaged over rows;
+  differs from the logits by a per-row constant, so this is the logits' std; a probability that
+  underflowed counts as float32's smallest, so a saturated row gives a lower bound), averaged;
 * ``attn_entropy``: per row, the softmax entropy divided by log(number of keys attended), averaged
   (1: uniform attention; near 0: saturated, one key takes everything); ``attn_max_prob``: the
   average largest probability of a row;
@@ -66,22 +67,37 @@ def tensor_std(t) -> float:
     return v if math.isfinite(v) else float("nan")
 
 
+#: The smallest positive float32 (a denormal): a probability that underflowed to 0 stands for a logit
+#: at least ~103 below the row's largest, so a saturated row's logit std is a lower bound, never 0.
+_TINY = 1.401298464324817e-45
+
+
 def attention_stats(probs) -> tuple[float, float, float]:
-    """(logit std, normalized entropy, mean max probability) of attention probabilities [B, H, Q, K]."""
+    """(logit std, normalized entropy, mean max probability) of attention probabilities [B, H, Q, K].
+
+    The keys a row attends: all of them, or those up to the query for a causal layer (every
+    probability above the diagonal exactly 0). A probability that underflowed to 0 among them
+    counts at the smallest float32, so saturation shows as a large logit std, never as 0."""
     import torch
 
     p = probs.detach().to(torch.float64)
-    keys = (p > 0).sum(-1)  # keys a row attends (a causal or padding mask leaves exact zeros)
-    logp = torch.where(p > 0, p.clamp_min(1e-300).log(), torch.zeros_like(p))
-    n = keys.clamp_min(1).to(torch.float64)
+    q, k = p.shape[-2], p.shape[-1]
+    allowed = torch.ones(q, k, dtype=torch.bool)
+    if q == k and q > 1:
+        upper = torch.triu(torch.ones(q, k, dtype=torch.bool), diagonal=1)
+        if bool((p[..., upper] == 0).all()):
+            allowed = ~upper
+    n = allowed.sum(-1).to(torch.float64)  # keys per row, [Q]
+    logp = torch.where(allowed, p.clamp_min(_TINY).log(), torch.zeros_like(p))
     mean = logp.sum(-1) / n
-    var = (torch.where(p > 0, (logp - mean.unsqueeze(-1)) ** 2, torch.zeros_like(p))).sum(-1) / (n - 1).clamp_min(1)
-    entropy = -(p * logp).sum(-1)
-    several = keys > 1
-    norm = torch.where(several, entropy / n.log().clamp_min(1e-12), torch.ones_like(entropy))
+    var = (torch.where(allowed, logp - mean.unsqueeze(-1), torch.zeros_like(p)) ** 2).sum(-1) / (n - 1).clamp_min(1)
+    entropy = -torch.where(p > 0, p * p.clamp_min(_TINY).log(), torch.zeros_like(p)).sum(-1)
+    several = (n > 1).expand_as(entropy)
+    norm = entropy / n.log().clamp_min(1e-12)
     rows = several.sum().clamp_min(1)
     logit_std = (var.sqrt() * several).sum() / rows
-    return float(logit_std), float((norm * several).sum() / rows), float(p.amax(-1).mean())
+    entropy_mean = (norm * several).sum() / rows
+    return float(logit_std), float(entropy_mean), float(p.amax(-1).mean())
 
 
 def first_nonfinite(named: list[tuple[str, Any]]) -> list[str]:
