@@ -224,3 +224,18 @@ def test_attention_measures_of_known_patterns():
     one_hot[..., 0] = 1.0  # every query on key 0; the other probabilities underflowed
     logit_std, entropy, max_p = attention_stats(one_hot)
     assert entropy == pytest.approx(0.0, abs=1e-12) and max_p == 1.0 and logit_std > 30  # a lower bound, never 0
+
+
+def test_growth_beyond_a_random_walk_is_flagged():
+    """A residual stream that each layer amplifies (std doubling per layer) is flagged; one that adds
+    unit updates (std ~ sqrt(layer + 1), what a pre-LN model under xavier or hf-default does) is not."""
+    from modelinit_server.probe.findings import findings
+    from modelinit_server.probe.measures import LayerMeasures, ModelMeasures
+
+    def measures(stds):
+        layers = tuple(LayerMeasures("", i, s, 1.0, 1.0, 1.0) for i, s in enumerate(stds))
+        return ModelMeasures(loss=1.0, reference_loss=None, logit_std=None, embedding_std=1.0, layers=layers)
+
+    doubling = findings(measures([2.0 ** i for i in range(8)]))
+    assert any("activations grow with depth" in f and "128x" in f and "sqrt(8)" in f for f in doubling), doubling
+    assert findings(measures([math.sqrt(i + 1) for i in range(8)])) == []

@@ -14,8 +14,10 @@ from .measures import LayerMeasures, ModelMeasures
 VANISHING = 1e-2
 #: ... above this it explodes toward the input.
 EXPLODING = 1e2
-#: Last layer's residual std over the first's: above this activations grow with depth.
-GROWTH = 10.0
+#: Last layer's residual std over the first's, in units of sqrt(layers): a residual stream that adds L
+#: independent unit updates grows like a random walk, sqrt(L); above GROWTH·sqrt(L) activations grow
+#: faster than that (each layer amplifies what it receives).
+GROWTH = 2.0
 #: Normalized attention entropy below this (and a largest probability above SATURATED_MAX_PROB): saturated.
 SATURATED_ENTROPY = 0.1
 SATURATED_MAX_PROB = 0.9
@@ -64,11 +66,14 @@ def _gradients(where: str, layers: list[LayerMeasures]) -> str | None:
 
 def _growth(where: str, layers: list[LayerMeasures]) -> str | None:
     first, last = layers[0].residual_std, layers[-1].residual_std
-    if not (math.isfinite(first) and math.isfinite(last)) or first <= 0:
+    if not (math.isfinite(first) and math.isfinite(last)) or first <= 0 or len(layers) < 2:
         return None
-    if last / first > GROWTH:
+    walk = math.sqrt(len(layers))
+    if last / first > GROWTH * walk:
         return (f"{where}activations grow with depth: the residual stream's std goes from {first:.3g} after layer 0 "
-                f"to {last:.3g} after layer {len(layers) - 1} ({last / first:.3g}x)")
+                f"to {last:.3g} after layer {len(layers) - 1} ({last / first:.3g}x, more than {GROWTH:g} x sqrt({len(layers)}) "
+                "= a random walk of its layers' updates); output projections scaled by depth (GPT-2's 1/sqrt(2·layers)) "
+                "keep it down")
     return None
 
 
