@@ -53,7 +53,7 @@ def _add_request_args(p: argparse.ArgumentParser, from_manifest: bool = False) -
     p.add_argument("--seed", type=int, default=None, help="seed, 0 <= seed < 2^64 (default 0)")
     p.add_argument("--policy", default=None, metavar="P",
                    help="init policy: a preset (hf-default, the default; bert-tf, gpt2, megatron, torchtitan-llama3, xavier, "
-                        "kaiming, lecun-normal, small-init, torch-trunc-normal) or a JSON/YAML policy file")
+                        "kaiming, lecun-normal, small-init, torch-trunc-normal, olmo2, gpt-neox, deepnet, mup) or a JSON/YAML policy file")
     p.add_argument("--dtype", default=None, help=f"output dtype: {', '.join(DTYPES)} (default float32)")
     p.add_argument("--max-shard-size", default=None, help="largest shard, e.g. 5GB (10^9 bytes), 500MB, 2GiB (default 5GB)")
     p.add_argument("--architecture", default=None, metavar="CLASS",

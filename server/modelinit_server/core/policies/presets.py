@@ -185,6 +185,124 @@ def _torch_trunc_normal(model: ModelSpec) -> list[Rule]:
     return [*_norms_and_biases(), Rule(_WEIGHTS, trunc, name="weight")]
 
 
+def _olmo2(model: ModelSpec) -> list[Rule]:
+    """OLMo 2 (Team OLMo 2024, "2 OLMo 2 Furious", arXiv:2501.00656, sec. 3.2.1): every parameter of
+    the Linear and Embedding layers (the output layer included) ~ N(0, 0.02) truncated at +-3 sigma;
+    norms 1, biases 0. Reference code: OLMo-core ``olmo_core/nn/transformer/init.py``
+    (``InitMethod.normal``, ``init_linear``: ``trunc_normal_(std=0.02, a=-3*std, b=3*std)``).
+    The std is the paper's 0.02, not the config's ``initializer_range``."""
+    trunc = Distribution("trunc_normal", std=0.02, a=-3.0, b=3.0, bounds="sigma")
+    return [*_norms_and_biases(), Rule(_WEIGHTS, trunc, name="weight (trunc +-3 sigma)")]
+
+
+def _gpt_neox(model: ModelSpec) -> list[Rule]:
+    """GPT-NeoX's ``small_init`` for every weight and ``wang_init`` for the residual output
+    projections (its 20B configuration: ``init_method: small_init``, ``output_layer_init_method:
+    wang_init``). d = ``hidden_size``, L = ``n_layers``:
+
+    - ``small_init``: N(0, sqrt(2 / (5 d))) (Nguyen & Salazar 2019, "Transformers without Tears");
+    - ``wang_init``: N(0, 2 / (L sqrt(d))) for ``attn_out`` and ``mlp_out`` (Wang & Komatsuzaki, Mesh
+      Transformer JAX / GPT-J);
+    - norms 1, biases 0. Reference code: gpt-neox ``megatron/model/init_functions.py``
+      (``small_init_init_method``, ``wang_init_method``)."""
+    d, layers = model.hidden_size, max(model.n_layers, 1)
+    small = Distribution("normal", std=math.sqrt(2.0 / (5.0 * d)))
+    wang = Distribution("normal", std=2.0 / (layers * math.sqrt(d)))
+    return [
+        *_norms_and_biases(),
+        Rule(_RESIDUAL_OUT, wang, name="wang_init (output projections)"),
+        Rule(_WEIGHTS, small, name="small_init"),
+    ]
+
+
+#: Tensor names of value and query projections across families (fused qkv matches neither).
+_VALUE = ("*.v_proj.weight", "*.value.weight", "*.v.weight", "*.wv.weight", "*.v_proj.*.weight")
+_QUERY = ("*.q_proj.weight", "*.query.weight", "*.q.weight", "*.wq.weight")
+
+
+def deepnet_betas(model: ModelSpec) -> tuple[str, dict[str, float], dict[str, float]]:
+    """DeepNet's (kind, {stack: alpha}, {stack: beta}) for ``model`` (Wang et al. 2022, Table 1):
+    encoder-only (N layers) alpha = (2N)^(1/4), beta = (8N)^(-1/4); decoder-only (M) alpha =
+    (2M)^(1/4), beta = (8M)^(-1/4); encoder-decoder: encoder alpha = 0.81 (N^4 M)^(1/16), beta = 0.87
+    (N^4 M)^(-1/16), decoder alpha = (3M)^(1/4), beta = (12M)^(-1/4)."""
+    def layers_of(stack: str) -> set[int]:
+        return {t.layer for t in model.tensors if t.layer is not None and f"{stack}." in f".{t.name}"}
+
+    encoder, decoder = layers_of("encoder"), layers_of("decoder")
+    if encoder and decoder:  # N and M from the layers the tensors belong to (any family's config keys)
+        n, m = len(encoder), len(decoder)
+        return ("encoder-decoder", {"encoder": 0.81 * (n**4 * m) ** (1 / 16), "decoder": (3 * m) ** 0.25},
+                {"encoder": 0.87 * (n**4 * m) ** (-1 / 16), "decoder": (12 * m) ** -0.25})
+    layers = max(model.n_layers, 1)
+    causal = model.architecture.endswith(("ForCausalLM", "LMHeadModel")) or bool(model.config.get("is_decoder"))
+    kind = "decoder-only" if causal else "encoder-only"
+    return kind, {"": (2 * layers) ** 0.25}, {"": (8 * layers) ** -0.25}
+
+
+def _deepnet(model: ModelSpec) -> list[Rule]:
+    """DeepNet / DeepNorm (Wang et al. 2022, "DeepNet: Scaling Transformers to 1,000 Layers",
+    arXiv:2203.00555, Table 1 and Algorithm 1): Xavier-normal with gain beta for the value, attention
+    output and both feed-forward projections, gain 1 for query and key; embeddings and the output
+    layer N(0, d^-0.5) (torchscale); norms 1, biases 0. beta from the depth (:func:`deepnet_betas`).
+
+    Only half of DeepNorm lives in the weights: its residual is x_{l+1} = LN(alpha x_l + G(x_l)),
+    a forward-time multiplier alpha the weights cannot carry; this preset gives the init DeepNorm
+    prescribes, and without alpha in the model's forward pass it is not DeepNet. A fused qkv
+    projection cannot tell v from q and k: it gets gain 1. Reference code: microsoft/torchscale
+    (``deepnorm`` init in ``torchscale/architecture/encoder.py`` / ``decoder.py``)."""
+    _, _, betas = deepnet_betas(model)
+    embed = Distribution("normal", std=model.hidden_size**-0.5)
+    rules = [*_norms_and_biases(),
+             Rule(Match(kinds=("embedding",), params=("weight",)), embed, name="embedding N(0, d^-0.5)"),
+             Rule(Match(kinds=("linear",), roles=("lm_head",), params=("weight",)), embed, name="output N(0, d^-0.5)")]
+    for stack, beta in betas.items():
+        prefix = (f"*{stack}.*",) if stack else ("*",)
+        scaled = Distribution("xavier_normal", gain=beta)
+
+        def within(globs: tuple[str, ...], stack=stack) -> tuple[str, ...]:
+            return tuple(f"*{stack}.*{g.lstrip('*')}" for g in globs) if stack else globs
+
+        rules += [
+            Rule(Match(kinds=("linear", "expert"), params=("weight",), names=within(_VALUE)), scaled,
+                 name=f"{stack + ' ' if stack else ''}v_proj xavier_normal(gain beta={beta:.4g})"),
+            Rule(Match(kinds=("linear", "expert"), roles=("attn_out", "mlp_in", "mlp_out"), params=("weight",), names=prefix),
+                 scaled, name=f"{stack + ' ' if stack else ''}out/ffn xavier_normal(gain beta={beta:.4g})"),
+        ]
+    rules.append(Rule(_MATRICES, Distribution("xavier_normal", gain=1.0), name="q/k and others xavier_normal(gain 1)"))
+    return rules
+
+
+#: The width µP's hidden stds are given at (mup's examples use 256): std = sigma·sqrt(BASE / fan_in-width).
+MUP_BASE_WIDTH = 256
+
+
+def _mup(model: ModelSpec) -> list[Rule]:
+    """µP (Yang et al. 2022, "Tensor Programs V", arXiv:2203.03466, Table 3 and sec. 6) as the
+    ``mup`` package initializes with ``mup.init.normal_(w, std=sigma)`` after ``set_base_shapes``, at
+    a base width of :data:`MUP_BASE_WIDTH`, sigma = ``initializer_range``:
+
+    - hidden matrices (both dimensions grow with width: q/k/v, attention output, MLP in and out,
+      experts) ~ N(0, sigma·sqrt(base / hidden_size)) (mup: std · width_mult^-1/2);
+    - vector-like weights (one dimension grows: embeddings, routers) ~ N(0, sigma);
+    - the readout (``lm_head``) and the query projection: 0, as the paper recommends;
+    - norms 1, biases 0.
+
+    The rest of µP is not in the weights: the readout's output multiplier 1/width_mult, attention
+    logits scaled by 1/d_head instead of 1/sqrt(d_head), and per-parameter learning rates (Adam:
+    hidden lr / width_mult). A model trained with this init but without those is not µP.
+    Reference code: microsoft/mup (``mup/init.py``: ``constant_std_init_``)."""
+    sigma = model.initializer_range
+    hidden = Distribution("normal", std=sigma * math.sqrt(MUP_BASE_WIDTH / model.hidden_size))
+    return [
+        *_norms_and_biases(),
+        Rule(Match(kinds=("linear",), roles=("lm_head",), params=("weight",)), _ZEROS, name="readout zero"),
+        Rule(Match(kinds=("linear",), params=("weight",), names=_QUERY), _ZEROS, name="query zero"),
+        Rule(Match(kinds=("embedding", "router"), params=("weight",)), Distribution("normal", std=sigma),
+             name="vector-like N(0, sigma)"),
+        Rule(_MATRICES, hidden, name=f"hidden N(0, sigma·sqrt({MUP_BASE_WIDTH}/{model.hidden_size}))"),
+    ]
+
+
 PRESETS = {
     "hf-default": _hf_default,
     "bert-tf": _bert_tf,
@@ -196,4 +314,8 @@ PRESETS = {
     "lecun-normal": _lecun_normal,
     "small-init": _small_init,
     "torch-trunc-normal": _torch_trunc_normal,
+    "olmo2": _olmo2,
+    "gpt-neox": _gpt_neox,
+    "deepnet": _deepnet,
+    "mup": _mup,
 }
