@@ -100,8 +100,9 @@ def test_mup_scales_hidden_matrices_from_the_base_width_and_zeroes_readout_and_q
 def test_mup_preset_matches_the_mup_package():
     """The same Llama shapes at width 512 (base 256): mup.init.normal_(w, std=0.02) after set_base_shapes
     gives every hidden matrix std 0.02·(512/256)^-1/2 and every vector-like weight 0.02; the preset's
-    std for each tensor is within sampling tolerance of the package's sample std."""
-    mup = pytest.importorskip("mup")
+    std for each tensor is within sampling tolerance of the package's sample std. Needs
+    ``pip install --no-deps mup`` (its declared torchvision would replace the CPU torch)."""
+    mup = pytest.importorskip("mup", reason="pip install --no-deps mup (docs/policies.md)")
     import transformers
 
     def model(width: int):  # the base model: mup wants its own MuReadout for a head

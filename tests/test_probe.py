@@ -239,3 +239,23 @@ def test_growth_beyond_a_random_walk_is_flagged():
     doubling = findings(measures([2.0 ** i for i in range(8)]))
     assert any("activations grow with depth" in f and "128x" in f and "sqrt(8)" in f for f in doubling), doubling
     assert findings(measures([math.sqrt(i + 1) for i in range(8)])) == []
+
+
+def test_each_branch_is_measured_against_the_residual(bert_results):
+    """The attention and MLP branches (their output projections, before the residual addition)."""
+    sound, std1 = bert_results[0].measures.layers, bert_results[2].measures.layers
+    assert all(x.attn_branch and x.mlp_branch for x in sound + std1)
+    # std 1.0 instead of 0.02: each projection's gain is 50x, the branch is larger by orders of magnitude
+    assert min(x.mlp_branch for x in std1) > 100 * max(x.mlp_branch for x in sound)
+
+
+def test_non_finite_values_are_a_finding():
+    huge = {"preset": "hf-default", "rules": [{"match": WEIGHTS, "init": {"normal": {"std": 1e30}}}]}
+    r = modelinit.probe(BERT, policies=[huge], seed=3, seq=16)[0]
+    assert any(f.startswith("non-finite values") for f in r.findings), r.findings
+
+
+def test_a_batch_too_large_even_for_a_proxy_is_one_line(capsys):
+    code, out, err = run_cli(["probe", "bert-base-uncased", "--batch", "4096", "--seq", "512", "--memory-budget", "1GB"],
+                             capsys)
+    assert code == 2 and err.count("\n") == 1 and "even as a proxy" in err

@@ -93,7 +93,7 @@ def probe(requests: list[Request], labels: list[str], batch: int = BATCH, seq: i
                 except AttributeError:  # stored converted (fused experts): left at the reduced width's std
                     pass
         data = make_batch(model, request.seed, batch, seq)
-        measures = measure(model, data)
+        measures = measure(model, data, run_request.model)
         del model
         results.append(ProbeResult(
             model=f"{spec.architecture} ({spec.family})", policy=label, seed=request.seed, batch=data.description,

@@ -6,6 +6,8 @@ Definitions (docs/probe.md has them with their reasons):
   element of the batch;
 * ``update_ratio``: std(h_out - h_in) / std(h_in): how much the layer's branches change the
   residual stream relative to what flows in (pre-LN: the branches' sum; post-LN: after the norm);
+* ``attn_branch`` / ``mlp_branch``: std of each branch's output (the output of its projection of
+  role ``attn_out`` / ``mlp_out``, before it is added to the residual) over std(h_in);
 * ``attn_logit_std``: per query row, the std of log p over the keys it attends (log-softmax
   differs from the logits by a per-row constant, so this is the logits' std; a probability that
   underflowed counts as float32's smallest, so a saturated row gives a lower bound), averaged;
@@ -38,6 +40,11 @@ class LayerMeasures:
     attn_logit_std: float | None = None
     attn_entropy: float | None = None
     attn_max_prob: float | None = None
+    attn_branch: float | None = None
+    """std of the attention branch's output (its output projection, before the residual addition)
+    over std(h_in); None when the layer has no projection of role ``attn_out``."""
+    mlp_branch: float | None = None
+    """The same for the MLP branch (role ``mlp_out``)."""
 
 
 @dataclass(frozen=True)

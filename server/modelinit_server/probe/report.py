@@ -14,6 +14,8 @@ from . import ProbeResult
 PANELS = (
     ("residual_std", "residual stream std", True),
     ("update_ratio", "std(layer update) / std(residual in)", True),
+    ("attn_branch", "std(attention branch) / std(residual in)", True),
+    ("mlp_branch", "std(MLP branch) / std(residual in)", True),
     ("grad_norm", "weight-gradient norm", True),
     ("hidden_grad_std", "std of dLoss/d(layer output)", True),
     ("attn_logit_std", "attention logit std", False),
@@ -43,12 +45,13 @@ def render(results: list[ProbeResult], console=None) -> None:
         m = r.measures
         title = f"{r.model}, policy {r.policy}, seed {r.seed}: {r.batch}" + (f" [PROXY: {r.proxy}]" if r.proxy else "")
         table = Table(title=title, title_justify="left")
-        for col in ("stack", "layer", "residual std", "update ratio", "grad norm", "dL/dh std", "attn logit std",
-                    "attn entropy", "attn max p"):
+        for col in ("stack", "layer", "residual std", "update ratio", "attn branch", "mlp branch", "grad norm", "dL/dh std",
+                    "attn logit std", "attn entropy", "attn max p"):
             table.add_column(col, justify="right")
         for x in m.layers:
-            table.add_row(x.stack or "-", str(x.index), _fmt(x.residual_std), _fmt(x.update_ratio), _fmt(x.grad_norm),
-                          _fmt(x.hidden_grad_std), _fmt(x.attn_logit_std), _fmt(x.attn_entropy), _fmt(x.attn_max_prob))
+            table.add_row(x.stack or "-", str(x.index), _fmt(x.residual_std), _fmt(x.update_ratio), _fmt(x.attn_branch),
+                          _fmt(x.mlp_branch), _fmt(x.grad_norm), _fmt(x.hidden_grad_std), _fmt(x.attn_logit_std),
+                          _fmt(x.attn_entropy), _fmt(x.attn_max_prob))
         console.print(table)
         ref = f" vs ln(classes) {m.reference_loss:.4g}" if m.reference_loss is not None else ""
         console.print(f"loss {_fmt(m.loss)}{ref}; output logit std {_fmt(m.logit_std)}; "
@@ -84,7 +87,7 @@ def plot(results: list[ProbeResult], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8))
     for ax, (name, title, log) in zip(axes.flat, PANELS):
         for r in results:
             stacks: dict[str, list] = {}

@@ -174,7 +174,27 @@ def stacks(model) -> list[tuple[str, Any]]:
     return found
 
 
-def measure(model, batch: Batch) -> ModelMeasures:
+def branch_modules(model, spec, blocks) -> dict[tuple[str, int], dict[str, Any]]:
+    """{(stack path, layer): {"attn" | "mlp": the module whose output is that branch's}}: the
+    modules holding the spec's ``attn_out`` / ``mlp_out`` weights, where the model has them under
+    the stored name (experts stored per expert are not modules of the fused model: skipped)."""
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for t in spec.tensors:
+        if t.param != "weight" or t.role not in ("attn_out", "mlp_out") or not t.name.endswith(".weight"):
+            continue
+        path = t.name[: -len(".weight")]
+        try:
+            module = model.get_submodule(path)
+        except AttributeError:
+            continue
+        for stack, layers in blocks:
+            for i in range(len(layers)):
+                if path.startswith(f"{stack}.{i}."):
+                    out.setdefault((stack, i), {}).setdefault("attn" if t.role == "attn_out" else "mlp", module)
+    return out
+
+
+def measure(model, batch: Batch, spec=None) -> ModelMeasures:
     import torch
 
     blocks = stacks(model)
@@ -203,6 +223,19 @@ def measure(model, batch: Batch) -> ModelMeasures:
     for path, stack in blocks:
         for i, block in enumerate(stack):
             hooks(path, i, block)
+    branches: dict[tuple[str, int, str], float] = {}
+
+    def branch_hook(key: tuple[str, int, str]):
+        def hook(module, args, output):
+            h = output[0] if isinstance(output, (tuple, list)) else output
+            if isinstance(h, torch.Tensor):
+                branches[key] = tensor_std(h)
+
+        return hook
+
+    for (path, i), found in (branch_modules(model, spec, blocks) if spec is not None else {}).items():
+        for which, module in found.items():
+            handles.append(module.register_forward_hook(branch_hook((path, i, which))))
     try:
         kwargs: dict[str, Any] = dict(batch.inputs, output_attentions=True)
         if batch.labels is not None:
@@ -233,16 +266,19 @@ def measure(model, batch: Batch) -> ModelMeasures:
             got = seen.get((path, i), {})
             h_in, h_out = got.get("in"), got.get("out")
             res = tensor_std(h_out) if h_out is not None else float("nan")
+            base = tensor_std(h_in) if h_in is not None else 0.0
             if h_in is not None and h_out is not None and h_in.shape == h_out.shape:
-                base = tensor_std(h_in)
                 ratio = tensor_std(h_out.detach() - h_in.detach()) / base if base > 0 else float("inf")
             else:
                 ratio = float("nan")
+            attn_b, mlp_b = branches.get((path, i, "attn")), branches.get((path, i, "mlp"))
+            attn_b = attn_b / base if attn_b is not None and base > 0 else None
+            mlp_b = mlp_b / base if mlp_b is not None and base > 0 else None
             grads = [p.grad for n, p in named.items() if n.startswith(f"{path}.{i}.") and p.grad is not None]
             gnorm = math.sqrt(sum(float(g.detach().double().pow(2).sum()) for g in grads)) if grads else 0.0
             hgrad = tensor_std(h_out.grad) if h_out is not None and h_out.grad is not None else 0.0
             attn = attention_stats(probs[i]) if probs is not None and i < len(probs) and probs[i] is not None else (None,) * 3
-            layers.append(LayerMeasures(label, i, res, ratio, gnorm, hgrad, *attn))
+            layers.append(LayerMeasures(label, i, res, ratio, gnorm, hgrad, *attn, attn_branch=attn_b, mlp_branch=mlp_b))
     first = seen.get((blocks[0][0], 0), {}).get("in")
     nonfinite = first_nonfinite(
         [("loss", loss), ("logits", logits)]
