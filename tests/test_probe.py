@@ -259,3 +259,9 @@ def test_a_batch_too_large_even_for_a_proxy_is_one_line(capsys):
     code, out, err = run_cli(["probe", "bert-base-uncased", "--batch", "4096", "--seq", "512", "--memory-budget", "1GB"],
                              capsys)
     assert code == 2 and err.count("\n") == 1 and "even as a proxy" in err
+
+
+def test_without_the_probe_extra_the_cli_says_what_to_install(capsys, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # as if it were not installed
+    code, out, err = run_cli(["probe", "bert-base-uncased"], capsys)
+    assert code == 1 and err.count("\n") == 1 and "pip install 'modelinit[probe]'" in err

@@ -97,6 +97,8 @@ def probe(requests: list[pb.ModelRequest], labels: list[str], **options) -> list
 def probe_report():
     """The probe's report module (table, plot) and its JSON writer."""
     try:
+        import matplotlib  # noqa: F401 - the plot
+        import rich  # noqa: F401 - the table
         from modelinit_server.probe import report, to_json
     except ImportError as e:
         raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
