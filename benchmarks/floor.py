@@ -1,0 +1,148 @@
+"""The embedded job against the machine's floor, in one run (issue 22's first goal).
+
+    python benchmarks/floor.py [--model tinyllama-1.1b] [--dtype bfloat16] [--reps 3] [--dir D] [--json F]
+
+The floor is the longer of
+  (a) generating the same elements with the project's CPU kernel at full thread count (the
+      plan's samplers and keys, into one reused page-aligned 8 MiB buffer, as the embedded engine
+      fills its segments) plus one SHA-256 of the same number of bytes divided by the core count
+      (the hash runs beside generation on another core at best), and
+  (b) an ``O_DIRECT`` write of the same number of bytes from one aligned 8 MiB buffer into a file
+      in ``--dir`` (the sink the embedded writer uses);
+and the job is ``modelinit init MODEL --dtype D --seed 0 --quiet --out DIR`` as a child process,
+start-up included, after a ``sync``. Every figure is the median of ``--reps``; the job's output
+is checked (modelinit.json present, total size = the plan's). It prints each part, the floor and
+the ratio job / floor (goal: <= 1.25).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import mmap
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SEGMENT = 8 << 20
+
+
+def plan_of(model: str, dtype: str):
+    from modelinit_server.architectures import from_preset
+    from modelinit_server.core import policies
+    from modelinit_server.core.planner import Request, build_plan
+
+    return build_plan(Request(from_preset(model), policies.Policy(), seed=0, dtype=dtype))
+
+
+def generation_seconds(plan) -> float:
+    """Every tensor's elements, in segments of at most SEGMENT bytes, into one reused aligned buffer."""
+    from modelinit_server.engine import DTYPE_ITEMSIZE
+    from modelinit_server.engine.backends import select
+
+    import numpy as np
+
+    backend = select("cpu", warmup=True)
+    item = DTYPE_ITEMSIZE[plan.request.dtype]
+    raw = mmap.mmap(-1, SEGMENT)
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    per = SEGMENT // item
+    t0 = time.perf_counter()
+    for t in plan.tensors:
+        n = t.spec.numel
+        for start in range(0, n, per):
+            count = min(per, n - start)
+            backend.fill(buf[: count * item], t.sampler, t.key, start, count, plan.request.dtype)
+    return time.perf_counter() - t0
+
+
+def sha256_seconds(nbytes: int) -> float:
+    block = os.urandom(SEGMENT)
+    h = hashlib.sha256()
+    t0 = time.perf_counter()
+    for _ in range(nbytes // SEGMENT):
+        h.update(block)
+    h.update(block[: nbytes % SEGMENT])
+    return time.perf_counter() - t0
+
+
+def odirect_seconds(nbytes: int, folder: str) -> float:
+    raw = mmap.mmap(-1, SEGMENT)  # page-aligned
+    raw.write(os.urandom(SEGMENT))
+    path = os.path.join(folder, "odirect.bin")
+    os.sync()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o644)
+    try:
+        t0 = time.perf_counter()
+        written = 0
+        while written < nbytes:
+            written += os.write(fd, raw)
+        os.fsync(fd)
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def job_seconds(model: str, dtype: str, folder: str, total: int) -> float:
+    out = os.path.join(folder, "out")
+    shutil.rmtree(out, ignore_errors=True)
+    os.sync()
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "modelinit.cli", "init", model, "--dtype", dtype, "--seed", "0", "--quiet",
+                    "--out", out], check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    files = [p for p in pathlib.Path(out).iterdir() if p.is_file()]
+    if not (pathlib.Path(out) / "modelinit.json").exists() or sum(p.stat().st_size for p in files) < total:
+        raise SystemExit("the job's output is incomplete")
+    shutil.rmtree(out)
+    return wall
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="tinyllama-1.1b")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--dir", default=None, help="where the O_DIRECT file and the job's folder go (default: a temp dir)")
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    plan = plan_of(args.model, args.dtype)
+    nbytes = sum(t.nbytes for t in plan.tensors)
+    folder = args.dir or tempfile.mkdtemp(prefix="modelinit-floor-")
+    os.makedirs(folder, exist_ok=True)
+    rows: dict[str, list[float]] = {"generation": [], "sha256": [], "odirect": [], "job": []}
+    try:
+        for _ in range(args.reps):
+            rows["generation"].append(generation_seconds(plan))
+            rows["sha256"].append(sha256_seconds(nbytes))
+            rows["odirect"].append(odirect_seconds(nbytes, folder))
+            rows["job"].append(job_seconds(args.model, args.dtype, folder, nbytes))
+    finally:
+        if args.dir is None:
+            shutil.rmtree(folder, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    compute = med["generation"] + med["sha256"] / cores
+    floor = max(compute, med["odirect"])
+    print(f"{args.model} {args.dtype}: {nbytes / 1e9:.2f} GB of tensor data, {cores} cores, median of {args.reps}")
+    print(f"  (a) generation, CPU kernel, {cores} threads   {med['generation']:7.2f} s")
+    print(f"      + one SHA-256 / {cores} cores           {med['sha256'] / cores:7.2f} s   ({med['sha256']:.2f} s on one core)")
+    print(f"      = compute floor                         {compute:7.2f} s")
+    print(f"  (b) O_DIRECT write of the same bytes       {med['odirect']:7.2f} s")
+    print(f"  floor = max(a, b)                          {floor:7.2f} s")
+    print(f"  modelinit init (embedded, start-up incl.)  {med['job']:7.2f} s   ratio {med['job'] / floor:.2f}x (goal <= 1.25x)")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"model": args.model, "dtype": args.dtype, "bytes": nbytes, "cores": cores,
+                                                       "runs": rows, "median": med, "floor": floor,
+                                                       "ratio": med["job"] / floor}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
