@@ -12,7 +12,8 @@ The floor is the longer of
 and the job is ``modelinit init MODEL --dtype D --seed 0 --quiet --out DIR`` as a child process,
 start-up included, after a ``sync``. Every figure is the median of ``--reps``; the job's output
 is checked (modelinit.json present, total size = the plan's). It prints each part, the floor and
-the ratio job / floor (goal: <= 1.25).
+the ratio job / floor (goal: <= 1.25). ``--timeline``: one in-process job instead, each stage timed
+where it runs (fills, writes, SHA-256 updates, the writer's waits).
 """
 from __future__ import annotations
 
@@ -104,6 +105,106 @@ def job_seconds(model: str, dtype: str, folder: str, total: int) -> float:
     return wall
 
 
+def timeline(model: str, dtype: str, folder: str) -> None:
+    """One embedded job in this process, each stage timed where it runs: the producer's fills (wall and
+    its thread's CPU), the writer's ``O_DIRECT`` writes, the SHA-256 updates, and the writer waiting
+    for the producer's next event. Prints where the wall time goes."""
+    import threading
+
+    import modelinit
+    from modelinit import direct_file, writer
+    from modelinit_server.engine import backends
+
+    lock = threading.Lock()
+    acc: dict[str, float] = {}
+
+    def add(key: str, value: float) -> None:
+        with lock:
+            acc[key] = acc.get(key, 0.0) + value
+
+    select = backends.select
+
+    def timed_select(*a, **k):
+        backend = select(*a, **k)
+        fill = backend.fill
+
+        def timed_fill(*args):
+            w, c = time.perf_counter(), time.thread_time()
+            fill(*args)
+            add("fill wall", time.perf_counter() - w)
+            add("fill thread CPU", time.thread_time() - c)
+
+        object.__setattr__(backend, "fill", timed_fill)
+        return backend
+
+    write = direct_file.DirectFile.write
+
+    def timed_write(self, data):
+        w = time.perf_counter()
+        write(self, data)
+        add("write wall", time.perf_counter() - w)
+
+    events_of = writer.write_files
+
+    def timed_write_files(source, *a, **k):
+        class Timed:
+            def __iter__(self):
+                it = iter(source)
+                while True:
+                    w = time.perf_counter()
+                    try:
+                        item = next(it)
+                    except StopIteration:
+                        return
+                    add("writer waits for the next event", time.perf_counter() - w)
+                    yield item
+
+            def close(self):
+                source.close()
+
+        return events_of(Timed(), *a, **k)
+
+    import hashlib as _hashlib
+
+    sha = _hashlib.sha256
+
+    class TimedSha:
+        def __init__(self):
+            self.h = sha()
+
+        def update(self, data):
+            w = time.perf_counter()
+            self.h.update(data)
+            add("sha256 update wall", time.perf_counter() - w)
+
+        def hexdigest(self):
+            return self.h.hexdigest()
+
+    from modelinit import stream
+
+    backends.select = timed_select
+    direct_file.DirectFile.write = timed_write
+    writer.write_files = timed_write_files
+    import types
+
+    stream.hashlib = types.SimpleNamespace(sha256=TimedSha)  # the writer's hasher (StreamCheck.sha256), nobody else's
+    out = os.path.join(folder, "timeline")
+    shutil.rmtree(out, ignore_errors=True)
+    os.sync()
+    c0, w0 = time.process_time(), time.perf_counter()
+    try:
+        with modelinit.Client() as client:
+            client.init_model(model, seed=0, out_dir=out, dtype=dtype)
+    finally:
+        backends.select, direct_file.DirectFile.write, writer.write_files = select, write, events_of
+        stream.hashlib = _hashlib
+        shutil.rmtree(out, ignore_errors=True)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    print(f"timeline of one in-process job ({model} {dtype}): {wall:.2f} s wall, {cpu:.2f} s CPU (all threads)")
+    for k, v in sorted(acc.items(), key=lambda kv: -kv[1]):
+        print(f"  {k:36s} {v:7.2f} s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="tinyllama-1.1b")
@@ -111,7 +212,13 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--dir", default=None, help="where the O_DIRECT file and the job's folder go (default: a temp dir)")
     parser.add_argument("--json", default="")
+    parser.add_argument("--timeline", action="store_true", help="only: one in-process job with each stage timed")
     args = parser.parse_args()
+    if args.timeline:
+        folder = args.dir or tempfile.mkdtemp(prefix="modelinit-floor-")
+        os.makedirs(folder, exist_ok=True)
+        timeline(args.model, args.dtype, folder)
+        return 0
     cores = os.cpu_count() or 1
     plan = plan_of(args.model, args.dtype)
     nbytes = sum(t.nbytes for t in plan.tensors)
