@@ -112,7 +112,8 @@ def timeline(model: str, dtype: str, folder: str) -> None:
     import threading
 
     import modelinit
-    from modelinit import direct_file, writer
+    from modelinit import client as client_module
+    from modelinit import direct_file
     from modelinit_server.engine import backends
 
     lock = threading.Lock()
@@ -144,7 +145,7 @@ def timeline(model: str, dtype: str, folder: str) -> None:
         write(self, data)
         add("write wall", time.perf_counter() - w)
 
-    events_of = writer.write_files
+    events_of = client_module.write_files  # the name the client calls
 
     def timed_write_files(source, *a, **k):
         class Timed:
@@ -184,7 +185,7 @@ def timeline(model: str, dtype: str, folder: str) -> None:
 
     backends.select = timed_select
     direct_file.DirectFile.write = timed_write
-    writer.write_files = timed_write_files
+    client_module.write_files = timed_write_files
     import types
 
     stream.hashlib = types.SimpleNamespace(sha256=TimedSha)  # the writer's hasher (StreamCheck.sha256), nobody else's
@@ -196,7 +197,7 @@ def timeline(model: str, dtype: str, folder: str) -> None:
         with modelinit.Client() as client:
             client.init_model(model, seed=0, out_dir=out, dtype=dtype)
     finally:
-        backends.select, direct_file.DirectFile.write, writer.write_files = select, write, events_of
+        backends.select, direct_file.DirectFile.write, client_module.write_files = select, write, events_of
         stream.hashlib = _hashlib
         shutil.rmtree(out, ignore_errors=True)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0

@@ -97,35 +97,46 @@ class Replay:
     def __call__(self, names: Iterable[str], keyer: Keyer) -> dict[str, np.ndarray]:
         names = tuple(names)
         with _LOCK:
-            first = self._run(names, keyer, seed=0)
-            second = self._run(names, keyer, seed=1)
-        for name in names:
+            model = self._meta_model()
+            norms = {name: weight_norm_dim(model, self.origins.get(name, name)) for name in names}
+            replayed = tuple(name for name in names if norms[name] is None)
+            first = self._run(model, replayed, keyer, seed=0) if replayed else {}
+            second = self._run(model, replayed, keyer, seed=1) if replayed else {}
+        for name in replayed:
             a, b = first[name], second[name]
             if not np.array_equal(a, b, equal_nan=True):
                 raise ValueError(
                     f"spec: {name!r}: the model's initialization draws from a global random generator that modelinit "
                     "cannot replace (numpy's, or a torch function it does not take from the engine); not supported"
                 )
-            if np.isnan(a).any() and not _nan_allowed(a):
+            if np.isnan(a).any():
                 raise ValueError(f"spec: {name!r}: the replay of the model's initialization leaves "
                                  f"{int(np.isnan(a).sum())} of its values unset; not supported")
-        return first
+        for name, dim in norms.items():  # a function of another tensor's draw: computed once, no replay
+            if dim is not None:
+                origin = self.origins.get(name, name)
+                first[name] = self._magnitude(name, model.get_parameter_or_buffer(origin[:-1] + "1").shape, dim, keyer)
+        return {name: first[name] for name in names}
 
-    def _run(self, names: tuple[str, ...], keyer: Keyer, seed: int) -> dict[str, np.ndarray]:
-        import torch
-
+    def _meta_model(self):
         from . import hf
-        from .recorder import _clear_flags
 
         tf = hf._transformers()
         config = hf._config(tf, self.document)
-        cls = hf._class(tf, config, self.architecture, "spec.architecture")
-        model = hf._meta_model(tf, cls, config)
+        return hf._meta_model(tf, hf._class(tf, config, self.architecture, "spec.architecture"), config)
+
+    def _run(self, model, names: tuple[str, ...], keyer: Keyer, seed: int) -> dict[str, np.ndarray]:
+        """The model's initialize_weights() with ``names`` materialized (again: each run starts from
+        unset values) and the global generators seeded with ``seed``."""
+        import torch
+
+        from .recorder import _clear_flags
+
         targets: dict[str, Any] = {}
         total = 0
         for name in names:
             origin = self.origins.get(name, name)
-            if origin in targets or weight_norm_dim(model, origin) is not None:
+            if origin in targets:
                 continue
             t = model.get_parameter_or_buffer(origin)
             total += t.numel()
@@ -142,16 +153,8 @@ class Replay:
         finally:
             torch.set_rng_state(torch_state)
             np.random.set_state(np_state)
-        out = {}
-        for name in names:
-            origin = self.origins.get(name, name)
-            dim = weight_norm_dim(model, origin)
-            if dim is not None:
-                out[name] = self._magnitude(name, model.get_parameter_or_buffer(origin[:-1] + "1").shape, dim, keyer)
-                continue
-            t = targets[origin]
-            out[name] = t.detach().to("cpu", torch.float64).numpy().reshape(-1).copy()
-        return out
+        return {name: targets[self.origins.get(name, name)].detach().to("cpu", torch.float64).numpy().reshape(-1).copy()
+                for name in names}
 
     def _magnitude(self, name: str, v_shape, dim: int, keyer: Keyer) -> np.ndarray:
         """A weight-norm ``g``: the norm of ``v`` (its stored values as the engine draws them, in float32,
@@ -178,10 +181,6 @@ def replay_of(architecture: str, config: dict[str, Any], tensors) -> Replay | No
     drawn = {t.name: t.hf_init for t in tensors if t.name.endswith(".original1") and t.hf_init is not None
              and t.hf_init.kind != "computed"}
     return Replay(architecture, {k: v for k, v in config.items() if k != "architectures"}, origins, drawn)
-
-
-def _nan_allowed(a: np.ndarray) -> bool:
-    return False
 
 
 def _materialize(model, name: str, t):
@@ -355,7 +354,6 @@ def _replaying(model, targets: dict[str, Any], keyer: Keyer):
             name = getattr(func, "__name__", "")
             if active[0]:
                 return func(*args, **kwargs)
-            on_meta = kwargs.get("device") is not None and str(kwargs.get("device")) == "meta"
             if name in _FLOAT_FACTORIES and kwargs.get("dtype") in narrow:
                 kwargs["dtype"] = f64
             if name in ("float", "half", "bfloat16") and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
@@ -366,7 +364,7 @@ def _replaying(model, targets: dict[str, Any], keyer: Keyer):
                     kwargs["dtype"] = f64
             if name in _RANDOM_FACTORIES:
                 out = func(*args, **kwargs)
-                if out.device.type == "meta" or on_meta:
+                if out.device.type == "meta":
                     return out
                 sampler = Sampler("uniform", low=0.0, high=1.0) if name.startswith("rand") and "randn" not in name else Sampler("normal")
                 return streams.tensor(out.shape, sampler).to(out.dtype if out.dtype != torch.float32 else f64)

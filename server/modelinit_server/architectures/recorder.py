@@ -46,6 +46,11 @@ def _g(x: Any) -> str:
     return f"{float(x):g}"
 
 
+def _is_number(x: Any) -> bool:
+    """A finite Python number (not a bool, not a tensor)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
+
+
 def caller() -> str:
     """``Class.method (file.py:line)`` of the model code that made the current call: the first frame
     outside this package and torch, for plans and explain."""
@@ -125,8 +130,7 @@ class _Recorder:
 
     def derive(self, out, tensor, op: str, x: Any) -> None:
         """``out = tensor <op> x``: remembered when it is a recorded law scaled or shifted by a number."""
-        number = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
-        law = self.law(tensor) if number else None
+        law = self.law(tensor) if _is_number(x) else None
         new = scaled(law, op, float(x)) if law is not None else None
         if new is not None:
             self.derived[id(out)] = (new, out)
@@ -191,8 +195,7 @@ class _Recorder:
         if key is None:
             return
         previous = self.state.get(key)
-        number = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
-        if whole and number and previous is not None and previous.init is not None and not previous.init.zero_row:
+        if whole and _is_number(x) and previous is not None and previous.init is not None and not previous.init.zero_row:
             new = scaled(previous.init, op, float(x))
             if new is not None:
                 self.state[key] = Record(new)
@@ -497,9 +500,6 @@ def constructor_records():
     rec = _StorageRecorder()
     functions = _functions(rec)  # the same numbers as transformers.initialization's, keyed by storage
 
-    def number(x) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
-
     def constant_of(r: Record | None) -> float | None:
         return r.init.value if r is not None and r.init is not None and r.init.kind == "constant" else None
 
@@ -545,7 +545,7 @@ def constructor_records():
             if target is not None and name.endswith("_") and not name.startswith("_") and target.is_floating_point():
                 previous = rec.get(target)
                 x = args[1] if len(args) > 1 else kwargs.get("other")
-                if name in _ARITHMETIC and number(x) and previous is not None and previous.init is not None:
+                if name in _ARITHMETIC and _is_number(x) and previous is not None and previous.init is not None:
                     new = scaled(previous.init, name, float(x))
                     rec.set(target, Record(new) if new is not None else Record(None, f"the constructor computes it (tensor.{name})"))
                 else:
@@ -557,7 +557,7 @@ def constructor_records():
             record = None
             if func in (torch.tensor, torch.ones, torch.zeros, torch.full) and name in _FILLS:
                 v = _FILLS[name](args, kwargs)
-                if number(v):
+                if _is_number(v):
                     record = Record(HfInit("constant", value=float(v), source=f"constructor: {_g(v)}"))
             elif name in ("randn", "randn_like"):
                 record = Record(HfInit("normal", mean=0.0, std=1.0, source=f"constructor: torch.{name}"))
@@ -572,7 +572,7 @@ def constructor_records():
                     v = evaluate(func, args, kwargs)
                     if v is not None:
                         record = Record(HfInit("constant", value=v, source=f"constructor: {_g(v)}"))
-                elif len(tensors) == 1 and len(scalars) == 1 and number(scalars[0]) and rec.get(tensors[0]) is not None:
+                elif len(tensors) == 1 and len(scalars) == 1 and _is_number(scalars[0]) and rec.get(tensors[0]) is not None:
                     prev = rec.get(tensors[0]).init
                     op = {"mul": "mul_", "__mul__": "mul_", "__rmul__": "mul_", "div": "div_", "__truediv__": "div_",
                           "true_divide": "div_", "add": "add_", "__add__": "add_", "__radd__": "add_", "sub": "sub_",
