@@ -76,8 +76,8 @@ def probe(requests: list[Request], labels: list[str], batch: int = BATCH, seq: i
     for request, label in zip(requests, labels):
         spec = request.model
         factor = proxy if proxy is not None else _factor(spec, batch, seq, budget)
-        if factor == 1 and _need(spec, batch, seq) > budget:
-            need = _need(spec, batch, seq)
+        need = _need(spec, batch, seq) if factor == 1 else 0
+        if need > budget:
             raise ValueError(f"probe: {spec.architecture} ({spec.numel:,} parameters) needs about {need / 2**30:.1f} GiB "
                              f"for a {batch} x {seq} probe, more than the budget of {budget / 2**30:.1f} GiB; use a smaller "
                              "--batch / --seq, or a width-reduced proxy (--proxy F, or leave --proxy unset)")
