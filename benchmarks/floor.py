@@ -1,15 +1,17 @@
 """The embedded job against the machine's floor, in one run (issue 22's first goal).
 
     python benchmarks/floor.py [--model tinyllama-1.1b] [--dtype bfloat16] [--reps 3] [--dir D] [--json F]
+                               [--device auto|cpu|cuda]
 
 The floor is the longer of
-  (a) generating the same elements with the project's CPU kernel at full thread count (the
-      plan's samplers and keys, into one reused page-aligned 8 MiB buffer, as the embedded engine
-      fills its segments) plus one SHA-256 of the same number of bytes divided by the core count
+  (a) generating the same elements with the project's kernel (``--device``: the CPU kernel at full
+      thread count, or on a GPU the Triton kernel plus its device-to-host copy into pinned memory;
+      the plan's samplers and keys, into one reused page-aligned 8 MiB buffer, as the embedded
+      engine fills its segments) plus one SHA-256 of the same number of bytes divided by the core count
       (the hash runs beside generation on another core at best), and
   (b) an ``O_DIRECT`` write of the same number of bytes from one aligned 8 MiB buffer into a file
       in ``--dir`` (the sink the embedded writer uses);
-and the job is ``modelinit init MODEL --dtype D --seed 0 --quiet --out DIR`` as a child process,
+and the job is ``modelinit init MODEL --dtype D --seed 0 --device DEV --quiet --out DIR`` as a child process,
 start-up included, after a ``sync``. Every figure is the median of ``--reps``; the job's output
 is checked (modelinit.json present, total size = the plan's). It prints each part, the floor and
 the ratio job / floor (goal: <= 1.25). ``--timeline``: one in-process job instead, each stage timed
@@ -41,17 +43,17 @@ def plan_of(model: str, dtype: str):
     return build_plan(Request(from_preset(model), policies.Policy(), seed=0, dtype=dtype))
 
 
-def generation_seconds(plan) -> float:
-    """Every tensor's elements, in segments of at most SEGMENT bytes, into one reused aligned buffer."""
+def generation_seconds(plan, device: str) -> float:
+    """Every tensor's elements, in segments of at most SEGMENT bytes, into one reused aligned buffer
+    (pinned where the backend allocates its own, as the embedded engine's)."""
     from modelinit_server.engine import DTYPE_ITEMSIZE
     from modelinit_server.engine.backends import select
 
     import numpy as np
 
-    backend = select("cpu", warmup=True)
+    backend = select(device, warmup=True)
     item = DTYPE_ITEMSIZE[plan.request.dtype]
-    raw = mmap.mmap(-1, SEGMENT)
-    buf = np.frombuffer(raw, dtype=np.uint8)
+    buf = backend.alloc(SEGMENT) if backend.alloc else np.frombuffer(mmap.mmap(-1, SEGMENT), dtype=np.uint8)
     per = SEGMENT // item
     t0 = time.perf_counter()
     for t in plan.tensors:
@@ -90,13 +92,13 @@ def odirect_seconds(nbytes: int, folder: str) -> float:
         os.unlink(path)
 
 
-def job_seconds(model: str, dtype: str, folder: str, total: int) -> float:
+def job_seconds(model: str, dtype: str, folder: str, total: int, device: str) -> float:
     out = os.path.join(folder, "out")
     shutil.rmtree(out, ignore_errors=True)
     os.sync()
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "modelinit.cli", "init", model, "--dtype", dtype, "--seed", "0", "--quiet",
-                    "--out", out], check=True, stdout=subprocess.DEVNULL)
+                    "--device", device, "--out", out], check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
     files = [p for p in pathlib.Path(out).iterdir() if p.is_file()]
     if not (pathlib.Path(out) / "modelinit.json").exists() or sum(p.stat().st_size for p in files) < total:
@@ -214,6 +216,8 @@ def main() -> int:
     parser.add_argument("--dir", default=None, help="where the O_DIRECT file and the job's folder go (default: a temp dir)")
     parser.add_argument("--json", default="")
     parser.add_argument("--timeline", action="store_true", help="only: one in-process job with each stage timed")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="the kernel of (a) and the job's --device (default auto: CUDA where present)")
     args = parser.parse_args()
     if args.timeline:
         folder = args.dir or tempfile.mkdtemp(prefix="modelinit-floor-")
@@ -228,26 +232,34 @@ def main() -> int:
     rows: dict[str, list[float]] = {"generation": [], "sha256": [], "odirect": [], "job": []}
     try:
         for _ in range(args.reps):
-            rows["generation"].append(generation_seconds(plan))
+            rows["generation"].append(generation_seconds(plan, args.device))
             rows["sha256"].append(sha256_seconds(nbytes))
             rows["odirect"].append(odirect_seconds(nbytes, folder))
-            rows["job"].append(job_seconds(args.model, args.dtype, folder, nbytes))
+            rows["job"].append(job_seconds(args.model, args.dtype, folder, nbytes, args.device))
     finally:
         if args.dir is None:
             shutil.rmtree(folder, ignore_errors=True)
+    from modelinit_server.engine.backends import select
+
+    kernel = {"cpu": f"CPU kernel, {cores} threads", "cuda": "GPU kernel + copy to host",
+              "reference": "numpy reference"}[select(args.device).name]
     med = {k: statistics.median(v) for k, v in rows.items()}
     compute = med["generation"] + med["sha256"] / cores
     floor = max(compute, med["odirect"])
     print(f"{args.model} {args.dtype}: {nbytes / 1e9:.2f} GB of tensor data, {cores} cores, median of {args.reps}")
-    print(f"  (a) generation, CPU kernel, {cores} threads   {med['generation']:7.2f} s")
-    print(f"      + one SHA-256 / {cores} cores           {med['sha256'] / cores:7.2f} s   ({med['sha256']:.2f} s on one core)")
-    print(f"      = compute floor                         {compute:7.2f} s")
-    print(f"  (b) O_DIRECT write of the same bytes       {med['odirect']:7.2f} s")
-    print(f"  floor = max(a, b)                          {floor:7.2f} s")
-    print(f"  modelinit init (embedded, start-up incl.)  {med['job']:7.2f} s   ratio {med['job'] / floor:.2f}x (goal <= 1.25x)")
+
+    def row(label: str, seconds: float, extra: str = "") -> None:
+        print(f"  {label:46s}{seconds:7.2f} s{extra}")
+
+    row(f"(a) generation, {kernel}", med["generation"])
+    row(f"    + one SHA-256 / {cores} cores", med["sha256"] / cores, f"   ({med['sha256']:.2f} s on one core)")
+    row("    = compute floor", compute)
+    row("(b) O_DIRECT write of the same bytes", med["odirect"])
+    row("floor = max(a, b)", floor)
+    row("modelinit init (embedded, start-up incl.)", med["job"], f"   ratio {med['job'] / floor:.2f}x (goal <= 1.25x)")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"model": args.model, "dtype": args.dtype, "bytes": nbytes, "cores": cores,
-                                                       "runs": rows, "median": med, "floor": floor,
+                                                       "device": args.device, "runs": rows, "median": med, "floor": floor,
                                                        "ratio": med["job"] / floor}, indent=1))
     return 0
 

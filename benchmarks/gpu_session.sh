@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU list of issue 13 (docs/performance.md records its figures), in two long commands for a
+# The GPU list of issues 13 and 23 (docs/performance.md records its figures), in three long commands for a
 # machine lent for a short while: every step runs even when an earlier one fails, and each writes
 # its log under $OUT (at most 8 files come back from the device tool).
 #
@@ -7,13 +7,15 @@
 #                                           # init_module_ on CUDA, the service's CUDA cases (~5 min)
 #   bash benchmarks/gpu_session.sh bench    # engine_gpu, init_module_ of a Llama-3-8B shape on the GPU
 #                                           # against transformers' init, end to end (~8 min)
+#   bash benchmarks/gpu_session.sh floor    # the embedded job with --device cuda against its floor, tinyllama
+#                                           # and llama-3-8b; llama-3-8b served and embedded (~8 min)
 #
 # The device machine has no network and its own torch (CUDA) and triton: the project installs with
 # --no-deps. Wheels its image lacks go in .whl/ (git-ignored, carried), e.g. for Python 3.12:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1 grpcio==1.85.1 protobuf==7.36.2 \
-#     transformers==5.23.0
+#     transformers==5.24.0 tokenizers==0.23.3
 # (the image has numba, safetensors, hypothesis, prometheus-client, ml-dtypes and an older transformers).
 set -u
 stage=${1:-tests}
@@ -27,7 +29,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-export PYTHONPATH=$PWD/server:$PWD/client${PYTHONPATH:+:$PYTHONPATH}  # the checkout itself, no install step
+export PYTHONPATH=$PWD/server:$PWD/client:$PWD/proto${PYTHONPATH:+:$PYTHONPATH}  # the checkout itself, no install step
 
 step() {  # step NAME COMMAND...: run it, its output into $OUT/NAME.txt and on the console
     echo "=== $1: ${*:2}" | tee "$OUT/$1.txt"
@@ -48,8 +50,13 @@ bench)
     step init_module_8b $PY benchmarks/init_module.py --shape llama-3-8b --device cuda --repeat 3
     step end_to_end $PY benchmarks/end_to_end.py --reps 2 --hf-reps 1
     ;;
+floor)
+    step floor_tinyllama $PY benchmarks/floor.py --device cuda --reps 3 --json "$OUT/floor_tinyllama.json"
+    step floor_8b $PY benchmarks/floor.py --model llama-3-8b --device cuda --reps 2 --json "$OUT/floor_8b.json"
+    step end_to_end_8b $PY benchmarks/end_to_end.py --model llama-3-8b --reps 1 --hf-reps 0
+    ;;
 *)
-    echo "usage: $0 tests|bench" >&2
+    echo "usage: $0 tests|bench|floor" >&2
     exit 2
     ;;
 esac

@@ -521,10 +521,10 @@ def _tp_plan(model):
     return plan
 
 
-def _build(kind: str, layout: str, world: int):
-    """A model built on meta, parallelized, then materialized (torchtitan's order). ``layout``:
-    ``fsdp``/``tp`` over all ranks (1-D mesh), ``fsdp2``/``tp2`` over 2 (one of the two groups
-    of a 2x2 mesh: each group shards on its own, as a world of 2 would), ``fsdp_tp`` (2x2)."""
+def _build(kind: str, layout: str, world: int, device: str = "cpu"):
+    """A model built on meta, parallelized, then materialized on ``device`` (torchtitan's order).
+    ``layout``: ``fsdp``/``tp`` over all ranks (1-D mesh), ``fsdp2``/``tp2`` over 2 (one of the two
+    groups of a 2x2 mesh: each group shards on its own, as a world of 2 would), ``fsdp_tp`` (2x2)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
@@ -532,11 +532,11 @@ def _build(kind: str, layout: str, world: int):
     if kind == "plain":
         with torch.device("meta"):
             model = Plain(vocab=97)
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+        mesh = init_device_mesh(device, (world,), mesh_dim_names=("dp",))
         for layer in model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        model.to_empty(device="cpu")
+        model.to_empty(device=device)
         return model
     doc = MIXTRAL if kind == "mixtral" else LLAMA
     with torch.device("meta"):
@@ -544,10 +544,10 @@ def _build(kind: str, layout: str, world: int):
     if kind == "llama_bf16":
         model = model.to(torch.bfloat16)
     if layout in ("fsdp", "tp"):
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=(layout,))
+        mesh = init_device_mesh(device, (world,), mesh_dim_names=(layout,))
         dp, tp = (mesh, None) if layout == "fsdp" else (None, mesh)
     else:
-        mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+        mesh = init_device_mesh(device, (world // 2, 2), mesh_dim_names=("dp", "tp"))
         # fsdp2 / tp2: the 2 ranks of one "tp" row (a group of 2)
         dp, tp = {"fsdp2": (mesh["tp"], None), "tp2": (None, mesh["tp"]), "fsdp_tp": (mesh["dp"], mesh["tp"])}[layout]
     if tp is not None:
@@ -556,7 +556,7 @@ def _build(kind: str, layout: str, world: int):
         for layer in model.model.layers:
             fully_shard(layer, mesh=dp)
         fully_shard(model, mesh=dp)
-    model.to_empty(device="cpu")
+    model.to_empty(device=device)
     return model
 
 
@@ -625,6 +625,32 @@ def _spawn(world: int, cases: list, refs: dict, tmp_path):
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_worker, args=(world, str(tmp_path / "pg"), cases, refs), nprocs=world, join=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_dtensors_of_a_world_of_one_equal_files(tmp_path, references):
+    """On a GPU, under an NCCL group of this process alone: FSDP2 and TP DTensors (one shard: the
+    whole tensor, through the DTensor path) of Llama (f32, bf16), Mixtral's fused experts and a plain
+    module are filled by the Triton kernels with the CPU files' bytes."""
+    import torch.distributed as d
+    from torch.distributed.tensor import DTensor
+
+    if not d.is_available() or not d.is_nccl_available():
+        pytest.skip("torch.distributed with NCCL is not available")
+    d.init_process_group("nccl", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        for kind, layout in (("llama", "fsdp"), ("llama", "tp"), ("llama_bf16", "tp"), ("mixtral", "fsdp"),
+                             ("plain", "fsdp")):
+            model = _build(kind, layout, 1, device="cuda")
+            init_module_(model, seed=SEED)
+            state = model.state_dict()
+            assert any(isinstance(t, DTensor) for t in state.values())
+            ref = torch.load(references[kind])
+            bad = [n for n, t in state.items() if n != "steps"
+                   and not _same_bytes((t.full_tensor() if isinstance(t, DTensor) else t).cpu(), ref[n])]
+            assert bad == [], (kind, layout, bad)
+    finally:
+        d.destroy_process_group()
 
 
 @needs_dist

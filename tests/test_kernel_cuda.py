@@ -16,6 +16,7 @@ import math
 import os
 import pathlib
 import random
+import re
 import subprocess
 import sys
 
@@ -529,6 +530,23 @@ def test_cpu_tensor_refused_without_interpreter():
     assert cuda.available() is False
 
 
+def test_one_run_takes_the_range_kernel(monkeypatch):
+    """A whole tensor (or a row-block shard) is one run: the range kernel fills it, with no program
+    table (an 8B model's table was 250 MB of host work per init_module_ on an H100); several runs
+    take the runs kernel. Launches recorded, not run: this holds with or without a GPU."""
+    if cuda.triton is None:
+        pytest.skip("triton is not installed")
+    calls = []
+    monkeypatch.setattr(cuda, "_check_device", lambda out: None)
+    monkeypatch.setattr(cuda, "_with_device", lambda view, launch: launch())
+    monkeypatch.setattr(cuda, "_launch", lambda view, s, k, start, count, *a: calls.append(("range", start, count)))
+    monkeypatch.setattr(cuda, "_launch_runs", lambda view, s, k, starts, counts, *a: calls.append(("runs", len(starts))))
+    out = torch.empty(200, dtype=torch.uint8)
+    cuda.generate_runs_into(out, Sampler("normal"), (1, 2), [0, 500, 9], [0, 100, 0], "bfloat16")
+    cuda.generate_runs_into(out, Sampler("normal"), (1, 2), [0, 500], [40, 60], "bfloat16")
+    assert calls == [("range", 500, 100), ("runs", 2)]
+
+
 def test_engine_import_does_not_import_torch_or_triton():
     code = ("import sys, modelinit_server.engine, modelinit_server.engine.core; "
             "print(int('torch' in sys.modules), int('triton' in sys.modules))")
@@ -589,6 +607,10 @@ def test_ptx_constants_are_exact_float64():
 
     missing = [v for v in vals if lit(v) not in text and lit(-v) not in text]
     assert missing == []
+    # the thresholds are compared as float64 (triton 3.6 rounded a comparison's scalar constant to
+    # float32: 0.425 -> 0.42500001, sqrt(1/2) -> 0.70710677, U2_MAX -> 1.0, seen on an H100)
+    compared = {m.group(1) for m in re.finditer(r"setp\.\w+\.f64\s+%p\d+, %\w+, (0d[0-9A-F]{16})", text)}
+    assert {lit(0.425), lit(sp.SQRT_HALF), lit(U2_MAX)} <= compared, sorted(compared)
 
 
 def test_ptx_problems_flags_bad_instructions():
@@ -660,8 +682,8 @@ def _cpu_chunks(sampler: Sampler, key, start: int, count: int, dtype: str, chunk
 
 @needs_gpu
 @pytest.mark.parametrize("dtype", core.DTYPES)
-@pytest.mark.parametrize("kw", [dict(kind="normal", std=0.02), dict(kind="trunc_normal", std=0.02, a=-2.0, b=2.0)],
-                         ids=["normal", "trunc_normal"])
+@pytest.mark.parametrize("kw", [dict(kind="normal", std=0.02), dict(kind="trunc_normal", std=0.02, a=-2.0, b=2.0),
+                                dict(kind="uniform", low=-0.1, high=0.1)], ids=["normal", "trunc_normal", "uniform"])
 def test_gpu_billion_elements(kw, dtype):
     """>= 1e9 elements in one launch (byte offsets past 2**31, counters crossing 2**32), compared chunk by
     chunk with the CPU kernel (or the reference), and as SHA-256 of the whole streams."""

@@ -249,7 +249,9 @@ if triton is not None:
         bits = x.to(tl.int64, bitcast=True)
         e = (bits >> 52) - 1022  # frexp exponent (sign bit is 0)
         m = ((bits & 0x000FFFFFFFFFFFFF) | 0x3FE0000000000000).to(tl.float64, bitcast=True)  # in [0.5, 1)
-        small = m < _SQRT_HALF
+        # Comparisons take float64 tensors: triton 3.6 rounds a scalar constant of a comparison to float32
+        # (0.70710677, 0.42500001, and U2_MAX to 1.0), arithmetic keeps it float64.
+        small = m < tl.full(m.shape, _SQRT_HALF, tl.float64)
         m = tl.where(small, m * 2.0, m)
         e = tl.where(small, e - 1, e)
         f = m - 1.0
@@ -289,7 +291,7 @@ if triton is not None:
     def _normal_ppf(p, FAR: tl.constexpr):
         """AS241 PPND16 of float64 p in (0, 1), branch-free; FAR: compile in the r > 5 branch."""
         q = p - 0.5
-        central = tl.abs(q) <= 0.425
+        central = tl.abs(q) <= tl.full(q.shape, 0.425, tl.float64)
         lower = q < 0.0
         rt = tl.where(lower, p, 1.0 - p)
         rt = tl.sqrt(-_log_ieee(rt))  # sqrt.rn.f64; negation exact
@@ -378,7 +380,8 @@ if triton is not None:
                     lo_bound = _f64_param(p4)
                     hi_bound = _f64_param(p5)
                     u2 = plo + u * pw
-                    u2 = tl.where(u2 > _U2_MAX, _U2_MAX, u2)
+                    u2_max = tl.full(u2.shape, _U2_MAX, tl.float64)
+                    u2 = tl.where(u2 > u2_max, u2_max, u2)
                     z = _normal_ppf(u2, True)
                     if FLIP:
                         z = -z
@@ -590,6 +593,11 @@ def generate_runs_into(out, sampler: Sampler, key: tuple[int, int], starts, coun
         raise ValueError("out: must be contiguous")
     _check_device(out)
     if total == 0:
+        return
+    filled = np.flatnonzero(counts)
+    if filled.size == 1:  # a whole tensor or a row-block shard: the range kernel, no program table to build
+        r = int(filled[0])
+        generate_into(out, sampler, key, int(starts[r]), int(counts[r]), dtype, block=blk, soft_cvt=soft_cvt)
         return
     view_dtype = torch.int32 if item == 4 else torch.int16
     if out.data_ptr() % item or out.storage_offset() % item:
