@@ -15,7 +15,7 @@ and the job is ``modelinit init MODEL --dtype D --seed 0 --device DEV --quiet --
 start-up included, after a ``sync``. Every figure is the median of ``--reps``; the job's output
 is checked (modelinit.json present, total size = the plan's). It prints each part, the floor and
 the ratio job / floor (goal: <= 1.25). ``--timeline``: one in-process job instead, each stage timed
-where it runs (fills, writes, SHA-256 updates, the writer's waits).
+where it runs (fills, writes, SHA-256 updates wherever they run, the writer's waits).
 """
 from __future__ import annotations
 
@@ -184,13 +184,15 @@ def timeline(model: str, dtype: str, folder: str) -> None:
             return self.h.hexdigest()
 
     from modelinit import stream
+    from modelinit_server.produce import file_bytes
 
     backends.select = timed_select
     direct_file.DirectFile.write = timed_write
     client_module.write_files = timed_write_files
     import types
 
-    stream.hashlib = types.SimpleNamespace(sha256=TimedSha)  # the writer's hasher (StreamCheck.sha256), nobody else's
+    # the producer's hasher (file_bytes) and the writer's (StreamCheck.sha256, when it hashes), nobody else's
+    stream.hashlib = file_bytes.hashlib = types.SimpleNamespace(sha256=TimedSha)
     out = os.path.join(folder, "timeline")
     shutil.rmtree(out, ignore_errors=True)
     os.sync()
@@ -200,7 +202,7 @@ def timeline(model: str, dtype: str, folder: str) -> None:
             client.init_model(model, seed=0, out_dir=out, dtype=dtype)
     finally:
         backends.select, direct_file.DirectFile.write, client_module.write_files = select, write, events_of
-        stream.hashlib = _hashlib
+        stream.hashlib = file_bytes.hashlib = _hashlib
         shutil.rmtree(out, ignore_errors=True)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     print(f"timeline of one in-process job ({model} {dtype}): {wall:.2f} s wall, {cpu:.2f} s CPU (all threads)")

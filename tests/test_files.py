@@ -81,3 +81,137 @@ def test_ring_buffers_come_from_the_backends_allocator_and_are_page_aligned(plan
     assert len(made) == 3 and all(b.ctypes.data % 4096 == 0 for b in made)
     assert data == {i: files.read(plan, f, 0, f.size) for i, f in enumerate(plan.files)}
     assert files._page_aligned(12345).ctypes.data % 4096 == 0 and files._page_aligned(1).dtype == np.uint8
+
+
+class _SlowSha:
+    """hashlib.sha256 whose updates take a while: the producer's next segment is generated meanwhile."""
+
+    def __init__(self, counts: list[int]):
+        self.h, self.counts = hashlib.sha256(), counts
+
+    def update(self, data):
+        import time
+
+        time.sleep(0.02)
+        self.counts.append(len(memoryview(data).cast("B")))
+        self.h.update(data)
+
+    def hexdigest(self):
+        return self.h.hexdigest()
+
+
+def test_the_hash_overlaps_generation_which_leaves_it_a_core(plan, monkeypatch):
+    """Each segment is hashed on a helper thread while the next is generated; that generation takes
+    ``fill_beside`` (one core fewer) while the hash runs, ``fill`` after, in pieces of at most
+    SUBSEGMENT bytes; the bytes and digests are those of one plain pass, and every byte is hashed once."""
+    import types
+
+    counts: list[int] = []
+    monkeypatch.setattr(files, "hashlib", types.SimpleNamespace(sha256=lambda: _SlowSha(counts)))
+    monkeypatch.setattr(files, "SUBSEGMENT", 1024)
+    calls = {"fill": [], "beside": []}
+
+    def fill(out, *a):
+        calls["fill"].append(len(out))
+        REFERENCE.fill(out, *a)
+
+    def beside(out, *a):
+        calls["beside"].append(len(out))
+        REFERENCE.fill(out, *a)
+
+    data, ends = collect(files.events(plan, range(len(plan.files)), 0, fill, segment=8192, ring=3, fill_beside=beside))
+    whole = {i: files.read(plan, f, 0, f.size) for i, f in enumerate(plan.files)}
+    assert data == whole
+    assert ends == {i: hashlib.sha256(b).hexdigest() for i, b in whole.items()}
+    assert sum(counts) == sum(f.size for f in plan.files)  # hashed once
+    assert calls["beside"] and calls["fill"]  # beside a running hash, and alone once it ended
+    assert max(calls["fill"] + calls["beside"]) <= 1024
+
+
+def test_switching_fill_cuts_anywhere_and_keeps_the_bytes(plan):
+    import numpy as np
+
+    t = next(t for t in plan.tensors if t.spec.numel > 5000)
+    ref = np.empty(t.spec.numel * 2, np.uint8)
+    REFERENCE.fill(ref, t.sampler, t.key, 0, t.spec.numel, "bfloat16")
+    flips = iter(range(10**6))
+    out = np.empty_like(ref)
+    files._switching(REFERENCE.fill, REFERENCE.fill, lambda: next(flips) % 3 == 0, "bfloat16")(
+        out, t.sampler, t.key, 0, t.spec.numel, "bfloat16")
+    assert bytes(out) == bytes(ref)
+
+
+def test_the_embedded_job_hashes_each_byte_once_in_the_producer(tmp_path, monkeypatch):
+    """In-process, the producer's SHA-256 is the file's (the writer hashes nothing), and the
+    manifest's digests are the files' own; through a server the writer hashes what arrives."""
+    import json
+    import types
+
+    from modelinit import stream
+
+    made: dict[str, list[int]] = {"producer": [], "writer": []}
+
+    def counting(where):
+        class Counted:
+            def __init__(self):
+                self.h = hashlib.sha256()
+
+            def update(self, data):
+                made[where].append(len(memoryview(data).cast("B")))
+                self.h.update(data)
+
+            def hexdigest(self):
+                return self.h.hexdigest()
+
+        return types.SimpleNamespace(sha256=Counted)
+
+    monkeypatch.setattr(files, "hashlib", counting("producer"))
+    monkeypatch.setattr(stream, "hashlib", counting("writer"))
+    with mc.Client(device="reference") as client:
+        result = client.init_model(TINY["gpt2"], seed=3, out_dir=tmp_path / "out", dtype="bfloat16", max_shard_size="300KB")
+    manifest = json.loads((tmp_path / "out" / "modelinit.json").read_text())
+    sizes = {e["name"]: e["size"] for e in manifest["files"]}
+    assert sum(made["producer"]) == sum(sizes.values()) and made["writer"] == []
+    for e in manifest["files"]:
+        assert hashlib.sha256((tmp_path / "out" / e["name"]).read_bytes()).hexdigest() == e["sha256"]
+    assert result.files
+
+
+def test_a_writer_that_trusts_the_producer_needs_its_digest(plan):
+    from modelinit.errors import ModelInitError
+    from modelinit.stream import StreamCheck
+
+    from modelinit_server.service.embedded import EmbeddedEngine
+
+    msg = mc.model_request(TINY["gpt2"], seed=3, dtype="bfloat16", max_shard_size="300KB")
+    proto = EmbeddedEngine("reference").plan(msg, 0)
+    check = StreamCheck(proto, [0], hashed=False)
+    f = proto.files[0]
+    check.begin(Begin(0, f.name, f.size, 0))
+    check.data(b"\0" * f.size)
+    with pytest.raises(ModelInitError, match="sent no SHA-256"):
+        check.end(End(0, None))
+    check = StreamCheck(proto, [0], hashed=False)
+    check.begin(Begin(0, f.name, f.size, 0))
+    check.data(b"\0" * f.size)
+    assert check.end(End(0, "ab" * 32)).sha256 == "ab" * 32
+
+
+def test_the_cpu_backend_fills_beside_a_hash_with_a_core_fewer(plan, monkeypatch):
+    import numpy as np
+
+    from modelinit_server.engine import cpu
+    from modelinit_server.engine.backends import select
+
+    if not cpu.available():
+        pytest.skip("numba is not installed")
+    backend = select("cpu")
+    asked = []
+    real = cpu.generate_into
+    monkeypatch.setattr(cpu, "generate_into", lambda *a, threads=None: (asked.append(threads), real(*a, threads=threads)))
+    t = max(plan.tensors, key=lambda t: t.spec.numel)
+    a, b = np.empty(t.nbytes, np.uint8), np.empty(t.nbytes, np.uint8)
+    backend.fill(a, t.sampler, t.key, 0, t.spec.numel, "bfloat16")
+    backend.fill_beside(b, t.sampler, t.key, 0, t.spec.numel, "bfloat16")
+    assert bytes(a) == bytes(b)
+    assert asked[-1] == max(1, cpu.threads() - 1)

@@ -385,7 +385,7 @@ class Client:
                     written, self.last_served = fetch(self.source, request, plan, write, parallel, bar, files=files)
                 else:
                     written = write_files(self.source.events(request, plan, files), plan, out, todo, bar, fsync, direct_io,
-                                          on_written=record.add)
+                                          on_written=record.add, hash_here=not getattr(self.source, "in_process", False))
             except BaseException:
                 record.drop_if_empty()  # a failed run that finished nothing leaves nothing behind
                 raise

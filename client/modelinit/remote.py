@@ -280,6 +280,9 @@ class RemoteSource:
     :func:`modelinit_wire.credentials.make_channel`; ``timeout`` in seconds per call; ``retry`` how a
     lost server is ridden out. INVALID_ARGUMENT for a bad target or credential file."""
 
+    in_process = False
+    """The bytes crossed a wire: writers hash them and check the server's SHA-256."""
+
     def __init__(self, target: str, *, timeout: float | None = None, tls: bool = False, ca: str | None = None,
                  cert: str | None = None, key: str | None = None, token: str | None = None,
                  retry: RetryPolicy | None = None) -> None:

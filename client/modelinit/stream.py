@@ -28,8 +28,12 @@ class StreamCheck:
     """Checks one stream of ``plan``'s files ``indices`` (in that order; all of them by default).
     ``what`` starts the messages of order errors (``"stream"``, ``"regenerate"``)."""
 
-    def __init__(self, plan: pb.PlanResponse, indices: Iterable[int] | None = None, what: str = "stream") -> None:
+    def __init__(self, plan: pb.PlanResponse, indices: Iterable[int] | None = None, what: str = "stream",
+                 hashed: bool = True) -> None:
         self.plan = plan
+        self.hashed = hashed
+        """False: the caller feeds :attr:`sha256` nothing, and each End must carry the producer's SHA-256,
+        which becomes the file's (an in-process producer hashed the very buffers written)."""
         self.indices = list(range(len(plan.files)) if indices is None else indices)
         self.what = what
         self.done: list[FileResult] = []
@@ -78,7 +82,9 @@ class StreamCheck:
         if self.index is None or event.index != self.index:
             raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"{self.what}: a file ended that never began")
         planned = self.plan.files[self.index]
-        got = self.sha256.hexdigest()
+        got = self.sha256.hexdigest() if self.hashed else event.sha256
+        if got is None:
+            raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"{planned.name}: the producer sent no SHA-256 to record")
         if self.received != planned.size or event.sha256 not in (None, got):
             raise ModelInitError(
                 grpc.StatusCode.DATA_LOSS,

@@ -190,28 +190,31 @@ def atomic_write(path: pathlib.Path, data: bytes, fsync: bool) -> None:
 
 def write_files(source: Events, plan: pb.PlanResponse, out: pathlib.Path, indices: Iterable[int],
                 progress: Callable[[int], None], fsync: bool, direct_io: bool,
-                on_written: Callable[[int, FileResult], None] | None = None) -> list[FileResult]:
+                on_written: Callable[[int, FileResult], None] | None = None, hash_here: bool = True) -> list[FileResult]:
     """Write the files ``indices`` (in that order) from ``source``'s events into ``out``: each to
     a hidden temp file (created exclusively, never through a link; ``O_DIRECT`` where allowed),
-    hashed on a second thread while it is written, checked (:class:`~modelinit.stream.StreamCheck`:
-    order, names, the planned size, the producer's SHA-256), then renamed into place;
+    hashed on a second thread while it is written (``hash_here``; False for an in-process producer,
+    whose End digests are of these very buffers and are recorded as they are), checked
+    (:class:`~modelinit.stream.StreamCheck`: order, names, the planned size, the producer's SHA-256),
+    then renamed into place;
     ``on_written(index, result)`` follows each rename. A file is refused (DATA_LOSS) at the first
     byte past its planned size. Closes ``source``; an interrupted file is
     deleted; an OSError (disk full) is raised as ModelInitError."""
-    check = StreamCheck(plan, indices)
+    check = StreamCheck(plan, indices, hashed=hash_here)
     current: tuple[pathlib.Path, DirectFile, str] | None = None  # (temp path, file object, name) of the file being written
-    hasher = ThreadPoolExecutor(1, thread_name_prefix="modelinit-sha256")
+    hasher = ThreadPoolExecutor(1, thread_name_prefix="modelinit-sha256") if hash_here else None
     try:
         for event in source:
             if isinstance(event, Data):
                 n = check.data(event.data)
                 assert current is not None  # check.data refuses data outside a file (DATA_LOSS)
                 # Hash on a second thread while this one writes: both release the GIL.
-                hashed = hasher.submit(check.sha256.update, event.data)
+                hashed = hasher.submit(check.sha256.update, event.data) if hasher is not None else None
                 try:
                     current[1].write(event.data)
                 finally:
-                    hashed.result()
+                    if hashed is not None:
+                        hashed.result()
                 progress(n)
             elif isinstance(event, Begin):
                 check.begin(event)
@@ -234,7 +237,8 @@ def write_files(source: Events, plan: pb.PlanResponse, out: pathlib.Path, indice
         try:
             source.close()  # a no-op after a complete stream; otherwise the producer stops now
         finally:
-            hasher.shutdown()
+            if hasher is not None:
+                hasher.shutdown()
             if current is not None:  # interrupted mid-file: leave nothing half-written behind
                 _discard(current[1], current[0])
     return check.finish()

@@ -70,11 +70,17 @@ class Backend:
     alloc: Callable[[int], np.ndarray] | None = None
     """Allocates the host segment buffers the fills write into (page-aligned uint8); CUDA gives
     page-locked (pinned) memory so device-to-host copies run at full DMA speed. None: plain memory."""
+    fill_beside: Fill | None = None
+    """``fill`` leaving one core free, for a caller that runs other CPU work beside it (a SHA-256 on
+    another thread): a parallel kernel that shares its cores with another busy thread waits at the end
+    of every launch for its preempted worker. None: ``fill`` uses no host cores worth sparing."""
 
     def __post_init__(self) -> None:
         # every backend copies computed tensors' host values the same way
         object.__setattr__(self, "fill", _computing(self.fill))
         object.__setattr__(self, "fill_runs", _computing_runs(self.fill_runs))
+        if self.fill_beside is not None:
+            object.__setattr__(self, "fill_beside", _computing(self.fill_beside))
 
 
 def _reference_fill(out: np.ndarray, sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str) -> None:
@@ -109,7 +115,11 @@ def _cpu(warmup: bool) -> Backend | None:
         return None
     if warmup:
         cpu.warmup()
-    return Backend("cpu", cpu.generate_into, parallel=True, fill_runs=cpu.generate_runs_into)
+
+    def fill_beside(out: np.ndarray, sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str) -> None:
+        cpu.generate_into(out, sampler, key, start, count, dtype, threads=max(1, cpu.threads() - 1))
+
+    return Backend("cpu", cpu.generate_into, parallel=True, fill_runs=cpu.generate_runs_into, fill_beside=fill_beside)
 
 
 def _cuda(warmup: bool) -> Backend | None:

@@ -62,7 +62,7 @@ from .philox import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1
 from .sampler import U2_MAX, Sampler
 from .special import AS241_A, AS241_B, AS241_C, AS241_D, AS241_E, AS241_F, LN2_HI, LN2_LO, LOG_C, SQRT_HALF
 
-__all__ = ["BLOCK", "available", "generate", "generate_into", "generate_runs_into", "warmup"]
+__all__ = ["BLOCK", "available", "generate", "generate_into", "generate_runs_into", "threads", "warmup"]
 
 #: Elements per block. A speed knob only: values never depend on it.
 BLOCK = 4096
@@ -724,6 +724,12 @@ def generate(sampler: Sampler, key: tuple[int, int], start: int, count: int, dty
     out = np.empty(count * DTYPE_ITEMSIZE[dtype], dtype=np.uint8)
     _run(out, sampler, key, start, count, dtype, threads)
     return out.tobytes()
+
+
+def threads() -> int:
+    """The numba threads a call with ``threads=None`` uses on this thread (all cores by default)."""
+    _require()
+    return _numba.get_num_threads()
 
 
 def warmup() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import queue
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -67,35 +68,76 @@ def events(
     digest: bool = True,
     ring: int = 0,
     alloc=None,
+    fill_beside: Fill | None = None,
 ) -> Iterator[Event]:
     """The files ``selected`` (indices into plan.files), the first from ``offset``: Begin, Data
     segments, End per file. With ``digest`` each End carries the whole file's SHA-256 (a resumed
-    file's skipped prefix is regenerated for it, not sent).
+    file's skipped prefix is regenerated for it, not sent): each segment is hashed on a helper
+    thread while the next one is generated, and that generation uses ``fill_beside`` (the backend's
+    fill that leaves a core to the hash; None: ``fill``) while the hash runs, ``fill`` once it is done,
+    deciding every :data:`SUBSEGMENT` bytes.
 
     ``ring`` > 0 reuses that many segment buffers in turn (no allocation and page faults per
-    segment): a Data's buffer is then valid only until ``ring - 1`` more events have been taken.
-    0 gives every segment a fresh buffer. ``alloc(n)`` makes the ring's buffers (the backend's:
-    pinned memory for CUDA); default page-aligned host memory."""
+    segment): a Data's buffer is then valid only until ``ring - 1`` more events have been taken
+    (a segment's hash ends before its buffer comes round again). 0 gives every segment a fresh
+    buffer. ``alloc(n)`` makes the ring's buffers (the backend's: pinned memory for CUDA); default
+    page-aligned host memory."""
     buffers = [(alloc or _page_aligned)(segment) for _ in range(ring)]
+    hasher = ThreadPoolExecutor(1, thread_name_prefix="modelinit-sha256") if digest else None
+    pending: list[Future] = []  # the hash in flight (at most one: a file's updates run in order)
+
+    def hashing() -> bool:
+        return bool(pending) and not pending[0].done()
+
+    def settle() -> None:
+        if pending:
+            pending.pop().result()
+
+    generate = fill if fill_beside is None else _switching(fill, fill_beside, hashing, plan.request.dtype)
     produced = 0
-    for n, index in enumerate(selected):
-        f = plan.files[index]
-        off = offset if n == 0 else 0
-        yield Begin(index, f.name, f.size, off)
-        h = hashlib.sha256() if digest else None
-        pos = 0 if digest else off
-        while pos < f.size:
-            # Segment boundaries stay on the absolute grid, so tensor data stays element-aligned.
-            end = min((pos // segment + 1) * segment, f.size)
-            buf = buffers[produced % ring][: end - pos] if ring else np.empty(end - pos, np.uint8)
-            produced += 1
-            read_into(plan, f, pos, buf, fill)
-            if h is not None:
-                h.update(buf)
-            if end > off:
-                yield Data(buf[max(off - pos, 0) :])
-            pos = end
-        yield End(index, h.hexdigest() if h is not None else None)
+    try:
+        for n, index in enumerate(selected):
+            f = plan.files[index]
+            off = offset if n == 0 else 0
+            yield Begin(index, f.name, f.size, off)
+            h = hashlib.sha256() if digest else None
+            pos = 0 if digest else off
+            while pos < f.size:
+                # Segment boundaries stay on the absolute grid, so tensor data stays element-aligned.
+                end = min((pos // segment + 1) * segment, f.size)
+                buf = buffers[produced % ring][: end - pos] if ring else np.empty(end - pos, np.uint8)
+                produced += 1
+                read_into(plan, f, pos, buf, generate)
+                if h is not None and hasher is not None:
+                    settle()  # the previous segment's update, overlapped with this one's generation
+                    pending.append(hasher.submit(h.update, buf))
+                if end > off:
+                    yield Data(buf[max(off - pos, 0) :])
+                pos = end
+            settle()
+            yield End(index, h.hexdigest() if h is not None else None)
+    finally:
+        if hasher is not None:
+            hasher.shutdown()  # waits for an update in flight: its buffer is not released under it
+
+
+#: Largest fill while the producer chooses between ``fill`` and ``fill_beside``: a hash that ends
+#: mid-segment gives its core back to the generation within this many bytes.
+SUBSEGMENT = 2 << 20
+
+
+def _switching(fill: Fill, fill_beside: Fill, busy, dtype: str) -> Fill:
+    """A fill in pieces of at most :data:`SUBSEGMENT` bytes, each by ``fill_beside`` while ``busy()``
+    else by ``fill`` (the bytes do not depend on how a range is cut)."""
+    itemsize = DTYPE_ITEMSIZE[dtype]
+    step = max(1, SUBSEGMENT // itemsize)
+
+    def fill_in_pieces(out: np.ndarray, sampler, key: tuple[int, int], start: int, count: int, dtype: str) -> None:
+        for s in range(0, count, step):
+            c = min(step, count - s)
+            (fill_beside if busy() else fill)(out[s * itemsize : (s + c) * itemsize], sampler, key, start + s, c, dtype)
+
+    return fill_in_pieces
 
 
 def _page_aligned(n: int, align: int = 4096) -> np.ndarray:

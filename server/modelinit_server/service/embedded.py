@@ -46,16 +46,17 @@ class EmbeddedEngine:
 
     def events(self, msg: pb.ModelRequest, selected: Sequence[int] | None = None) -> "file_bytes.Prefetch":
         """Every file's events (or those of ``selected``, indices into the plan's files, in that
-        order), produced on a background thread a couple of segments ahead of the writer. No
-        producer-side SHA-256: nothing lies between producer and writer, whose own hash is the
-        check. Close the returned iterator to stop early."""
+        order), produced on a background thread a couple of segments ahead of the writer. Each End
+        carries the file's SHA-256, hashed here beside the generation (the only hash of the bytes:
+        the writer, in this process, writes the very buffers hashed). Close the returned iterator
+        to stop early."""
         plan = self._build(msg)
         selected = range(len(plan.files)) if selected is None else list(selected)
         if any(not 0 <= i < len(plan.files) for i in selected):
             raise ValueError(f"files: an index is past the last file ({len(plan.files) - 1})")
         # Ring of 4: the writer holds one buffer, the queue two, the producer fills the fourth.
-        source: Iterator[Event] = file_bytes.events(plan, selected, 0, self.backend.fill, digest=False, ring=4,
-                                                alloc=self.backend.alloc)
+        source: Iterator[Event] = file_bytes.events(plan, selected, 0, self.backend.fill, ring=4, alloc=self.backend.alloc,
+                                                fill_beside=self.backend.fill_beside)
         return file_bytes.Prefetch(source, depth=2)
 
     def tensors(self, request: pb.TensorsRequest) -> Iterator[pb.TensorsResponse]:

@@ -224,7 +224,8 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
                  plan.request.dtype, selected if request.files else "all", request.offset, context.peer())
 
         # Ring of 3: one segment is being sent while the next is produced (a third for margin).
-        source = file_bytes.events(plan, selected, request.offset, self._backend.fill, ring=3, alloc=self._backend.alloc)
+        source = file_bytes.events(plan, selected, request.offset, self._backend.fill, ring=3, alloc=self._backend.alloc,
+                                   fill_beside=self._backend.fill_beside)
         write = functools.partial(self._write, context)
         async with contextlib.aclosing(self._one_ahead(source, lambda e: len(e.data) if isinstance(e, Data) else 0)) as events:
             async for event in events:
