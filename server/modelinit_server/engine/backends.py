@@ -10,12 +10,14 @@ both choose the kernel for host memory the same way.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 from modelinit_wire.constants import DEVICES
 
+from . import gpu_driver
 from .computed import Computed
 from .core import DTYPE_ITEMSIZE, check_runs, generate_array
 from .sampler import Sampler
@@ -123,6 +125,8 @@ def _cpu(warmup: bool) -> Backend | None:
 
 
 def _cuda(warmup: bool) -> Backend | None:
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and not gpu_driver.may_have_gpu():
+        return None  # no device: decided before importing triton (a sixth of a second of every job's start)
     try:
         from . import cuda
     except ImportError:

@@ -94,6 +94,7 @@ import struct
 
 import numpy as np
 
+from .gpu_driver import may_have_gpu
 from .core import DTYPE_ITEMSIZE, check_args, check_runs, kernel_scalars, run_offsets, zero_range
 from .philox import MAX_ELEMENTS, PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1
 from .sampler import U2_MAX, Sampler
@@ -179,7 +180,7 @@ def available() -> bool:
     """True if the kernel can run here: triton and torch import, and CUDA is available (or the interpreter is on)."""
     if triton is None:
         return False
-    if not interpreting() and not _driver_may_have_gpu():
+    if not interpreting() and not may_have_gpu():
         return False  # decided without importing torch (about a second of every CLI start)
     try:
         import torch
@@ -191,27 +192,6 @@ def available() -> bool:
         return bool(torch.cuda.is_available())
     except Exception:  # pragma: no cover - broken CUDA setups
         return False
-
-
-def _driver_may_have_gpu() -> bool:
-    """False only when the CUDA driver says there is no device: no libcuda, or cuInit /
-    cuDeviceGetCount report none. Anything unexpected answers True and leaves the decision to torch."""
-    import ctypes
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return True
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    try:
-        count = ctypes.c_int(0)
-        if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
-            return False
-        return count.value > 0
-    except Exception:  # pragma: no cover - an unusual driver library
-        return True
 
 
 # ------------------------------------------------------------------------------------------------
