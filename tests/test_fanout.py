@@ -108,3 +108,48 @@ def test_one_name_for_several_replicas_is_balanced_call_by_call(two_servers, tmp
         c.init_model(MEDIUM, seed=7, out_dir=tmp_path, max_shard_size="16MB", parallel=2)
     assert read_folder(tmp_path) == reference
     assert all(_files_served(s) >= 1 for s in two_servers)
+
+
+def test_embedded_parallel_files_equal_one_stream(tmp_path):
+    """Embedded, ``parallel`` files at once (each its own producer and SHA-256): the same folder as one
+    stream, byte for byte, through the CLI too; a file that fails stops the others and leaves no
+    partial file behind."""
+    import json
+
+    from modelinit.cli import main
+
+    import modelinit
+
+    with modelinit.Client(device="cpu") as c:
+        one = c.init_model(MEDIUM, seed=7, out_dir=tmp_path / "one", max_shard_size="16MB")
+        three = c.init_model(MEDIUM, seed=7, out_dir=tmp_path / "three", max_shard_size="16MB", parallel=3)
+    assert len([f for f in one.files if f.name.endswith(".safetensors")]) >= 3
+    assert [(f.name, f.size, f.sha256) for f in three.files] == [(f.name, f.size, f.sha256) for f in one.files]
+    for f in one.files:
+        assert (tmp_path / "three" / f.name).read_bytes() == (tmp_path / "one" / f.name).read_bytes()
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(MEDIUM))
+    assert main(["init", str(spec), "--seed", "7", "--max-shard-size", "16MB", "--device", "cpu", "--quiet",
+                 "--parallel", "2", "--out", str(tmp_path / "cli")]) == 0
+    assert json.loads((tmp_path / "cli" / "modelinit.json").read_text())["files"] == \
+        json.loads((tmp_path / "one" / "modelinit.json").read_text())["files"]
+
+
+def test_embedded_parallel_failure_stops_the_others(tmp_path, monkeypatch):
+    import modelinit
+    from modelinit import writer
+    from modelinit.errors import ModelInitError
+
+    real = writer.DirectFile.write
+    calls = {"n": 0}
+
+    def failing(self, data):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(28, "No space left on device")
+        real(self, data)
+
+    monkeypatch.setattr(writer.DirectFile, "write", failing)
+    with modelinit.Client(device="cpu") as c, pytest.raises(ModelInitError, match="No space left"):
+        c.init_model(MEDIUM, seed=7, out_dir=tmp_path / "out", max_shard_size="16MB", parallel=3)
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.endswith(".partial") or p.name == "modelinit.json"]

@@ -215,3 +215,40 @@ def test_the_cpu_backend_fills_beside_a_hash_with_a_core_fewer(plan, monkeypatch
     backend.fill_beside(b, t.sampler, t.key, 0, t.spec.numel, "bfloat16")
     assert bytes(a) == bytes(b)
     assert asked[-1] == max(1, cpu.threads() - 1)
+
+
+def test_prefetch_closed_from_another_thread_wakes_its_consumer():
+    """A parallel job's first failure closes the other files' streams from the main thread: a writer
+    waiting for its next event gets Closed (it used to wait forever), and the source's cleanup runs."""
+    import threading
+    import time
+
+    cleaned = threading.Event()
+
+    def slow():
+        try:
+            yield 1
+            while True:
+                time.sleep(0.3)
+                yield 2
+        finally:
+            cleaned.set()
+
+    p = files.Prefetch(slow(), depth=1)
+    assert next(p) == 1
+    got = []
+
+    def consume():
+        try:
+            for _ in p:
+                pass
+        except files.Closed as e:
+            got.append(e)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    time.sleep(0.2)
+    p.close()
+    t.join(5)
+    assert not t.is_alive() and len(got) == 1
+    assert cleaned.wait(5)

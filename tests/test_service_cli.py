@@ -137,11 +137,11 @@ def test_version_prints_the_package_and_algorithm_versions(capsys):
     assert r.returncode == 0 and r.stdout == out
 
 
-def test_parallel_without_server_is_an_error(tmp_path, capsys):
+def test_parallel_below_one_is_an_error(tmp_path, capsys):
     out = tmp_path / "out"
-    assert main(["init", "gpt2", "--out", str(out), "--parallel", "4"]) == 2
+    assert main(["init", "gpt2", "--out", str(out), "--parallel", "0"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == "modelinit: error: --parallel needs --server (the embedded engine writes one file at a time)"
+    assert err.strip() == "modelinit: error: --parallel: must be at least 1, got 0"
     assert not out.exists()
 
 

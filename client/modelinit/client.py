@@ -20,7 +20,7 @@ from . import bucket_writer
 from .bucket import Bucket, is_bucket_url
 from .embedded import EmbeddedSource
 from .errors import ModelInitError
-from .fanout import fetch
+from .fanout import each_file, fetch
 from .folder_lock import FolderLock
 from .manifest import (  # noqa: F401 - MANIFEST_FILE, PROGRESS_FILE, check_file_name, loader_file: also the client's API
     MANIFEST_FILE,
@@ -325,8 +325,11 @@ class Client:
         received (see ``retry``); the bytes are the same. ``fsync`` also flushes
         every file to stable storage before its rename (safe against power loss, at disk speed;
         without it a killed process is still safe, the page cache keeps what was written).
-        ``parallel`` (servers only): files fetched at once, spread over the replicas; each file
-        resumes on the next replica if its server goes away. ``algorithm_version`` (None: the
+        ``parallel``: files fetched at once, spread over the replicas; each file resumes on the next
+        replica if its server goes away. Embedded, files produced at once, each with its own producer
+        and SHA-256: one file's hash is one serial stream (about 1-2 GB/s), so where generation is fast
+        (a GPU, many cores) several files in flight let the hashes use several cores; on a small CPU
+        machine they only compete with the generation. ``algorithm_version`` (None: the
         newest) and ``architecture`` (a class overriding the spec's) as in :meth:`plan`;
         ``modelinit.json`` records both. ``progress`` callables are then
         called from several threads. ``direct_io`` writes shards with ``O_DIRECT`` where the OS and filesystem allow it (no
@@ -384,8 +387,16 @@ class Client:
 
                     written, self.last_served = fetch(self.source, request, plan, write, parallel, bar, files=files)
                 else:
-                    written = write_files(self.source.events(request, plan, files), plan, out, todo, bar, fsync, direct_io,
-                                          on_written=record.add, hash_here=not getattr(self.source, "in_process", False))
+                    hash_here = not getattr(self.source, "in_process", False)
+
+                    def write_here(stream, indices, tick):
+                        return write_files(stream, plan, out, indices, tick, fsync, direct_io, on_written=record.add,
+                                           hash_here=hash_here)
+
+                    if parallel > 1 and len(todo) > 1:  # in-process: each file its own producer and SHA-256
+                        written = each_file(lambda i: self.source.events(request, plan, [i]), todo, write_here, parallel, bar)
+                    else:
+                        written = write_here(self.source.events(request, plan, files), todo, bar)
             except BaseException:
                 record.drop_if_empty()  # a failed run that finished nothing leaves nothing behind
                 raise
@@ -424,6 +435,11 @@ class Client:
                     return bucket_writer.upload_files(bucket, stream, plan, indices, tick, record.add)
 
                 _, self.last_served = fetch(self.source, request, plan, write, parallel, bar, files=todo)
+            elif parallel > 1 and len(todo) > 1:  # in-process: each shard its own producer and upload
+                def upload(stream, indices, tick):
+                    return bucket_writer.upload_files(bucket, stream, plan, indices, tick, record.add)
+
+                each_file(lambda i: self.source.events(request, plan, [i]), todo, upload, parallel, bar)
             else:
                 bucket_writer.upload_files(bucket, self.source.events(request, plan, todo), plan, todo, bar, record.add)
         finally:

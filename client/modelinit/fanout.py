@@ -1,4 +1,4 @@
-"""Fan-out: one model's files fetched in parallel from several replicas.
+"""Fan-out: one model's files produced or fetched in parallel, from several replicas or in-process.
 
 The service is stateless and deterministic, so any replica can serve any file, from any byte.
 Each file is one resumable stream of that file alone (:meth:`RemoteSource.events
@@ -7,7 +7,9 @@ the byte reached), written by the same writer as a single stream (``write``: the
 :func:`~modelinit.writer.write_files` or the bucket's :func:`~modelinit.bucket_writer.upload_files`). ``parallel`` files are in flight at once, file ``i``
 starting on replica ``i mod n``; a replica serves only after it planned the same fingerprint
 (one :class:`~modelinit.remote.Replicas` shared by the streams). The first file that fails
-stops the others.
+stops the others. :func:`each_file` is the same for any source: the embedded engine's ``parallel``
+files are each their own producer and SHA-256 (hashing, one serial stream per file, is what bounds
+a job whose generation is fast: a GPU node, many cores).
 """
 from __future__ import annotations
 
@@ -29,15 +31,15 @@ class _Stopped(Exception):
     """Another file failed first: this one was not started or was cut short."""
 
 
-def fetch(source: RemoteSource, request: pb.ModelRequest, plan: pb.PlanResponse, write: Write, parallel: int,
-          progress: Callable[[int], None], files: list[int] | None = None) -> tuple[list[FileResult], dict[str, int]]:
-    """Every file of ``plan`` (or those of ``files``, indices into it), each through ``write``, in
-    that order; also how many files each target finished."""
-    replicas = source.replicas(plan.fingerprint)
-    served = {t: 0 for t in source.targets}
+def each_file(open_stream: Callable[[int], Events], indices: list[int], write: Write, parallel: int,
+              progress: Callable[[int], None], on_done: Callable[[int, Events], None] | None = None) -> list[FileResult]:
+    """Files ``indices`` (in that order in the result), ``parallel`` at once, each through its own
+    stream (``open_stream(i)``: that file alone) and ``write``; ``on_done(i, stream)`` after each
+    (under the lock that also serializes ``progress``). The first file that fails stops the others:
+    queued ones never start, running ones are cut (their partial files removed)."""
     stop = threading.Event()
-    active: set[ResumingEvents] = set()
-    lock = threading.Lock()  # progress callbacks and the counters are shared by the workers
+    active: set[Events] = set()
+    lock = threading.Lock()  # progress callbacks and on_done are shared by the workers
 
     def locked_progress(n: int) -> None:
         with lock:
@@ -46,7 +48,7 @@ def fetch(source: RemoteSource, request: pb.ModelRequest, plan: pb.PlanResponse,
     def one(i: int) -> FileResult:
         if stop.is_set():
             raise _Stopped()
-        stream = source.events(request, plan, [i], replicas=replicas, start=i)
+        stream = open_stream(i)
         with lock:
             active.add(stream)
         try:
@@ -54,19 +56,38 @@ def fetch(source: RemoteSource, request: pb.ModelRequest, plan: pb.PlanResponse,
         finally:
             with lock:
                 active.discard(stream)
-        with lock:
-            served[source.targets[stream.replica]] += 1
+        if on_done is not None:
+            with lock:
+                on_done(i, stream)
         return result
 
     with ThreadPoolExecutor(parallel, thread_name_prefix="modelinit-fetch") as pool:
-        futures = [pool.submit(one, i) for i in (range(len(plan.files)) if files is None else files)]
+        futures = [pool.submit(one, i) for i in indices]
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         first = next((f.exception() for f in done if f.exception() is not None), None)
         if first is not None:
-            stop.set()  # queued files never start; running ones are cut (their partial files removed)
+            stop.set()
             with lock:
                 for stream in active:
                     stream.close()
             wait(futures)
             raise first
-    return [f.result() for f in futures], served
+    return [f.result() for f in futures]
+
+
+def fetch(source: RemoteSource, request: pb.ModelRequest, plan: pb.PlanResponse, write: Write, parallel: int,
+          progress: Callable[[int], None], files: list[int] | None = None) -> tuple[list[FileResult], dict[str, int]]:
+    """Every file of ``plan`` (or those of ``files``, indices into it), each through ``write``, in
+    that order; also how many files each target finished."""
+    replicas = source.replicas(plan.fingerprint)
+    served = {t: 0 for t in source.targets}
+
+    def open_stream(i: int) -> ResumingEvents:
+        return source.events(request, plan, [i], replicas=replicas, start=i)
+
+    def count(i: int, stream: Events) -> None:
+        assert isinstance(stream, ResumingEvents)  # open_stream's
+        served[source.targets[stream.replica]] += 1
+
+    indices = list(range(len(plan.files))) if files is None else files
+    return each_file(open_stream, indices, write, parallel, progress, count), served

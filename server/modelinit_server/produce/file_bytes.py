@@ -148,9 +148,15 @@ def _page_aligned(n: int, align: int = 4096) -> np.ndarray:
     return raw[skip : skip + n]
 
 
+class Closed(RuntimeError):
+    """The stream was closed (by another thread) while its consumer waited for the next event."""
+
+
 class Prefetch:
     """Runs an iterator on a background thread, ``depth`` items ahead (bounded memory), so that
-    producing item k+1 overlaps consuming item k. ``close()`` stops the producer promptly."""
+    producing item k+1 overlaps consuming item k. ``close()``, from any thread, stops the producer
+    promptly (the source's own cleanup runs then) and a consumer waiting for an item gets
+    :class:`Closed`."""
 
     _DONE = object()
 
@@ -168,6 +174,10 @@ class Prefetch:
             self._put((True, self._DONE))
         except BaseException as e:  # handed to the consumer, raised there
             self._put((False, e))
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()  # a generator's finally (its hash thread) runs now, not at garbage collection
 
     def _put(self, item) -> bool:
         while not self._stop.is_set():
@@ -182,7 +192,13 @@ class Prefetch:
         return self
 
     def __next__(self):
-        ok, item = self._queue.get()
+        while True:
+            try:
+                ok, item = self._queue.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if self._stop.is_set():
+                    raise Closed("the stream was closed") from None
         if not ok:
             raise item
         if item is self._DONE:

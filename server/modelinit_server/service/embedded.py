@@ -5,6 +5,7 @@ bytes (a test compares them with a separately started server's), only faster.
 """
 from __future__ import annotations
 
+import threading
 from typing import Iterator, Sequence
 
 from modelinit_wire.events import Event
@@ -25,19 +26,22 @@ class EmbeddedEngine:
         self.device = device
         self._backend: Backend | None = None
         self._last: tuple[bytes, Plan] | None = None  # init_model plans, then streams the same request
+        self._lock = threading.Lock()  # a client's parallel files open their streams from several threads
 
     @property
     def backend(self) -> Backend:
         """Chosen on first use, so planning alone never imports numba, torch or triton."""
-        if self._backend is None:
-            self._backend = select(self.device)
-        return self._backend
+        with self._lock:
+            if self._backend is None:
+                self._backend = select(self.device)
+            return self._backend
 
     def _build(self, msg: pb.ModelRequest) -> Plan:
         key = msg.SerializeToString(deterministic=True)
-        if self._last is None or self._last[0] != key:
-            self._last = (key, build_plan(request_from_pb(msg)))
-        return self._last[1]
+        with self._lock:
+            if self._last is None or self._last[0] != key:
+                self._last = (key, build_plan(request_from_pb(msg)))
+            return self._last[1]
 
     def plan(self, msg: pb.ModelRequest, page_size: int = 0, page_token: str = "") -> pb.PlanResponse:
         """One page of the plan, as the server's Plan (0: a summary without tensors)."""
