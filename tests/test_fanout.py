@@ -153,3 +153,29 @@ def test_embedded_parallel_failure_stops_the_others(tmp_path, monkeypatch):
     with modelinit.Client(device="cpu") as c, pytest.raises(ModelInitError, match="No space left"):
         c.init_model(MEDIUM, seed=7, out_dir=tmp_path / "out", max_shard_size="16MB", parallel=3)
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.endswith(".partial") or p.name == "modelinit.json"]
+
+
+def test_an_interrupt_stops_the_files_in_flight(tmp_path, monkeypatch):
+    """Ctrl-C reaches the main thread while it waits for the files in flight: they are cut (no partial
+    file left), the queued ones never start, and the interrupt goes on up — it used to wait for every
+    file to be written first (the pool's exit waits for its work)."""
+    import time
+
+    from modelinit import fanout, writer
+
+    real_wait, real_write = fanout.wait, writer.DirectFile.write
+    monkeypatch.setattr(writer.DirectFile, "write", lambda self, data: (time.sleep(0.1), real_write(self, data))[1])
+
+    def interrupted(fs, timeout=None, return_when="ALL_COMPLETED"):
+        if return_when == fanout.FIRST_EXCEPTION:
+            time.sleep(0.3)
+            raise KeyboardInterrupt
+        return real_wait(fs, timeout, return_when)
+
+    monkeypatch.setattr(fanout, "wait", interrupted)
+    out = tmp_path / "out"
+    with modelinit.Client(device="cpu") as c, pytest.raises(KeyboardInterrupt):
+        c.init_model(MEDIUM, seed=7, out_dir=out, max_shard_size="8MB", parallel=2)
+    shards = sorted(p.name for p in out.iterdir() if p.name.endswith(".safetensors"))
+    assert len(shards) < 5  # of 8: the run stopped
+    assert not [p for p in out.iterdir() if p.name.endswith(".partial") or p.name == "modelinit.json"]

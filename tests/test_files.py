@@ -136,7 +136,7 @@ def test_switching_fill_cuts_anywhere_and_keeps_the_bytes(plan):
     REFERENCE.fill(ref, t.sampler, t.key, 0, t.spec.numel, "bfloat16")
     flips = iter(range(10**6))
     out = np.empty_like(ref)
-    files._switching(REFERENCE.fill, REFERENCE.fill, lambda: next(flips) % 3 == 0, "bfloat16")(
+    files._switching(REFERENCE.fill, REFERENCE.fill, lambda: next(flips) % 3 == 0)(
         out, t.sampler, t.key, 0, t.spec.numel, "bfloat16")
     assert bytes(out) == bytes(ref)
 
@@ -177,7 +177,7 @@ def test_the_embedded_job_hashes_each_byte_once_in_the_producer(tmp_path, monkey
     assert result.files
 
 
-def test_a_writer_that_trusts_the_producer_needs_its_digest(plan):
+def test_a_writer_that_trusts_the_producer_needs_its_digest():
     from modelinit.errors import ModelInitError
     from modelinit.stream import StreamCheck
 

@@ -65,6 +65,15 @@ def test_embedded_upload_equals_the_local_folder(s3_env, s3_bucket, expected):
     assert again.reused
 
 
+def test_embedded_parallel_uploads_equal_the_local_folder(s3_env, s3_bucket, expected):
+    """Embedded, ``parallel`` shards at once (each its own producer, SHA-256 and multipart upload)."""
+    with modelinit.Client() as c:
+        result = c.init_model(SPEC, out_dir=f"s3://{s3_bucket}/par", parallel=3, **SHARDED)
+    assert result.complete
+    assert s3_env.keys(s3_bucket, "par") == expected
+    assert s3_env.pending_uploads(s3_bucket) == []
+
+
 def test_served_and_fanned_out_uploads_equal_the_local_folder(s3_env, server_target, expected):
     for target, parallel in ((server_target, 1), (f"{server_target},{server_target}", 3)):
         bucket = s3_env.new_bucket()

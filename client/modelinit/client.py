@@ -381,22 +381,12 @@ class Client:
                 files = None if len(todo) == len(plan.files) else todo
                 if not todo:
                     written: list[FileResult] = []
-                elif isinstance(self.source, RemoteSource) and (parallel > 1 or len(self.source.targets) > 1):
-                    def write(stream, indices, tick):
-                        return write_files(stream, plan, out, indices, tick, fsync, direct_io, on_written=record.add)
-
-                    written, self.last_served = fetch(self.source, request, plan, write, parallel, bar, files=files)
                 else:
-                    hash_here = not getattr(self.source, "in_process", False)
-
-                    def write_here(stream, indices, tick):
+                    def write(stream, indices, tick):
                         return write_files(stream, plan, out, indices, tick, fsync, direct_io, on_written=record.add,
-                                           hash_here=hash_here)
+                                           hash_here=not self.source.in_process)
 
-                    if parallel > 1 and len(todo) > 1:  # in-process: each file its own producer and SHA-256
-                        written = each_file(lambda i: self.source.events(request, plan, [i]), todo, write_here, parallel, bar)
-                    else:
-                        written = write_here(self.source.events(request, plan, files), todo, bar)
+                    written = self._stream_files(request, plan, todo, files, write, parallel, bar)
             except BaseException:
                 record.drop_if_empty()  # a failed run that finished nothing leaves nothing behind
                 raise
@@ -412,6 +402,18 @@ class Client:
             lock.release()
         return InitResult(out, plan.fingerprint, tuple(ordered), plan.total_params, plan.total_bytes, plan.algorithm_version,
                           kept=tuple(kept[i].name for i in sorted(kept)))
+
+    def _stream_files(self, request: pb.ModelRequest, plan: pb.PlanResponse, todo: list[int], files: list[int] | None,
+                      write, parallel: int, progress: Callable[[int], None]) -> list[FileResult]:
+        """The files ``todo`` through ``write`` (the folder's writer or the bucket's uploader): from several
+        replicas or ``parallel`` at once through the fan-out (in-process: each file its own producer and
+        SHA-256), else as one stream asking for ``files`` (None: all)."""
+        if isinstance(self.source, RemoteSource) and (parallel > 1 or len(self.source.targets) > 1):
+            written, self.last_served = fetch(self.source, request, plan, write, parallel, progress, files=todo)
+            return written
+        if parallel > 1 and len(todo) > 1:
+            return each_file(lambda i: self.source.events(request, plan, [i]), todo, write, parallel, progress)
+        return write(self.source.events(request, plan, files), todo, progress)
 
     def _init_bucket(self, bucket: Bucket, request: pb.ModelRequest, plan: pb.PlanResponse, part: Part, overwrite: bool,
                      progress: bool | Callable[[int], None], parallel: int) -> InitResult:
@@ -430,18 +432,11 @@ class Client:
         try:
             if not todo:
                 pass
-            elif isinstance(self.source, RemoteSource) and (parallel > 1 or len(self.source.targets) > 1):
-                def write(stream, indices, tick):
-                    return bucket_writer.upload_files(bucket, stream, plan, indices, tick, record.add)
-
-                _, self.last_served = fetch(self.source, request, plan, write, parallel, bar, files=todo)
-            elif parallel > 1 and len(todo) > 1:  # in-process: each shard its own producer and upload
+            else:
                 def upload(stream, indices, tick):
                     return bucket_writer.upload_files(bucket, stream, plan, indices, tick, record.add)
 
-                each_file(lambda i: self.source.events(request, plan, [i]), todo, upload, parallel, bar)
-            else:
-                bucket_writer.upload_files(bucket, self.source.events(request, plan, todo), plan, todo, bar, record.add)
+                self._stream_files(request, plan, todo, todo, upload, parallel, bar)
         finally:
             bar(None)
         files, missing = bucket_writer.finalize(bucket, plan, part.count, lambda idx: self.source.events(request, plan, idx))

@@ -35,8 +35,9 @@ def each_file(open_stream: Callable[[int], Events], indices: list[int], write: W
               progress: Callable[[int], None], on_done: Callable[[int, Events], None] | None = None) -> list[FileResult]:
     """Files ``indices`` (in that order in the result), ``parallel`` at once, each through its own
     stream (``open_stream(i)``: that file alone) and ``write``; ``on_done(i, stream)`` after each
-    (under the lock that also serializes ``progress``). The first file that fails stops the others:
-    queued ones never start, running ones are cut (their partial files removed)."""
+    (under the lock that also serializes ``progress``). The first file that fails, or an interrupt of
+    this thread, stops the others: queued ones never start, running ones are cut (their partial files
+    removed)."""
     stop = threading.Event()
     active: set[Events] = set()
     lock = threading.Lock()  # progress callbacks and on_done are shared by the workers
@@ -51,6 +52,8 @@ def each_file(open_stream: Callable[[int], Events], indices: list[int], write: W
         stream = open_stream(i)
         with lock:
             active.add(stream)
+            if stop.is_set():  # stopped while this one opened: cut it too
+                stream.close()
         try:
             (result,) = write(stream, [i], locked_progress)
         finally:
@@ -61,17 +64,23 @@ def each_file(open_stream: Callable[[int], Events], indices: list[int], write: W
                 on_done(i, stream)
         return result
 
-    with ThreadPoolExecutor(parallel, thread_name_prefix="modelinit-fetch") as pool:
-        futures = [pool.submit(one, i) for i in indices]
+    pool = ThreadPoolExecutor(parallel, thread_name_prefix="modelinit-fetch")
+    futures = [pool.submit(one, i) for i in indices]
+    try:
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         first = next((f.exception() for f in done if f.exception() is not None), None)
         if first is not None:
-            stop.set()
-            with lock:
-                for stream in active:
-                    stream.close()
-            wait(futures)
             raise first
+    except BaseException:  # a file failed, or Ctrl-C reached this thread: stop the others now
+        stop.set()
+        for f in futures:
+            f.cancel()
+        with lock:
+            for stream in active:
+                stream.close()
+        raise
+    finally:
+        pool.shutdown(wait=True)  # the cut files' writers delete their partial files first
     return [f.result() for f in futures]
 
 

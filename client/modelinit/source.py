@@ -35,6 +35,10 @@ class Source(Protocol):
     """What plans a request and streams a plan's files. Errors are ModelInitError (a bad
     request: INVALID_ARGUMENT naming the field, as the server's)."""
 
+    in_process: bool
+    """True when the producer runs in this process: each End's SHA-256 is of the very buffers a
+    writer writes, which then records it instead of hashing them again."""
+
     def plan(self, request: pb.ModelRequest, page_size: int = 0, page_token: str = "") -> pb.PlanResponse:
         """One page of the plan (``page_size`` tensors from ``page_token`` on; 0: a summary, no
         tensors), refused unless it is of the requested algorithm version (see :func:`check_version`)."""

@@ -93,7 +93,7 @@ def events(
         if pending:
             pending.pop().result()
 
-    generate = fill if fill_beside is None else _switching(fill, fill_beside, hashing, plan.request.dtype)
+    generate = fill if fill_beside is None else _switching(fill, fill_beside, hashing)
     produced = 0
     try:
         for n, index in enumerate(selected):
@@ -126,13 +126,13 @@ def events(
 SUBSEGMENT = 2 << 20
 
 
-def _switching(fill: Fill, fill_beside: Fill, busy, dtype: str) -> Fill:
+def _switching(fill: Fill, fill_beside: Fill, busy) -> Fill:
     """A fill in pieces of at most :data:`SUBSEGMENT` bytes, each by ``fill_beside`` while ``busy()``
     else by ``fill`` (the bytes do not depend on how a range is cut)."""
-    itemsize = DTYPE_ITEMSIZE[dtype]
-    step = max(1, SUBSEGMENT // itemsize)
 
     def fill_in_pieces(out: np.ndarray, sampler, key: tuple[int, int], start: int, count: int, dtype: str) -> None:
+        itemsize = DTYPE_ITEMSIZE[dtype]
+        step = max(1, SUBSEGMENT // itemsize)
         for s in range(0, count, step):
             c = min(step, count - s)
             (fill_beside if busy() else fill)(out[s * itemsize : (s + c) * itemsize], sampler, key, start + s, c, dtype)
