@@ -175,6 +175,12 @@ class ServerProcess:
                 return int(line.split()[1]) * 1024
         raise RuntimeError("no VmHWM")
 
+    def minor_faults(self) -> int:
+        """Page faults served without I/O so far (``/proc/PID/stat`` field 10): each first touch
+        of a freshly mapped page."""
+        stat = pathlib.Path(f"/proc/{self.proc.pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[7])
+
     def stop(self) -> int:
         self.proc.terminate()
         try:

@@ -24,6 +24,7 @@ from modelinit_wire.constants import (
     DTYPES,
 )
 from modelinit_wire.credentials import load_token
+from modelinit_wire.heap import keep_large_blocks
 from modelinit_wire.policy_file import looks_like_file, to_dict
 
 from . import embedded
@@ -243,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     130 for Ctrl-C, 141 when stdout's reader is gone. Errors are one line on stderr
     (``modelinit: error: ...``), never a traceback (``MODELINIT_DEBUG=1`` shows one for an
     unexpected error)."""
+    keep_large_blocks()  # this process is ours: streams fault every 1 MiB block in otherwise
     try:
         code = _main(argv)
         if sys.stdout is not None:

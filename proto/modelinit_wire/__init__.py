@@ -10,6 +10,7 @@ check it). It holds:
     events       a stream of files as producer and writer see it (Begin, Data, End)
     credentials  TLS/mTLS channel credentials, bearer tokens, PEM reading
     policy_file  the policy text format (JSON/YAML <-> the ``Policy`` message)
+    heap         glibc's heap thresholds for a streaming process (the CLI, ``modelinit serve``)
 
 This ``__init__`` imports nothing, so ``modelinit_wire.constants`` costs no grpc import.
 """

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from modelinit_wire.heap import keep_large_blocks
 from modelinit_wire.v1 import modelinit_pb2, modelinit_pb2_grpc
 
 from .. import __version__
@@ -214,7 +215,9 @@ async def start(config: ServerConfig) -> Running:
 
 
 def serve(config: ServerConfig, ready=print) -> None:
-    """Serve until SIGTERM or SIGINT, then drain in-flight streams for ``config.grace`` seconds."""
+    """Serve until SIGTERM or SIGINT, then drain in-flight streams for ``config.grace`` seconds.
+    The process is the server's: its C heap keeps megabyte blocks (``modelinit_wire.heap``)."""
+    keep_large_blocks()
 
     async def main() -> None:
         running = await start(config)
