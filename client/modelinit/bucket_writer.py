@@ -196,12 +196,15 @@ def prepare(bucket: Bucket, plan: pb.PlanResponse, part: Part, overwrite: bool) 
     return record
 
 
-def _owned(data) -> bytes:
+def _owned(data) -> bytes | memoryview:
     """The buffer's bytes, owned. obstore keeps the buffers it is given, without copying, until
     their part is sent, while the embedded engine reuses its segment buffers a few events later
     (``ring``): uploading a view would send whatever the buffer holds by then (the SHA-256, taken
-    as the bytes passed, would not notice). ``bytes`` (what gRPC gives) is immutable: no copy."""
-    return data if isinstance(data, bytes) else bytes(memoryview(data).cast("B"))
+    as the bytes passed, would not notice). ``bytes``, or a view of ``bytes`` (what gRPC gives,
+    :mod:`modelinit.stub`), is immutable: no copy."""
+    if isinstance(data, bytes) or (isinstance(data, memoryview) and isinstance(data.obj, bytes)):
+        return data
+    return bytes(memoryview(data).cast("B"))
 
 
 def _file_chunks(events: Iterator, check: StreamCheck, first: Begin, progress: Callable[[int], None],

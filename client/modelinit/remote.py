@@ -22,10 +22,10 @@ import grpc
 from modelinit_wire.credentials import make_channel
 from modelinit_wire.events import Begin, Data, End
 from modelinit_wire.v1 import modelinit_pb2 as pb
-from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 
 from .errors import ModelInitError
 from .source import check_version
+from .stub import ModelInitStub
 
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 << 20)]
 #: Status codes after which a call is retried (and a stream resumed): the server went away or
@@ -234,8 +234,13 @@ class ResumingEvents:
                 replicas.check(self.replica, self._request)
                 self._call = replicas.stubs[self.replica].Init(init, timeout=self._timeout, metadata=call_metadata())
                 for msg in self._call:
+                    if isinstance(msg, memoryview):  # a data message's payload (modelinit.stub)
+                        offset += len(msg)
+                        backoff.progress()
+                        yield Data(msg)
+                        continue
                     kind = msg.WhichOneof("event")
-                    if kind == "data":
+                    if kind == "data":  # one the stub left parsed (a field beside it)
                         offset += len(msg.data)
                         backoff.progress()
                         yield Data(msg.data)
@@ -294,7 +299,7 @@ class RemoteSource:
                               for t in self.targets]
         except ValueError as e:
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        self.stubs = [pb_grpc.ModelInitStub(ch) for ch in self._channels]
+        self.stubs = [ModelInitStub(ch) for ch in self._channels]
         self._reached: set[int] = set()
         """Targets (indices) that ever answered: a connection failure to one of them is a lost
         server, retried; to any other, a wrong address, raised at once."""
