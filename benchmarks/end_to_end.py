@@ -21,6 +21,7 @@ import argparse
 import os
 import pathlib
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -34,10 +35,17 @@ BASELINES = REPO / "benchmarks" / "baselines"
 PY = sys.executable
 
 
-def run(cmd: list[str]) -> tuple[float, str, int]:
-    """Wall seconds, stdout and peak RSS (VmHWM, sampled) of a command, after a sync so that the
-    previous run's dirty pages do not slow this one's writes."""
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run(cmd: list[str]) -> tuple[float, str, int, float]:
+    """Wall seconds, stdout, peak RSS (VmHWM, sampled) and CPU seconds of a command, after a sync
+    so that the previous run's dirty pages do not slow this one's writes."""
     os.sync()
+    cpu = children_cpu()
     t = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0
@@ -52,7 +60,7 @@ def run(cmd: list[str]) -> tuple[float, str, int]:
     out, err = p.communicate()
     if p.returncode:
         sys.exit(f"failed: {' '.join(cmd)}\n{out}\n{err}")
-    return elapsed, out, peak
+    return elapsed, out, peak, children_cpu() - cpu
 
 
 def best_median(xs: list[float]) -> str:
@@ -79,6 +87,11 @@ class Server:
                 pass
             time.sleep(0.2)
 
+    def cpu(self) -> float:
+        """CPU seconds (user + system) the server has used so far."""
+        fields = pathlib.Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(30)
@@ -103,7 +116,7 @@ def main() -> None:
 
     emb, rss = [], 0
     for _ in range(args.reps):
-        t, _, peak = run(init + ["--out", str(work / "emb")])
+        t, _, peak, _ = run(init + ["--out", str(work / "emb")])
         emb.append(t)
         rss = max(rss, peak)
         shutil.rmtree(work / "emb")
@@ -122,31 +135,44 @@ def main() -> None:
                   f"{statistics.median(times) / statistics.median(emb):.1f}x (median vs median); goal >= {goal}x")
 
     server = Server()
-    srv = []
+    srv, srv_cpu, client_cpu = [], [], []
     try:
         for _ in range(args.reps):
-            srv.append(run(init + ["--server", server.target, "--out", str(work / "srv")])[0])
+            before = server.cpu()
+            t, _, _, cpu = run(init + ["--server", server.target, "--out", str(work / "srv")])
+            srv.append(t)
+            srv_cpu.append(server.cpu() - before)
+            client_cpu.append(cpu)
             shutil.rmtree(work / "srv")
     finally:
         server.stop()
-    ceil, discard = [], []
+    ceil, discard, ceil_cpu = [], [], []
     for _ in range(args.reps):
         for sink, into in (("direct", ceil), ("discard", discard)):
             os.sync()
+            cpu = children_cpu()
             out = subprocess.run([PY, str(BASELINES / "grpc_ceiling.py"), str(1 << 20), str(nbytes), sink],
                                  capture_output=True, text=True, env=env_tmp, check=True).stdout
             into.append(float(re.search(r"([\d.]+) GB/s", out).group(1)))
+            if sink == "direct":
+                ceil_cpu.append(children_cpu() - cpu)
     served = [nbytes / t / 1e9 for t in srv]
+    cores = os.cpu_count() or 1
     print(f"served + CLI client:  {best_median(srv)}  ({max(served):.2f} GB/s best; server peak RSS {server.peak / 1e9:.2f} GB)")
+    print(f"  CPU (medians): server {statistics.median(srv_cpu):.2f} s + client {statistics.median(client_cpu):.2f} s "
+          f"= {statistics.median(srv_cpu) + statistics.median(client_cpu):.2f} core-s, "
+          f"{(statistics.median(srv_cpu) + statistics.median(client_cpu)) / cores / statistics.median(srv):.0%} "
+          f"of {cores} cores over the median wall")
     print(f"raw gRPC ceiling:     best {max(ceil):.2f} GB/s, median {statistics.median(ceil):.2f} GB/s (1 MiB messages, "
-          f"O_DIRECT file sink); discard sink best {max(discard):.2f} GB/s, median {statistics.median(discard):.2f} GB/s")
+          f"O_DIRECT file sink; {statistics.median(ceil_cpu):.2f} core-s, start-up included); discard sink best "
+          f"{max(discard):.2f} GB/s, median {statistics.median(discard):.2f} GB/s")
     print(f"  -> served / ceiling: {max(served) / max(ceil):.0%} (best vs best), "
           f"{statistics.median(served) / statistics.median(ceil):.0%} (median vs median); goal >= 70%")
 
     if args.memory_7b:
         server = Server()
         try:
-            t7, _, client_rss = run([PY, "-m", "modelinit.cli", "init", "llama-2-7b", "--seed", "0", "--dtype", "bfloat16",
+            t7, _, client_rss, _ = run([PY, "-m", "modelinit.cli", "init", "llama-2-7b", "--seed", "0", "--dtype", "bfloat16",
                                      "--quiet", "--server", server.target, "--out", str(work / "7b")])
         finally:
             server.stop()
