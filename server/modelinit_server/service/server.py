@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from modelinit_wire.heap import keep_large_blocks
-from modelinit_wire.v1 import modelinit_pb2, modelinit_pb2_grpc
+from modelinit_wire.v1 import modelinit_pb2
 
 from .. import __version__
 from ..engine.backends import DEVICES, Backend, select
+from . import data_messages
 from .limits import Limits
 from .malformed import MalformedRequestInterceptor
 from .observability import Metrics
@@ -180,7 +181,7 @@ async def start(config: ServerConfig) -> Running:
     options = _SERVER_OPTIONS + [("grpc.max_receive_message_length", config.limits.max_request_bytes)]
     server = grpc.aio.server(interceptors=interceptors, options=options)
     servicer = ModelInitServicer(backend, executor, limits=config.limits, streams=config.streams, metrics=metrics)
-    modelinit_pb2_grpc.add_ModelInitServicer_to_server(servicer, server)
+    data_messages.add_servicer(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if config.reflection:

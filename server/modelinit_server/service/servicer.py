@@ -27,6 +27,7 @@ from ..core.planner import Plan, build_plan
 from ..engine.backends import Backend
 from ..messages import check_page_size, plan_to_pb, request_from_pb
 from ..produce import file_bytes, tensor_slices
+from . import data_messages
 from .limits import Limits
 from .observability import Metrics, request_id, request_id_from
 
@@ -230,7 +231,7 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         async with contextlib.aclosing(self._one_ahead(source, lambda e: len(e.data) if isinstance(e, Data) else 0)) as events:
             async for event in events:
                 if isinstance(event, Data):
-                    sent += await self._send(write, event.data, chunk, lambda piece: pb.InitResponse(data=piece))
+                    sent += await self._send(write, event.data, chunk)
                 elif isinstance(event, Begin):
                     await write(pb.InitResponse(begin=pb.FileBegin(index=event.index, name=event.name, size=event.size, offset=event.offset)))
                 else:
@@ -271,7 +272,7 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
                     await write(tensor_slices.begin(plan, item, offset))
                     offset = 0  # only the first selection resumes inside its data
                 else:
-                    sent += await self._send(write, item, chunk, lambda piece: pb.TensorsResponse(data=piece))
+                    sent += await self._send(write, item, chunk)
         elapsed = time.monotonic() - started
         log.info("Tensors done: %d bytes in %.1fs", sent, elapsed)
 
@@ -305,13 +306,15 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
             ahead.cancel()
             self._generation.submit(close)
 
-    async def _send(self, write, data, chunk: int, message: Callable[[bytes], Any]) -> int:
-        """``data`` in messages of at most ``chunk`` bytes; returns the bytes sent."""
-        for a in range(0, len(data), chunk):
-            piece = data[a : a + chunk].tobytes()
-            await write(message(piece))
-            self._metrics.sent(len(piece))
-        return len(data)
+    async def _send(self, write, data, chunk: int) -> int:
+        """``data`` (a contiguous buffer) in data messages of at most ``chunk`` bytes, each encoded
+        in one copy (:mod:`.data_messages`: the same bytes for Init and Tensors); the bytes sent."""
+        with memoryview(data) as view, view.cast("B") as raw:
+            for a in range(0, len(raw), chunk):
+                with raw[a : a + chunk] as piece:
+                    await write(data_messages.encode_data(piece))
+                    self._metrics.sent(len(piece))
+            return len(raw)
 
     async def _write(self, context: grpc.aio.ServicerContext, message) -> None:
         # A write waits while the client's flow-control window is full: that is the backpressure,
