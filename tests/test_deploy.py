@@ -298,7 +298,7 @@ def test_dockerfile_conventions(name):
 
     assert final["entrypoint"] == entrypoint, f"{name}: ENTRYPOINT {final['entrypoint']}"
     scripts = pyproject()["project"]["scripts"]
-    assert scripts.get("modelinit") == "modelinit.cli:main", "the `modelinit` console script the ENTRYPOINT runs"
+    assert scripts.get("modelinit") == "modelinit.cli:run", "the `modelinit` console script the ENTRYPOINT runs"
 
     # COPY sources exist in the build context and the Dockerfile's .dockerignore keeps them.
     ignore = (DEPLOY / f"{name}.dockerignore")
