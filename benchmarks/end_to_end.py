@@ -18,6 +18,7 @@ Not a test: it prints figures and ratios (record them in docs/performance.md).
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import pathlib
 import re
@@ -97,6 +98,16 @@ class Server:
         self.proc.wait(30)
 
 
+
+def byte_compile() -> None:
+    """Compile the project's sources to bytecode first, as an install does (pip compiles every
+    module of a wheel): an editable install run with PYTHONDONTWRITEBYTECODE=1 (as on the CI
+    machines) never writes them, and each job would compile its modules again (~0.1 s)."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    for part in ("client", "server", "proto"):
+        compileall.compile_dir(str(root / part), quiet=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tinyllama-1.1b")
@@ -105,6 +116,7 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="scratch folder for every output (default: the system temp dir)")
     ap.add_argument("--memory-7b", action="store_true")
     args = ap.parse_args()
+    byte_compile()
     work = pathlib.Path(tempfile.mkdtemp(prefix="modelinit-bench-", dir=args.dir))
     env_tmp = {**os.environ, "TMPDIR": str(work)}  # the baselines write where we write
     init = [PY, "-m", "modelinit.cli", "init", args.model, "--seed", "0", "--dtype", "bfloat16", "--quiet"]
