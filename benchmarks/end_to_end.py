@@ -18,7 +18,6 @@ Not a test: it prints figures and ratios (record them in docs/performance.md).
 from __future__ import annotations
 
 import argparse
-import compileall
 import os
 import pathlib
 import re
@@ -30,6 +29,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from floor import byte_compile  # run as a script: benchmarks/ is on sys.path
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BASELINES = REPO / "benchmarks" / "baselines"
@@ -98,14 +99,6 @@ class Server:
         self.proc.wait(30)
 
 
-
-def byte_compile() -> None:
-    """Compile the project's sources to bytecode first, as an install does (pip compiles every
-    module of a wheel): an editable install run with PYTHONDONTWRITEBYTECODE=1 (as on the CI
-    machines) never writes them, and each job would compile its modules again (~0.1 s)."""
-    root = pathlib.Path(__file__).resolve().parents[1]
-    for part in ("client", "server", "proto"):
-        compileall.compile_dir(str(root / part), quiet=1)
 
 
 def main() -> None:
