@@ -247,7 +247,6 @@ def main(argv: list[str] | None = None) -> int:
     130 for Ctrl-C, 141 when stdout's reader is gone. Errors are one line on stderr
     (``modelinit: error: ...``), never a traceback (``MODELINIT_DEBUG=1`` shows one for an
     unexpected error)."""
-    keep_large_blocks()  # this process is ours: streams fault every 1 MiB block in otherwise
     try:
         code = _main(argv)
         if sys.stdout is not None:
@@ -567,12 +566,15 @@ def _print_explain(plan, as_json: bool, given_policy: str | None = None) -> None
 
 
 def run() -> NoReturn:
-    """The ``modelinit`` console script: :func:`main`, then the process ends without the
-    interpreter's teardown. Once numba's kernels are loaded, tearing down its object graph (LLVM
-    modules, type registries) takes ~0.25 s of a 3.4 s job (tinyllama-1.1b on 2 cores), for
-    nothing: the output is written, renamed and reported by then. What an exit must still do is
-    done here: the exit handlers run (logging's flush among them) and stdout and stderr are
-    flushed. With a non-daemon thread still alive the exit is the ordinary one, which waits for it."""
+    """The ``modelinit`` console script, whose process is modelinit's own: its C heap keeps
+    megabyte blocks (:mod:`modelinit_wire.heap`: a stream faults every 1 MiB block in otherwise),
+    then :func:`main`, then the process ends without the interpreter's teardown. Once numba's
+    kernels are loaded, tearing down its object graph (LLVM modules, type registries) takes
+    0.1-0.25 s of a 3.4 s job (tinyllama-1.1b on 2 cores), for nothing: the output is written,
+    renamed and reported by then. What an exit must still do is done here: the exit handlers run
+    (logging's flush among them) and stdout and stderr are flushed. With a non-daemon thread still
+    alive the exit is the ordinary one, which waits for it."""
+    keep_large_blocks()
     code = main()
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)

@@ -11,6 +11,7 @@ check it). It holds:
     credentials  TLS/mTLS channel credentials, bearer tokens, PEM reading
     policy_file  the policy text format (JSON/YAML <-> the ``Policy`` message)
     heap         glibc's heap thresholds for a streaming process (the CLI, ``modelinit serve``)
+    data_message a data message's wire bytes: encoded by the server, read in place by the client
 
 This ``__init__`` imports nothing, so ``modelinit_wire.constants`` costs no grpc import.
 """

@@ -1,15 +1,13 @@
-"""Data messages encoded once: the wire bytes of ``InitResponse{data}`` and ``TensorsResponse{data}``
-built straight from the segment, and the serializer that sends them as they are.
+"""Data messages sent as ready bytes: the service registered with serializers that pass them through.
 
 A stream is nearly all data messages of 1 MiB. Built as protobuf messages, each payload was
 copied three times before gRPC took it: out of the segment (``tobytes``), into the message, and
-into the serialized string. Both messages carry their payload in field 2, so a data message is,
-on the wire, the field's tag (``0x12``), the payload's length as a varint, and the payload:
-:func:`encode_data` writes exactly those bytes in one copy, and :func:`add_servicer` registers the
-generated service with response serializers that pass such ``bytes`` through (any message object
-is serialized as before). The bytes are the ones ``SerializeToString`` makes (a test compares
-them). Measured on a 2-core VM (tinyllama-1.1b bf16 through a server, 8 alternating pairs, the
-client's wall time): 0.92x.
+into the serialized string. The servicer now writes the message's wire bytes, made in one copy
+from the segment (:func:`modelinit_wire.data_message.encode`: the bytes ``SerializeToString``
+makes), and :func:`add_servicer` registers the generated service with Init and Tensors response
+serializers that pass such ``bytes`` through (any message object is serialized as before).
+Measured on a 2-core VM (tinyllama-1.1b bf16 through a server, 8 alternating pairs, the client's
+wall time): 0.92x.
 """
 from __future__ import annotations
 
@@ -18,21 +16,8 @@ from typing import Any, Callable
 import grpc
 from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 
-#: Field 2 (``data``, in InitResponse and TensorsResponse), wire type 2 (length-delimited).
-DATA_TAG = 0x12
-#: The streams whose data messages are sent encoded (both carry ``data`` as field 2).
+#: The streams whose data messages are sent as ready bytes (both carry ``data`` as field 2).
 ENCODED_STREAMS = ("Init", "Tensors")
-
-
-def encode_data(payload: memoryview) -> bytes:
-    """The serialized ``{data: payload}`` message of either stream, in one copy of the payload."""
-    n = payload.nbytes
-    head = bytearray((DATA_TAG,))
-    while n >= 0x80:
-        head.append(0x80 | (n & 0x7F))
-        n >>= 7
-    head.append(n)
-    return b"".join((head, payload))
 
 
 def _passing_bytes(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
 
 import grpc
+from modelinit_wire import data_message
 from modelinit_wire.events import Begin, Data
 from modelinit_wire.v1 import modelinit_pb2 as pb
 from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
@@ -27,7 +28,6 @@ from ..core.planner import Plan, build_plan
 from ..engine.backends import Backend
 from ..messages import check_page_size, plan_to_pb, request_from_pb
 from ..produce import file_bytes, tensor_slices
-from . import data_messages
 from .limits import Limits
 from .observability import Metrics, request_id, request_id_from
 
@@ -307,12 +307,13 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
             self._generation.submit(close)
 
     async def _send(self, write, data, chunk: int) -> int:
-        """``data`` (a contiguous buffer) in data messages of at most ``chunk`` bytes, each encoded
-        in one copy (:mod:`.data_messages`: the same bytes for Init and Tensors); the bytes sent."""
+        """``data`` (a contiguous buffer) in data messages of at most ``chunk`` bytes, each one's
+        wire bytes made in one copy (the same for Init and Tensors; :mod:`.data_messages` registers
+        serializers that send them as they are); the bytes sent."""
         with memoryview(data) as view, view.cast("B") as raw:
             for a in range(0, len(raw), chunk):
                 with raw[a : a + chunk] as piece:
-                    await write(data_messages.encode_data(piece))
+                    await write(data_message.encode(piece))
                     self._metrics.sent(len(piece))
             return len(raw)
 
