@@ -4,11 +4,14 @@
 # its log under $OUT (at most 8 files come back from the device tool).
 #
 #   bash benchmarks/gpu_session.sh tests    # CUDA kernel tests, >= 1e9 elements per dtype CPU == GPU,
-#                                           # init_module_ on CUDA, the service's CUDA cases (~5 min)
+#                                           # init_module_ on CUDA, the service's CUDA cases, then the
+#                                           # Triton interpreter's tests (> 10 min in all: give the
+#                                           # interpreter step a call of its own if needed)
 #   bash benchmarks/gpu_session.sh bench    # engine_gpu, init_module_ of a Llama-3-8B shape on the GPU
 #                                           # against transformers' init, end to end (~8 min)
 #   bash benchmarks/gpu_session.sh floor    # the embedded job with --device cuda against its floor, tinyllama
-#                                           # and llama-3-8b; llama-3-8b served and embedded (~8 min)
+#                                           # and llama-3-8b; llama-3-8b served and embedded; llama-3-8b
+#                                           # embedded with --parallel 1 and 4 (~9 min)
 #
 # The device machine has no network and its own torch (CUDA) and triton: the project installs with
 # --no-deps. Wheels its image lacks go in .whl/ (git-ignored, carried), e.g. for Python 3.12:
@@ -41,9 +44,11 @@ step() {  # step NAME COMMAND...: run it, its output into $OUT/NAME.txt and on t
     > "$OUT/machine.txt" 2>&1
 case "$stage" in
 tests)
-    step kernel $PY -m pytest -q -rs tests/test_kernel_cuda.py
+    # The GPU's own tests first; Triton's CPU interpreter tests (minutes) last.
+    step kernel $PY -m pytest -q -rs tests/test_kernel_cuda.py -k "gpu or ptx or one_run"
     step training $PY -m pytest -q -rs tests/test_init_module.py -k "cuda or equals_files or every_family"
     step service $PY -m pytest -q -rs tests/test_service.py -k cuda
+    step interpreter $PY -m pytest -q -rs tests/test_kernel_cuda.py -k "not (gpu or ptx or one_run)"
     ;;
 bench)
     step engine_gpu $PY benchmarks/engine_gpu.py
@@ -54,6 +59,11 @@ floor)
     step floor_tinyllama $PY benchmarks/floor.py --device cuda --reps 3 --json "$OUT/floor_tinyllama.json"
     step floor_8b $PY benchmarks/floor.py --model llama-3-8b --device cuda --reps 2 --json "$OUT/floor_8b.json"
     step end_to_end_8b $PY benchmarks/end_to_end.py --model llama-3-8b --reps 1 --hf-reps 0
+    # N files at once, each its own SHA-256: where one file's hash bounds the job (16 cores, a GPU)
+    for n in 1 4; do
+        step "parallel_8b_$n" bash -c "rm -rf /tmp/p8b; sync; /usr/bin/time -f '%e s wall, %M KB peak' $PY -m modelinit.cli init \
+            llama-3-8b --dtype bfloat16 --device cuda --parallel $n --max-shard-size 2GB --quiet --out /tmp/p8b; rm -rf /tmp/p8b"
+    done
     ;;
 *)
     echo "usage: $0 tests|bench|floor" >&2

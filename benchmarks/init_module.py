@@ -102,6 +102,14 @@ def main() -> None:
 
     init_module_(model, seed=0)  # warm: numba compile/cache load, spec resolution
     ours = best(lambda: init_module_(model, seed=0))
+    if args.device == "cuda":  # what it allocates beyond the parameters (issue 23: a few hundred MiB)
+        sync()
+        held = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        init_module_(model, seed=0)
+        sync()
+        print(f"init_module_ peak GPU memory beyond the parameters: "
+              f"{(torch.cuda.max_memory_allocated() - held) / 2**20:.0f} MiB")
 
     def transformers_init() -> None:
         # transformers 5 skips what it marks initialized: clear the marks, then run its init
