@@ -61,7 +61,7 @@ floor)
     step end_to_end_8b $PY benchmarks/end_to_end.py --model llama-3-8b --reps 1 --hf-reps 0
     # N files at once, each its own SHA-256: where one file's hash bounds the job (16 cores, a GPU)
     for n in 1 4; do
-        step "parallel_8b_$n" bash -c "rm -rf /tmp/p8b; sync; /usr/bin/time -f '%e s wall, %M KB peak' $PY -m modelinit.cli init \
+        step "parallel_8b_$n" bash -c "rm -rf /tmp/p8b; sync; TIMEFORMAT='%R s wall'; time $PY -m modelinit.cli init \
             llama-3-8b --dtype bfloat16 --device cuda --parallel $n --max-shard-size 2GB --quiet --out /tmp/p8b; rm -rf /tmp/p8b"
     done
     ;;
