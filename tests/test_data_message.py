@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
 
+import modelinit
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -163,3 +164,22 @@ def test_the_servicer_writes_each_chunk_encoded_once():
     pieces = [pb.InitResponse.FromString(m).data for m in written]
     assert [len(p) for p in pieces] == [4096, 4096, 1808]
     assert b"".join(pieces) == segment.tobytes()
+
+
+def test_remote_tensors_arrive_as_payload_views_and_equal_the_embedded(server_target):
+    """The Tensors stream too: its data messages reach ``Client.tensors`` as views of gRPC's bytes,
+    and the tensors equal the embedded client's."""
+    req = model_request(TINY["llama"], seed=3, dtype="bfloat16")
+    source = RemoteSource(server_target)
+    try:
+        stream = list(source.tensors(pb.TensorsRequest(request=req, chunk_size=4096)))
+    finally:
+        source.close()
+    views = [m for m in stream if isinstance(m, memoryview)]
+    assert views and all(isinstance(v.obj, bytes) for v in views)
+    assert all(m.WhichOneof("event") == "begin" for m in stream if not isinstance(m, memoryview))
+    with modelinit.Client(server_target) as remote, modelinit.Client() as local:
+        got, want = remote.tensors(TINY["llama"], seed=3, dtype="bfloat16", as_="bytes"), \
+            local.tensors(TINY["llama"], seed=3, dtype="bfloat16", as_="bytes")
+    assert got.keys() == want.keys() and len(got) > 0
+    assert all(bytes(got[k].data) == bytes(want[k].data) and got[k].shape == want[k].shape for k in want)

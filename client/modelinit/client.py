@@ -278,13 +278,15 @@ class Client:
                                                                 "received for a selection")
 
         for msg in self.source.tensors(request):
-            if msg.WhichOneof("event") == "begin":
+            if not isinstance(msg, memoryview) and msg.WhichOneof("event") == "begin":
                 finish()
                 b = msg.begin
                 current, expected = TensorBytes(bytearray(), tuple(b.shape), b.dtype), b.nbytes
                 raw[b.name] = current
-            elif current is not None and len(current.data) + len(msg.data) <= expected:
-                current.data.extend(msg.data)
+                continue
+            data = msg if isinstance(msg, memoryview) else msg.data  # a payload view, or a parsed message
+            if current is not None and len(current.data) + len(data) <= expected:
+                current.data.extend(data)
             else:
                 raise ModelInitError(grpc.StatusCode.DATA_LOSS, "tensors: data outside a selection's announced bytes")
         finish()

@@ -336,7 +336,7 @@ class RemoteSource:
                 self.planner = k
                 return check_version(request, plan)
 
-    def tensors(self, request: pb.TensorsRequest) -> Iterator[pb.TensorsResponse]:
+    def tensors(self, request: pb.TensorsRequest) -> Iterator[pb.TensorsResponse | memoryview]:
         """One Tensors stream, starting on the replica that planned last. A failed call is retried
         like a Plan (backoff, next replica); once a selection has begun, the next call resumes
         at it, from the byte reached (``start``/``offset``), and the TensorBegin the server
@@ -353,7 +353,7 @@ class RemoteSource:
                 call = self.stubs[k].Tensors(ask, timeout=self.timeout, metadata=call_metadata())
                 try:
                     for msg in call:
-                        if msg.WhichOneof("event") == "begin":
+                        if not isinstance(msg, memoryview) and msg.WhichOneof("event") == "begin":
                             b = msg.begin
                             if restated and current is not None:
                                 restated = False
@@ -364,8 +364,8 @@ class RemoteSource:
                                                          f"{reached} (fingerprint {current.fingerprint[:16]})")
                                 continue
                             current, reached = b, b.offset
-                        else:
-                            reached += len(msg.data)
+                        else:  # data: its payload (modelinit.stub), or a message the stub left parsed
+                            reached += len(msg) if isinstance(msg, memoryview) else len(msg.data)
                             backoff.progress()
                         yield msg
                 finally:

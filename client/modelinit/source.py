@@ -49,8 +49,9 @@ class Source(Protocol):
         as one stream of events."""
         ...
 
-    def tensors(self, request: pb.TensorsRequest) -> Iterator[pb.TensorsResponse]:
-        """The ``Tensors`` stream of ``request``: per selection a TensorBegin, then its bytes."""
+    def tensors(self, request: pb.TensorsRequest) -> Iterator[pb.TensorsResponse | memoryview]:
+        """The ``Tensors`` stream of ``request``: per selection a TensorBegin, then its bytes; a
+        data message may come as its payload alone, a ``memoryview`` (:mod:`modelinit.stub`)."""
         ...
 
     def close(self) -> None: ...

@@ -1,4 +1,4 @@
-"""The ModelInit stub the remote source calls, with the Init stream's data messages left unparsed.
+"""The ModelInit stub the remote source calls, with the streams' data messages left unparsed.
 
 Parsed as a protobuf message, a data message's 1 MiB payload is copied into the message, and
 reading ``.data`` copies it again into a new ``bytes`` (the writer then copies it once more into
@@ -30,8 +30,9 @@ def data_or(message: Any) -> Callable[[bytes], Any]:
 
 
 class ModelInitStub(pb_grpc.ModelInitStub):
-    """The generated stub, whose ``Init`` stream yields a data message as a ``memoryview`` of its
-    payload and every other message as an ``InitResponse``."""
+    """The generated stub, whose ``Init`` and ``Tensors`` streams yield a data message as a
+    ``memoryview`` of its payload and every other message as an ``InitResponse`` /
+    ``TensorsResponse``."""
 
     def __init__(self, channel: Any) -> None:
         super().__init__(channel)
@@ -39,5 +40,11 @@ class ModelInitStub(pb_grpc.ModelInitStub):
             "/modelinit.v1.ModelInit/Init",
             request_serializer=pb.InitRequest.SerializeToString,
             response_deserializer=data_or(pb.InitResponse),
+            _registered_method=True,
+        )
+        self.Tensors = channel.unary_stream(
+            "/modelinit.v1.ModelInit/Tensors",
+            request_serializer=pb.TensorsRequest.SerializeToString,
+            response_deserializer=data_or(pb.TensorsResponse),
             _registered_method=True,
         )
