@@ -183,3 +183,28 @@ def test_remote_tensors_arrive_as_payload_views_and_equal_the_embedded(server_ta
             local.tensors(TINY["llama"], seed=3, dtype="bfloat16", as_="bytes")
     assert got.keys() == want.keys() and len(got) > 0
     assert all(bytes(got[k].data) == bytes(want[k].data) and got[k].shape == want[k].shape for k in want)
+
+
+def test_the_client_asks_for_the_largest_chunks(server_target):
+    """modelinit's client asks for MAX_CHUNK-byte messages (0 would mean DEFAULT_CHUNK): fewer
+    messages for the same bytes; a caller's own Tensors request is left as it was."""
+    from modelinit_wire.constants import DEFAULT_CHUNK, MAX_CHUNK
+
+    source = RemoteSource(server_target)
+    req = model_request("gpt2", seed=0)
+    try:
+        plan = source.plan(req)
+        sizes = []
+        events = source.events(req, plan)
+        for event in events:
+            if isinstance(event, Data):
+                sizes.append(len(event.data))
+                if len(sizes) == 8:
+                    break
+        events.close()
+        asked = pb.TensorsRequest(request=req, selections=[pb.TensorSelection(name="transformer.wte.weight")])
+        views = [m for m in source.tensors(asked) if isinstance(m, memoryview)]
+    finally:
+        source.close()
+    assert max(sizes) == MAX_CHUNK > DEFAULT_CHUNK
+    assert max(len(v) for v in views) == MAX_CHUNK and asked.chunk_size == 0

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import grpc
+from modelinit_wire.constants import MAX_CHUNK
 from modelinit_wire.credentials import make_channel
 from modelinit_wire.events import Begin, Data, End
 from modelinit_wire.v1 import modelinit_pb2 as pb
@@ -227,7 +228,7 @@ class ResumingEvents:
         current, offset = None, 0  # the file being received and its bytes so far
         resumed = False
         while not self._closed and todo:
-            init = pb.InitRequest(request=self._request, offset=offset if current is not None else 0)
+            init = pb.InitRequest(request=self._request, offset=offset if current is not None else 0, chunk_size=MAX_CHUNK)
             if resumed or self._files is not None:
                 init.files.extend(todo)
             try:
@@ -344,6 +345,10 @@ class RemoteSource:
         passed on: the consumer sees one continuous stream."""
         backoff = Backoff(self.retry)
         k = self.planner
+        if not request.chunk_size:  # the fewest messages (modelinit_wire.constants.MAX_CHUNK); the caller's untouched
+            asked, request = request, pb.TensorsRequest()
+            request.CopyFrom(asked)
+            request.chunk_size = MAX_CHUNK
         current: pb.TensorBegin | None = None  # the selection being received
         reached = 0  # the byte of its data reached
         ask = request

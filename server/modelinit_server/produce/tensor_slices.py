@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
+from modelinit_wire.constants import DEFAULT_CHUNK, MAX_CHUNK
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from ..core.planner import Plan, TensorPlan
@@ -25,8 +26,6 @@ from .file_bytes import SEGMENT
 #: grow with it (a call holds a couple of SEGMENT buffers); it bounds how long one call ties up a
 #: stream slot. Split larger selections over several calls.
 MAX_TENSORS_BYTES = 4 << 30
-DEFAULT_CHUNK = 1 << 20
-MAX_CHUNK = 3 << 20
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator, Callable, Iterator
 
 import grpc
 from modelinit_wire import data_message
+from modelinit_wire.constants import DEFAULT_CHUNK, MAX_CHUNK
 from modelinit_wire.events import Begin, Data
 from modelinit_wire.v1 import modelinit_pb2 as pb
 from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
@@ -33,8 +34,6 @@ from .observability import Metrics, request_id, request_id_from
 
 log = logging.getLogger("modelinit.server")
 
-DEFAULT_CHUNK = 1 << 20
-MAX_CHUNK = 3 << 20
 #: Plans kept for the next call of the same request (a client paging through a Plan, then Init):
 #: a 90,000-tensor plan takes seconds to build and some 100 MB to hold.
 PLAN_CACHE = 2
