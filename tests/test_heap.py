@@ -37,8 +37,9 @@ def _stream(target: str, nbytes: int) -> int:
 @glibc_linux
 def test_a_new_servers_first_stream_does_not_fault_every_block(server_process):
     """Without the thresholds a new server mapped each message's 1 MiB blocks afresh until its
-    first stream ended: ~4 page faults per streamed page (2.15 M for tinyllama's 2.2 GB, whose
-    first Init took 9.3 s against 5.8 s for the next). Now a small fraction of one per page."""
+    first stream ended: ~4 page faults per streamed page with three copies of each chunk (2.15 M
+    for tinyllama's 2.2 GB, whose first Init took 9.3 s against 5.8 s for the next), ~2 with the
+    one copy left. Now a small fraction of one per page."""
     proc = server_process()
     before = proc.minor_faults()
     got = _stream(proc.target, STREAMED)
