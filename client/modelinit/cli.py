@@ -27,7 +27,6 @@ from modelinit_wire.constants import (
     DTYPES,
 )
 from modelinit_wire.credentials import load_token
-from modelinit_wire.heap import keep_large_blocks
 from modelinit_wire.policy_file import looks_like_file, to_dict
 
 from . import embedded
@@ -566,15 +565,12 @@ def _print_explain(plan, as_json: bool, given_policy: str | None = None) -> None
 
 
 def run() -> NoReturn:
-    """The ``modelinit`` console script, whose process is modelinit's own: its C heap keeps
-    megabyte blocks (:mod:`modelinit_wire.heap`: a stream faults every 1 MiB block in otherwise),
-    then :func:`main`, then the process ends without the interpreter's teardown. Once numba's
-    kernels are loaded, tearing down its object graph (LLVM modules, type registries) takes
-    0.1-0.25 s of a 3.4 s job (tinyllama-1.1b on 2 cores), for nothing: the output is written,
-    renamed and reported by then. What an exit must still do is done here: the exit handlers run
-    (logging's flush among them) and stdout and stderr are flushed. With a non-daemon thread still
-    alive the exit is the ordinary one, which waits for it."""
-    keep_large_blocks()
+    """The ``modelinit`` console script: :func:`main`, then the process ends without the
+    interpreter's teardown. Once numba's kernels are loaded, tearing down its object graph (LLVM
+    modules, type registries) takes 0.1-0.25 s of a 3.4 s job (tinyllama-1.1b on 2 cores), for
+    nothing: the output is written, renamed and reported by then. What an exit must still do is
+    done here: the exit handlers run (logging's flush among them) and stdout and stderr are
+    flushed. With a non-daemon thread still alive the exit is the ordinary one, which waits for it."""
     code = main()
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)

@@ -22,6 +22,7 @@ import grpc
 from modelinit_wire.constants import MAX_CHUNK
 from modelinit_wire.credentials import make_channel
 from modelinit_wire.events import Begin, Data, End
+from modelinit_wire.heap import keep_large_blocks
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .errors import ModelInitError
@@ -301,6 +302,7 @@ class RemoteSource:
         except ValueError as e:
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         self.stubs = [ModelInitStub(ch) for ch in self._channels]
+        keep_large_blocks()  # streams fault every received message's pages in otherwise (modelinit_wire.heap)
         self._reached: set[int] = set()
         """Targets (indices) that ever answered: a connection failure to one of them is a lost
         server, retried; to any other, a wrong address, raised at once."""

@@ -10,7 +10,7 @@ check it). It holds:
     events       a stream of files as producer and writer see it (Begin, Data, End)
     credentials  TLS/mTLS channel credentials, bearer tokens, PEM reading
     policy_file  the policy text format (JSON/YAML <-> the ``Policy`` message)
-    heap         glibc's heap thresholds for a streaming process (the CLI, ``modelinit serve``)
+    heap         glibc's heap taught to keep a stream's megabyte blocks (server, remote clients)
     data_message a data message's wire bytes: encoded by the server, read in place by the client
 
 This ``__init__`` imports nothing, so ``modelinit_wire.constants`` costs no grpc import.

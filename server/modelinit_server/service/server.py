@@ -217,7 +217,8 @@ async def start(config: ServerConfig) -> Running:
 
 def serve(config: ServerConfig, ready=print) -> None:
     """Serve until SIGTERM or SIGINT, then drain in-flight streams for ``config.grace`` seconds.
-    The process is the server's: its C heap keeps megabyte blocks (``modelinit_wire.heap``)."""
+    Its C heap keeps megabyte blocks from the start (``modelinit_wire.heap``: the first stream
+    faulted every message's pages in otherwise)."""
     keep_large_blocks()
 
     async def main() -> None:
