@@ -167,6 +167,7 @@ async def start(config: ServerConfig) -> Running:
     """Start serving; ValueError for a bad configuration (unavailable device, unreadable TLS
     files, empty token), OSError with a one-line reason if a port cannot be bound (taken: gRPC's
     SO_REUSEPORT is off, so a second server on one port fails here instead of sharing it)."""
+    keep_large_blocks()  # the first stream faulted every message's pages in otherwise (modelinit_wire.heap)
     backend = select(config.device, warmup=True)
     credentials = load_server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca) if config.tls_cert else None
     token = load_token(config.token) if config.token is not None else None
@@ -216,10 +217,7 @@ async def start(config: ServerConfig) -> Running:
 
 
 def serve(config: ServerConfig, ready=print) -> None:
-    """Serve until SIGTERM or SIGINT, then drain in-flight streams for ``config.grace`` seconds.
-    Its C heap keeps megabyte blocks from the start (``modelinit_wire.heap``: the first stream
-    faulted every message's pages in otherwise)."""
-    keep_large_blocks()
+    """Serve until SIGTERM or SIGINT, then drain in-flight streams for ``config.grace`` seconds."""
 
     async def main() -> None:
         running = await start(config)
