@@ -64,8 +64,10 @@ def test_out_under_a_file_is_an_environment_error(tmp_path):
     (tmp_path / "file").write_text("x")
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY["gpt2"]))
-    r = run("init", str(cfg), "--out", str(tmp_path / "file" / "out"), "--device", "reference")
+    out = tmp_path / "file" / "out"
+    r = run("init", str(cfg), "--out", str(out), "--device", "reference")
     one_line_error(r, 1, "Not a directory")
+    assert r.stderr.count(str(out)) == 1, r.stderr  # the folder named once, not twice
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")

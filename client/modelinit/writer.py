@@ -154,7 +154,7 @@ def os_error(e: OSError, out: pathlib.Path, name: str | None = None) -> ModelIni
         code = grpc.StatusCode.PERMISSION_DENIED
     else:
         code = grpc.StatusCode.FAILED_PRECONDITION
-    what = f"writing {name}" if name else (str(e.filename) if e.filename else "")
+    what = f"writing {name}" if name else (str(e.filename) if e.filename and str(e.filename) != str(out) else "")
     return ModelInitError(code, ": ".join(p for p in (str(out), what, e.strerror or str(e)) if p))
 
 
