@@ -125,7 +125,33 @@ def test_the_hash_overlaps_generation_which_leaves_it_a_core(plan, monkeypatch):
     assert ends == {i: hashlib.sha256(b).hexdigest() for i, b in whole.items()}
     assert sum(counts) == sum(f.size for f in plan.files)  # hashed once
     assert calls["beside"] and calls["fill"]  # beside a running hash, and alone once it ended
-    assert max(calls["fill"] + calls["beside"]) <= 1024
+    assert max(calls["beside"]) <= 1024
+
+
+def test_once_the_hash_ends_the_rest_of_the_range_is_one_fill_on_every_core(plan, monkeypatch):
+    """While the hash runs, pieces of SUBSEGMENT bytes leave it a core; once it has ended, the rest
+    is one ``fill`` (one launch on every core, not one per piece): the hash's core idles no longer
+    than one piece."""
+    import numpy as np
+
+    monkeypatch.setattr(files, "SUBSEGMENT", 1024)
+    t = next(t for t in plan.tensors if t.spec.numel * 2 > 3 * 1024)
+    calls: list[tuple[str, int]] = []
+    busy = iter([True, True, False])
+
+    def fill(name):
+        def f(out, *a):
+            calls.append((name, len(out)))
+            REFERENCE.fill(out, *a)
+        return f
+
+    out = np.empty(t.spec.numel * 2, np.uint8)
+    files._switching(fill("fill"), fill("beside"), lambda: next(busy))(out, t.sampler, t.key, 0, t.spec.numel, "bfloat16")
+    step = files.SUBSEGMENT
+    assert calls == [("beside", step), ("beside", step), ("fill", len(out) - 2 * step)]
+    ref = np.empty_like(out)
+    REFERENCE.fill(ref, t.sampler, t.key, 0, t.spec.numel, "bfloat16")
+    assert bytes(out) == bytes(ref)
 
 
 def test_switching_fill_cuts_anywhere_and_keeps_the_bytes(plan):

@@ -74,8 +74,8 @@ def events(
     segments, End per file. With ``digest`` each End carries the whole file's SHA-256 (a resumed
     file's skipped prefix is regenerated for it, not sent): each segment is hashed on a helper
     thread while the next one is generated, and that generation uses ``fill_beside`` (the backend's
-    fill that leaves a core to the hash; None: ``fill``) while the hash runs, ``fill`` once it is done,
-    deciding every :data:`SUBSEGMENT` bytes.
+    fill that leaves a core to the hash; None: ``fill``) in pieces of :data:`SUBSEGMENT` bytes while
+    the hash runs, then ``fill`` for the rest of the range at once.
 
     ``ring`` > 0 reuses that many segment buffers in turn (no allocation and page faults per
     segment): a Data's buffer is then valid only until ``ring - 1`` more events have been taken
@@ -121,21 +121,29 @@ def events(
             hasher.shutdown()  # waits for an update in flight: its buffer is not released under it
 
 
-#: Largest fill while the producer chooses between ``fill`` and ``fill_beside``: a hash that ends
-#: mid-segment gives its core back to the generation within this many bytes.
-SUBSEGMENT = 2 << 20
+#: Piece of ``fill_beside`` while a hash runs: a hash that ends mid-segment gives its core back to
+#: the generation within this many bytes. Small, because that core idles meanwhile (2 MiB on one core
+#: of two: ~2.6 ms, 8% of the job). Cheap there: leaving one core of two, a piece runs on the calling
+#: thread (no thread-pool launch); with more cores the single hash thread sets the pace anyway.
+SUBSEGMENT = 512 << 10
 
 
 def _switching(fill: Fill, fill_beside: Fill, busy) -> Fill:
-    """A fill in pieces of at most :data:`SUBSEGMENT` bytes, each by ``fill_beside`` while ``busy()``
-    else by ``fill`` (the bytes do not depend on how a range is cut)."""
+    """A fill by ``fill_beside`` in pieces of at most :data:`SUBSEGMENT` bytes while ``busy()``, then
+    by one ``fill`` of the rest of the range, on every core (one launch, not one per piece: each
+    parallel launch wakes the pool's threads). The bytes do not depend on how a range is cut."""
 
     def fill_in_pieces(out: np.ndarray, sampler, key: tuple[int, int], start: int, count: int, dtype: str) -> None:
         itemsize = DTYPE_ITEMSIZE[dtype]
         step = max(1, SUBSEGMENT // itemsize)
-        for s in range(0, count, step):
+        s = 0
+        while s < count:
+            if not busy():  # the rest at once, on every core
+                fill(out[s * itemsize :], sampler, key, start + s, count - s, dtype)
+                return
             c = min(step, count - s)
-            (fill_beside if busy() else fill)(out[s * itemsize : (s + c) * itemsize], sampler, key, start + s, c, dtype)
+            fill_beside(out[s * itemsize : (s + c) * itemsize], sampler, key, start + s, c, dtype)
+            s += c
 
     return fill_in_pieces
 
