@@ -11,7 +11,7 @@
 #                                           # against transformers' init, end to end (~8 min)
 #   bash benchmarks/gpu_session.sh floor    # the embedded job with --device cuda against its floor, tinyllama
 #                                           # and llama-3-8b; llama-3-8b served and embedded; llama-3-8b
-#                                           # embedded with --parallel 1 and 4 (~9 min)
+#                                           # embedded with --parallel 1, 4 and the default (~10 min)
 #
 # The device machine has no network and its own torch (CUDA) and triton: the project installs with
 # --no-deps. Wheels its image lacks go in .whl/ (git-ignored, carried), e.g. for Python 3.12:
@@ -60,9 +60,11 @@ floor)
     step floor_8b $PY benchmarks/floor.py --model llama-3-8b --device cuda --reps 2 --json "$OUT/floor_8b.json"
     step end_to_end_8b $PY benchmarks/end_to_end.py --model llama-3-8b --reps 1 --hf-reps 0
     # N files at once, each its own SHA-256: where one file's hash bounds the job (16 cores, a GPU)
-    for n in 1 4; do
+    # (auto: no --parallel, the engine's choice for this machine)
+    for n in 1 4 auto; do
+        flag=$([ "$n" = auto ] || echo "--parallel $n")
         step "parallel_8b_$n" bash -c "rm -rf /tmp/p8b; sync; TIMEFORMAT='%R s wall'; time $PY -m modelinit.cli init \
-            llama-3-8b --dtype bfloat16 --device cuda --parallel $n --max-shard-size 2GB --quiet --out /tmp/p8b; rm -rf /tmp/p8b"
+            llama-3-8b --dtype bfloat16 --device cuda $flag --max-shard-size 2GB --quiet --out /tmp/p8b; rm -rf /tmp/p8b"
     done
     ;;
 *)

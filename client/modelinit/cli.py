@@ -157,10 +157,10 @@ def _parser() -> argparse.ArgumentParser:
                            "the part that finds all N there writes the index, config.json and modelinit.json")
     init.add_argument("--quiet", action="store_true", help="no progress bar")
     init.add_argument("--fsync", action="store_true", help="flush every file to stable storage before renaming it (power-loss safe, slower)")
-    init.add_argument("--parallel", type=int, default=1, metavar="N",
-                      help="N files at once: with --server spread over the replicas (--server h1:p,h2:p or a dns:/// name); "
-                           "embedded, each with its own producer and SHA-256 (for GPU nodes and many cores, where one "
-                           "file's hash is the bottleneck)")
+    init.add_argument("--parallel", type=int, default=None, metavar="N",
+                      help="N files at once: with --server spread over the replicas (--server h1:p,h2:p or a dns:/// name; "
+                           "default 1); embedded, each with its own producer and SHA-256 (default: chosen for this machine, "
+                           "several on GPU nodes and many cores, where one file's hash is the bottleneck; 1 on small machines)")
     init.add_argument("--buffered-io", action="store_true",
                       help="write through the page cache instead of O_DIRECT (same bytes; O_DIRECT is used only where the filesystem allows it)")
     init.add_argument("--overwrite", action="store_true",
@@ -283,7 +283,7 @@ def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "init" and os.path.exists(args.out) and not os.path.isdir(args.out):
         return _fail(f"--out: {args.out} is a file, not a folder; give the folder to write into", 2)
-    if args.command == "init" and args.parallel < 1:
+    if args.command == "init" and args.parallel is not None and args.parallel < 1:
         return _fail(f"--parallel: must be at least 1, got {args.parallel}", 2)
     if args.command == "init" and (problem := _from_manifest_problem(args)):
         return _fail(problem, 2)

@@ -306,7 +306,7 @@ class Client:
         progress: bool | Callable[[int], None] = False,
         fsync: bool = False,
         direct_io: bool = True,
-        parallel: int = 1,
+        parallel: int | None = None,
         overwrite: bool = False,
         part: "str | tuple[int, int] | Part | None" = None,
     ) -> InitResult:
@@ -328,10 +328,12 @@ class Client:
         every file to stable storage before its rename (safe against power loss, at disk speed;
         without it a killed process is still safe, the page cache keeps what was written).
         ``parallel``: files fetched at once, spread over the replicas; each file resumes on the next
-        replica if its server goes away. Embedded, files produced at once, each with its own producer
-        and SHA-256: one file's hash is one serial stream (about 1-2 GB/s), so where generation is fast
-        (a GPU, many cores) several files in flight let the hashes use several cores; on a small CPU
-        machine they only compete with the generation. ``algorithm_version`` (None: the
+        replica if its server goes away (None: 1). Embedded, files produced at once, each with its own
+        producer and SHA-256: one file's hash is one serial stream (about 1-2 GB/s), so where generation
+        is fast (a GPU, many cores) several files in flight let the hashes use several cores; on a small
+        CPU machine they only compete with the generation. None (the default) lets the engine choose
+        for this machine (:meth:`~modelinit.embedded.EmbeddedSource.files_at_once`: 1 on a small CPU
+        machine, half the cores on a GPU node). ``algorithm_version`` (None: the
         newest) and ``architecture`` (a class overriding the spec's) as in :meth:`plan`;
         ``modelinit.json`` records both. ``progress`` callables are then
         called from several threads. ``direct_io`` writes shards with ``O_DIRECT`` where the OS and filesystem allow it (no
@@ -351,8 +353,8 @@ class Client:
         Writing errors (a full disk, ENOSPC) are ModelInitError (RESOURCE_EXHAUSTED for a full
         disk or quota), the temp file removed.
         """
-        if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
-            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"parallel: must be an integer >= 1, got {parallel!r}")
+        if parallel is not None and (isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1):
+            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"parallel: must be None or an integer >= 1, got {parallel!r}")
         share = parse_part(part)
         bucket = Bucket(os.fspath(out_dir), "out_dir") if is_bucket_url(out_dir) else None
         out = local_folder(out_dir, "out_dir") if bucket is None else None
@@ -406,10 +408,13 @@ class Client:
                           kept=tuple(kept[i].name for i in sorted(kept)))
 
     def _stream_files(self, request: pb.ModelRequest, plan: pb.PlanResponse, todo: list[int], files: list[int] | None,
-                      write, parallel: int, progress: Callable[[int], None]) -> list[FileResult]:
+                      write, parallel: int | None, progress: Callable[[int], None]) -> list[FileResult]:
         """The files ``todo`` through ``write`` (the folder's writer or the bucket's uploader): from several
         replicas or ``parallel`` at once through the fan-out (in-process: each file its own producer and
-        SHA-256), else as one stream asking for ``files`` (None: all)."""
+        SHA-256; None: as many as the engine chooses), else as one stream asking for ``files`` (None: all)."""
+        if parallel is None:  # the engine's choice where there are shards to spread
+            shards = sum(plan.files[i].shard for i in todo)
+            parallel = min(self.source.files_at_once(), shards) if isinstance(self.source, EmbeddedSource) and shards > 1 else 1
         if isinstance(self.source, RemoteSource) and (parallel > 1 or len(self.source.targets) > 1):
             written, self.last_served = fetch(self.source, request, plan, write, parallel, progress, files=todo)
             return written
@@ -418,7 +423,7 @@ class Client:
         return write(self.source.events(request, plan, files), todo, progress)
 
     def _init_bucket(self, bucket: Bucket, request: pb.ModelRequest, plan: pb.PlanResponse, part: Part, overwrite: bool,
-                     progress: bool | Callable[[int], None], parallel: int) -> InitResult:
+                     progress: bool | Callable[[int], None], parallel: int | None) -> InitResult:
         """``init_model`` into an object-store prefix (or ``part`` of a shared folder):
         :mod:`modelinit.bucket_writer`'s survey, uploads and finalization."""
         record = bucket_writer.prepare(bucket, plan, part, overwrite)

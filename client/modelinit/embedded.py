@@ -53,6 +53,14 @@ class EmbeddedSource:
         except ValueError as e:  # e.g. the requested device's engine is unavailable
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
 
+    def files_at_once(self) -> int:
+        """Files to produce at once by default on this machine (the engine's choice: several only
+        where the generation outruns one file's SHA-256, on GPU nodes and many cores)."""
+        try:
+            return self.engine.files_at_once()
+        except ValueError as e:  # the requested device's engine is unavailable
+            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+
     def tensors(self, request: pb.TensorsRequest) -> Iterator[pb.TensorsResponse]:
         """The engine's Tensors stream (the server's own code, in-process)."""
         try:

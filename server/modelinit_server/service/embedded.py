@@ -5,6 +5,9 @@ bytes (a test compares them with a separately started server's), only faster.
 """
 from __future__ import annotations
 
+import math
+import os
+import pathlib
 import threading
 from typing import Iterator, Sequence
 
@@ -15,6 +18,33 @@ from ..core.planner import Plan, build_plan
 from ..engine.backends import DEVICES, Backend, select
 from ..messages import check_page_size, plan_to_pb, request_from_pb
 from ..produce import file_bytes, tensor_slices
+
+
+#: Where the CPU controller's files are (cgroup v2 ``cpu.max``; v1 ``cpu/cpu.cfs_quota_us``).
+CGROUP = pathlib.Path("/sys/fs/cgroup")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (a
+    Kubernetes CPU limit), which ``os.cpu_count()`` ignores. At least 1."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    quota = period = 0.0
+    try:
+        fields = (CGROUP / "cpu.max").read_text().split()
+        if fields and fields[0] != "max":
+            quota, period = float(fields[0]), float(fields[1])
+    except (OSError, ValueError, IndexError):
+        try:
+            quota = float((CGROUP / "cpu" / "cpu.cfs_quota_us").read_text())
+            period = float((CGROUP / "cpu" / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            pass
+    if quota > 0 and period > 0:
+        cores = min(cores, math.ceil(quota / period))
+    return max(1, cores)
 
 
 class EmbeddedEngine:
@@ -35,6 +65,22 @@ class EmbeddedEngine:
             if self._backend is None:
                 self._backend = select(self.device)
             return self._backend
+
+    def files_at_once(self) -> int:
+        """How many files to produce at once when the caller does not say. Each file's SHA-256 is one
+        serial stream on one core (~1-2 GB/s) beside its generation; where the generation outruns it
+        (a GPU, many cores), several files in flight let the hashes use several cores, while on a
+        small CPU machine they would only take cores from the generation. CUDA: half the usable cores
+        (a hash and a writer thread per file); the CPU kernel: a quarter of its threads (one hash keeps
+        pace with about three cores generating bfloat16); the reference engine: 1."""
+        name = self.backend.name
+        if name == "cuda":
+            return max(1, usable_cores() // 2)
+        if name == "cpu":
+            from ..engine import cpu
+
+            return max(1, min(cpu.threads(), usable_cores()) // 4)
+        return 1
 
     def _build(self, msg: pb.ModelRequest) -> Plan:
         key = msg.SerializeToString(deterministic=True)

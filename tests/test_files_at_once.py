@@ -1,0 +1,102 @@
+"""How many files the embedded job produces at once when the caller does not say: one file's SHA-256
+is one serial stream, so several files go together only where the machine's cores outrun one hash."""
+from __future__ import annotations
+
+import dataclasses
+
+import modelinit
+import pytest
+from modelinit import cli
+from modelinit import client as client_module
+from modelinit.embedded import EmbeddedSource
+from modelinit_server.engine import backends
+from modelinit_server.service import embedded
+from modelinit_server.service.embedded import EmbeddedEngine, usable_cores
+
+from .conftest import TINY, read_folder
+
+SPEC = TINY["gpt2"]
+SHARDED = {"seed": 3, "max_shard_size": "200KB"}  # 5 shards
+
+
+@pytest.fixture()
+def cgroup(tmp_path, monkeypatch):
+    monkeypatch.setattr(embedded, "CGROUP", tmp_path)
+    monkeypatch.setattr(embedded.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    return tmp_path
+
+
+def test_usable_cores_are_the_affinity_without_a_quota(cgroup):
+    assert usable_cores() == 16
+    (cgroup / "cpu.max").write_text("max 100000\n")
+    assert usable_cores() == 16
+
+
+def test_a_cgroup_v2_quota_caps_the_cores(cgroup):
+    (cgroup / "cpu.max").write_text("250000 100000\n")  # a Kubernetes limit of 2.5 CPUs
+    assert usable_cores() == 3
+    (cgroup / "cpu.max").write_text("5000 100000\n")
+    assert usable_cores() == 1
+
+
+def test_a_cgroup_v1_quota_caps_the_cores(cgroup):
+    (cgroup / "cpu").mkdir()
+    (cgroup / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
+    (cgroup / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert usable_cores() == 4
+    (cgroup / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")  # no limit
+    assert usable_cores() == 16
+
+
+@pytest.mark.parametrize("name, cores, threads, expected", [
+    ("cuda", 16, 16, 8),  # a GPU node: a hash and a writer per file
+    ("cuda", 1, 1, 1),
+    ("cpu", 16, 16, 4),  # one hash keeps pace with about three generating cores
+    ("cpu", 64, 16, 4),  # numba's threads, not the machine's cores, generate
+    ("cpu", 2, 2, 1),  # this VM and CI: the hash beside the generation, one file
+    ("reference", 64, 64, 1),
+])
+def test_files_at_once_by_engine_and_cores(monkeypatch, name, cores, threads, expected):
+    engine = EmbeddedEngine("reference")
+    engine._backend = dataclasses.replace(backends.REFERENCE, name=name)
+    monkeypatch.setattr(embedded, "usable_cores", lambda: cores)
+    if name == "cpu":
+        from modelinit_server.engine import cpu
+
+        monkeypatch.setattr(cpu, "threads", lambda: threads)
+    assert engine.files_at_once() == expected
+
+
+def test_the_embedded_client_asks_the_engine_when_parallel_is_not_given(tmp_path, monkeypatch):
+    """parallel=None (the API's and the CLI's default): the engine's choice for a sharded model, at
+    most one per shard; a one-shard model does not ask; the bytes are those of one file at a time."""
+    asked, used = [], []
+    monkeypatch.setattr(EmbeddedSource, "files_at_once", lambda self: asked.append(1) or 3)  # of 5 shards
+    each_file = client_module.each_file
+
+    def recording(open_stream, indices, write, parallel, progress):
+        used.append(parallel)
+        return each_file(open_stream, indices, write, parallel, progress)
+
+    monkeypatch.setattr(client_module, "each_file", recording)
+    with modelinit.Client(device="reference") as c:
+        c.init_model(SPEC, out_dir=tmp_path / "auto", **SHARDED)
+        assert asked == [1] and used == [3]
+        c.init_model(SPEC, out_dir=tmp_path / "one", parallel=1, **SHARDED)
+        c.init_model(SPEC, out_dir=tmp_path / "whole", seed=3)  # one shard (and config.json): nothing to spread
+        monkeypatch.setattr(EmbeddedSource, "files_at_once", lambda self: 99)
+        c.init_model(SPEC, out_dir=tmp_path / "capped", **SHARDED)
+    assert asked == [1] and used == [3, 5]
+    assert read_folder(tmp_path / "auto") == read_folder(tmp_path / "one")
+
+
+def test_the_cli_leaves_parallel_to_the_engine_unless_given():
+    assert cli._parser().parse_args(["init", "gpt2", "--out", "x"]).parallel is None
+    assert cli._parser().parse_args(["init", "gpt2", "--out", "x", "--parallel", "2"]).parallel == 2
+
+
+def test_parallel_must_be_none_or_a_positive_integer(tmp_path):
+    with modelinit.Client(device="reference") as c:
+        for bad in (0, True, 1.5):
+            with pytest.raises(modelinit.ModelInitError, match="parallel: must be None or an integer >= 1"):
+                c.init_model(SPEC, out_dir=tmp_path, parallel=bad, **SHARDED)
