@@ -411,7 +411,33 @@ def _worker(mode: str) -> dict:
                 "errors": _check_generate_tensor("cpu") + _check_out_errors("cpu") + _check_runs("cpu")}
     if mode == "blocks":
         return _interp_building_blocks()
+    if mode == "threads":
+        return {"errors": _check_threads("cpu")}
     raise ValueError(mode)
+
+
+def _check_threads(device: str) -> list[str]:
+    """Several threads generating at once (the embedded job's files in flight): each range's bytes."""
+    import threading
+
+    s, key, errs = Sampler("trunc_normal", std=0.02, a=-2.0, b=2.0), tensor_key(4, "threads"), []
+
+    def work(i: int) -> None:
+        try:
+            for rep in range(3):
+                start, count = 10_000 * i + 7 * rep, 3001 + rep
+                got = cuda.generate_tensor(s, key, start, count, "bfloat16", device).view(torch.uint8).cpu().numpy()
+                if got.tobytes() != core.generate(s, key, start, count, "bfloat16"):
+                    errs.append(f"thread {i}, range {start}+{count}: other bytes")
+        except Exception as e:  # noqa: BLE001 - reported, not raised in the thread
+            errs.append(f"thread {i}: {e!r}"[:300])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errs
 
 
 def _interp(mode: str) -> dict:
@@ -464,6 +490,12 @@ def test_interpreter_building_blocks():
     assert res["errors"] == []
     assert res["randint4x_00"] == "0x6627e8d5"  # the interpreter computes Random123's known answer
     assert res["f16_checked"] > 200_000 and res["f32_checked"] > 300_000
+
+
+def test_interpreter_several_threads_at_once():
+    """Launches from several threads (the embedded job's files in flight) are serialized: each gets
+    its own range's bytes (unserialized, the interpreter fails: "Did you forget to add @triton.jit?")."""
+    assert _interp("threads")["errors"] == []
 
 
 def test_random_table_covers_the_cases_that_matter():
@@ -730,6 +762,12 @@ def test_gpu_slices_concatenate():
     parts = {a: cuda.generate_tensor(s, key, 10 + a, b - a, "bfloat16").view(torch.uint8).cpu()
              for a, b in reversed(bounds)}  # generated back to front
     assert torch.equal(torch.cat([parts[a] for a, _ in bounds]), whole)
+
+
+
+@needs_gpu
+def test_gpu_several_threads_at_once():
+    assert _check_threads("cuda") == []
 
 
 if __name__ == "__main__":

@@ -225,7 +225,8 @@ def test_values_that_overflow_the_dtype_are_refused_at_plan_time(client):
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_every_engine_writes_the_reference_bytes(tmp_path, device):
-    """The embedded path on each available kernel gives the folder the numpy reference gives."""
+    """The embedded path on each available kernel gives the folder the numpy reference gives, one
+    file at a time and three at once (three producers launching the kernel from their threads)."""
     from modelinit_server.engine import backends
 
     try:
@@ -236,8 +237,9 @@ def test_every_engine_writes_the_reference_bytes(tmp_path, device):
     with modelinit.Client(device="reference") as c:
         c.init_model(TINY["qwen2"], out_dir=tmp_path / "reference", **kwargs)
     with modelinit.Client(device=device) as c:
-        c.init_model(TINY["qwen2"], out_dir=tmp_path / device, **kwargs)
-    assert read_folder(tmp_path / "reference") == read_folder(tmp_path / device)
+        c.init_model(TINY["qwen2"], out_dir=tmp_path / device, parallel=1, **kwargs)
+        c.init_model(TINY["qwen2"], out_dir=tmp_path / f"{device}-3", parallel=3, **kwargs)
+    assert read_folder(tmp_path / "reference") == read_folder(tmp_path / device) == read_folder(tmp_path / f"{device}-3")
 
 
 def test_fsync_writes_the_same_files(client, tmp_path):

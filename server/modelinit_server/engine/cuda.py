@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 
 import numpy as np
 
@@ -622,14 +623,22 @@ def _check_device(out) -> None:
         raise ValueError(f"out: must be on a CUDA device, got {out.device}")
 
 
-def _with_device(view, launch) -> None:
-    if interpreting():
-        launch()
-    else:
-        import torch
+#: Serializes launches: Triton's runtime (its compile-on-first-use cache, and its interpreter, which
+#: patches module state while a kernel runs) is not safe to enter from several threads at once, and
+#: the embedded job produces several files at once from several threads. A launch only enqueues the
+#: kernel (the interpreter aside), so the lock is held for microseconds.
+_launch_lock = threading.Lock()
 
-        with torch.cuda.device(view.device):
+
+def _with_device(view, launch) -> None:
+    with _launch_lock:
+        if interpreting():
             launch()
+        else:
+            import torch
+
+            with torch.cuda.device(view.device):
+                launch()
 
 
 def _run(view, sampler, key, start, count, dtype, block, soft_cvt) -> None:
