@@ -117,7 +117,8 @@ def test_the_hash_overlaps_generation_which_leaves_it_a_core(plan, monkeypatch):
 
     def beside(out, *a):
         calls["beside"].append(len(out))
-        REFERENCE.fill(out, *a)
+        assert a[-1] >= 1  # a core left to each hash in flight (this stream's: one)
+        REFERENCE.fill(out, *a[:-1])
 
     data, ends = collect(files.events(plan, range(len(plan.files)), 0, fill, segment=8192, ring=3, fill_beside=beside))
     whole = {i: files.read(plan, f, 0, f.size) for i, f in enumerate(plan.files)}
@@ -136,22 +137,48 @@ def test_once_the_hash_ends_the_rest_of_the_range_is_one_fill_on_every_core(plan
 
     monkeypatch.setattr(files, "SUBSEGMENT", 1024)
     t = next(t for t in plan.tensors if t.spec.numel * 2 > 3 * 1024)
-    calls: list[tuple[str, int]] = []
-    busy = iter([True, True, False])
+    calls: list[tuple] = []
+    running = iter([1, 2, 0])  # hashes in flight, as each piece starts
 
-    def fill(name):
-        def f(out, *a):
-            calls.append((name, len(out)))
-            REFERENCE.fill(out, *a)
-        return f
+    def fill(out, *a):
+        calls.append(("fill", len(out)))
+        REFERENCE.fill(out, *a)
+
+    def beside(out, *a):
+        calls.append(("beside", len(out), a[-1]))
+        REFERENCE.fill(out, *a[:-1])
 
     out = np.empty(t.spec.numel * 2, np.uint8)
-    files._switching(fill("fill"), fill("beside"), lambda: next(busy))(out, t.sampler, t.key, 0, t.spec.numel, "bfloat16")
+    files._switching(fill, beside, lambda: next(running))(out, t.sampler, t.key, 0, t.spec.numel, "bfloat16")
     step = files.SUBSEGMENT
-    assert calls == [("beside", step), ("beside", step), ("fill", len(out) - 2 * step)]
+    # a core left to each hash in flight, then the rest at once
+    assert calls == [("beside", step, 1), ("beside", step, 2), ("fill", len(out) - 2 * step)]
     ref = np.empty_like(out)
     REFERENCE.fill(ref, t.sampler, t.key, 0, t.spec.numel, "bfloat16")
     assert bytes(out) == bytes(ref)
+
+
+def test_hashes_are_counted_from_submission_across_streams():
+    """A generation that starts right after its segment's hash was submitted leaves that hash its core
+    although the hash thread has not picked it up yet; every stream's hashes count."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    hashes, gate, seen = files.Hashes(), threading.Event(), []
+    with ThreadPoolExecutor(1) as a, ThreadPoolExecutor(1) as b:
+        a.submit(gate.wait)  # a's hash thread is busy: the next update waits in its queue
+        first = hashes.submit(a, seen.append, 1)
+        assert hashes() == 1 and not seen
+        second = hashes.submit(b, lambda x: (gate.wait(), seen.append(x)), 2)
+        assert hashes() == 2
+        gate.set()
+        first.result(), second.result()
+    assert hashes() == 0 and sorted(seen) == [1, 2]
+    with ThreadPoolExecutor(1) as c:
+        failing = hashes.submit(c, lambda x: 1 / 0, None)
+        with pytest.raises(ZeroDivisionError):
+            failing.result()
+    assert hashes() == 0
 
 
 def test_switching_fill_cuts_anywhere_and_keeps_the_bytes(plan):
@@ -162,7 +189,7 @@ def test_switching_fill_cuts_anywhere_and_keeps_the_bytes(plan):
     REFERENCE.fill(ref, t.sampler, t.key, 0, t.spec.numel, "bfloat16")
     flips = iter(range(10**6))
     out = np.empty_like(ref)
-    files._switching(REFERENCE.fill, REFERENCE.fill, lambda: next(flips) % 3 == 0)(
+    files._switching(REFERENCE.fill, lambda *a: REFERENCE.fill(*a[:-1]), lambda: int(next(flips) % 3 == 0))(
         out, t.sampler, t.key, 0, t.spec.numel, "bfloat16")
     assert bytes(out) == bytes(ref)
 
@@ -223,7 +250,7 @@ def test_a_writer_that_trusts_the_producer_needs_its_digest():
     assert check.end(End(0, "ab" * 32)).sha256 == "ab" * 32
 
 
-def test_the_cpu_backend_fills_beside_a_hash_with_a_core_fewer(plan, monkeypatch):
+def test_the_cpu_backend_fills_beside_hashes_with_a_core_fewer_for_each(plan, monkeypatch):
     import numpy as np
 
     from modelinit_server.engine import cpu
@@ -238,9 +265,11 @@ def test_the_cpu_backend_fills_beside_a_hash_with_a_core_fewer(plan, monkeypatch
     t = max(plan.tensors, key=lambda t: t.spec.numel)
     a, b = np.empty(t.nbytes, np.uint8), np.empty(t.nbytes, np.uint8)
     backend.fill(a, t.sampler, t.key, 0, t.spec.numel, "bfloat16")
-    backend.fill_beside(b, t.sampler, t.key, 0, t.spec.numel, "bfloat16")
-    assert bytes(a) == bytes(b)
-    assert asked[-1] == max(1, cpu.threads() - 1)
+    for leave in (1, 2):
+        b[:] = 0
+        backend.fill_beside(b, t.sampler, t.key, 0, t.spec.numel, "bfloat16", leave)
+        assert bytes(a) == bytes(b)
+        assert asked[-1] == max(1, cpu.threads() - leave)
 
 
 def test_prefetch_closed_from_another_thread_wakes_its_consumer():

@@ -27,6 +27,9 @@ log = logging.getLogger("modelinit.engine")
 #: fill(out, sampler, key, start, count, dtype): write the bytes of elements [start, start+count)
 #: into ``out``, a contiguous uint8 numpy array of exactly count * itemsize bytes.
 Fill = Callable[[np.ndarray, Sampler, tuple[int, int], int, int, str], None]
+#: fill_beside(out, sampler, key, start, count, dtype, leave): ``fill`` leaving ``leave`` cores to other
+#: work running beside it (SHA-256 threads).
+FillBeside = Callable[[np.ndarray, Sampler, tuple[int, int], int, int, str, int], None]
 #: fill_runs(out, sampler, key, starts, counts, dtype): the bytes of elements [starts[r], starts[r] +
 #: counts[r]) of every run r, back to back in ``out`` (sum(counts) * itemsize bytes).
 FillRuns = Callable[[np.ndarray, Sampler, tuple[int, int], np.ndarray, np.ndarray, str], None]
@@ -35,14 +38,15 @@ FillRuns = Callable[[np.ndarray, Sampler, tuple[int, int], np.ndarray, np.ndarra
 TensorFillRuns = Callable[[Any, Sampler, tuple[int, int], np.ndarray, np.ndarray, str], None]
 
 
-def _computing(fill: Fill) -> Fill:
-    """``fill`` that copies a :class:`~.computed.Computed` tensor's host values instead of generating."""
+def _computing(fill):
+    """``fill`` (or a ``fill_beside``) that copies a :class:`~.computed.Computed` tensor's host values
+    instead of generating."""
 
-    def fill_or_copy(out: np.ndarray, sampler, key: tuple[int, int], start: int, count: int, dtype: str) -> None:
+    def fill_or_copy(out: np.ndarray, sampler, key: tuple[int, int], start: int, count: int, dtype: str, *rest) -> None:
         if isinstance(sampler, Computed):
             sampler.fill(out, start, count, dtype)
         else:
-            fill(out, sampler, key, start, count, dtype)
+            fill(out, sampler, key, start, count, dtype, *rest)
 
     return fill_or_copy
 
@@ -72,10 +76,10 @@ class Backend:
     alloc: Callable[[int], np.ndarray] | None = None
     """Allocates the host segment buffers the fills write into (page-aligned uint8); CUDA gives
     page-locked (pinned) memory so device-to-host copies run at full DMA speed. None: plain memory."""
-    fill_beside: Fill | None = None
-    """``fill`` leaving one core free, for a caller that runs other CPU work beside it (a SHA-256 on
-    another thread): a parallel kernel that shares its cores with another busy thread waits at the end
-    of every launch for its preempted worker. None: ``fill`` uses no host cores worth sparing."""
+    fill_beside: FillBeside | None = None
+    """``fill`` leaving ``leave`` cores free (its last argument), for a caller that runs other CPU work
+    beside it (SHA-256 threads): a parallel kernel that shares its cores with other busy threads waits
+    at the end of every launch for its preempted workers. None: ``fill`` uses no host cores worth sparing."""
 
     def __post_init__(self) -> None:
         # every backend copies computed tensors' host values the same way
@@ -118,8 +122,9 @@ def _cpu(warmup: bool) -> Backend | None:
     if warmup:
         cpu.warmup()
 
-    def fill_beside(out: np.ndarray, sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str) -> None:
-        cpu.generate_into(out, sampler, key, start, count, dtype, threads=max(1, cpu.threads() - 1))
+    def fill_beside(out: np.ndarray, sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str,
+                    leave: int) -> None:
+        cpu.generate_into(out, sampler, key, start, count, dtype, threads=max(1, cpu.threads() - leave))
 
     return Backend("cpu", cpu.generate_into, parallel=True, fill_runs=cpu.generate_runs_into, fill_beside=fill_beside)
 

@@ -17,7 +17,7 @@ from modelinit_wire.events import Begin, Data, End, Event
 
 from ..core.planner import FilePlan, Plan
 from ..engine import DTYPE_ITEMSIZE
-from ..engine.backends import REFERENCE, Fill
+from ..engine.backends import REFERENCE, Fill, FillBeside
 
 #: Bytes generated per step: large enough for the kernels to run at full speed, small enough
 #: to bound memory (a stream holds at most a couple of segments).
@@ -68,14 +68,15 @@ def events(
     digest: bool = True,
     ring: int = 0,
     alloc=None,
-    fill_beside: Fill | None = None,
+    fill_beside: FillBeside | None = None,
 ) -> Iterator[Event]:
     """The files ``selected`` (indices into plan.files), the first from ``offset``: Begin, Data
     segments, End per file. With ``digest`` each End carries the whole file's SHA-256 (a resumed
     file's skipped prefix is regenerated for it, not sent): each segment is hashed on a helper
     thread while the next one is generated, and that generation uses ``fill_beside`` (the backend's
-    fill that leaves a core to the hash; None: ``fill``) in pieces of :data:`SUBSEGMENT` bytes while
-    the hash runs, then ``fill`` for the rest of the range at once.
+    fill that leaves cores to other work; None: ``fill``) in pieces of :data:`SUBSEGMENT` bytes,
+    leaving a core to each hash running in this process (:data:`HASHES`: every stream's, so files in
+    flight together share the cores), then ``fill`` for the rest of the range at once.
 
     ``ring`` > 0 reuses that many segment buffers in turn (no allocation and page faults per
     segment): a Data's buffer is then valid only until ``ring - 1`` more events have been taken
@@ -86,14 +87,11 @@ def events(
     hasher = ThreadPoolExecutor(1, thread_name_prefix="modelinit-sha256") if digest else None
     pending: list[Future] = []  # the hash in flight (at most one: a file's updates run in order)
 
-    def hashing() -> bool:
-        return bool(pending) and not pending[0].done()
-
     def settle() -> None:
         if pending:
             pending.pop().result()
 
-    generate = fill if fill_beside is None else _switching(fill, fill_beside, hashing)
+    generate = fill if fill_beside is None else _switching(fill, fill_beside, HASHES)
     produced = 0
     try:
         for n, index in enumerate(selected):
@@ -110,7 +108,7 @@ def events(
                 read_into(plan, f, pos, buf, generate)
                 if h is not None and hasher is not None:
                     settle()  # the previous segment's update, overlapped with this one's generation
-                    pending.append(hasher.submit(h.update, buf))
+                    pending.append(HASHES.submit(hasher, h.update, buf))
                 if end > off:
                     yield Data(buf[max(off - pos, 0) :])
                 pos = end
@@ -128,21 +126,60 @@ def events(
 SUBSEGMENT = 512 << 10
 
 
-def _switching(fill: Fill, fill_beside: Fill, busy) -> Fill:
-    """A fill by ``fill_beside`` in pieces of at most :data:`SUBSEGMENT` bytes while ``busy()``, then
-    by one ``fill`` of the rest of the range, on every core (one launch, not one per piece: each
-    parallel launch wakes the pool's threads). The bytes do not depend on how a range is cut."""
+class Hashes:
+    """The SHA-256 updates submitted in this process and not yet finished (``hashes()``), whatever
+    stream they belong to: a generation beside them leaves them that many cores. Counted from
+    submission, so a generation that starts right after its segment's hash was submitted leaves
+    that hash its core even before the hash thread has picked it up."""
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        return self._n
+
+    def _add(self, k: int) -> None:
+        with self._lock:
+            self._n += k
+
+    def submit(self, pool: ThreadPoolExecutor, update, data) -> Future:
+        """``pool.submit(update, data)``, counted until it ends."""
+        def counted() -> None:
+            try:
+                update(data)
+            finally:
+                self._add(-1)
+
+        self._add(1)
+        try:
+            return pool.submit(counted)
+        except BaseException:
+            self._add(-1)
+            raise
+
+
+#: Every stream's hashes in this process (the server's concurrent streams, the embedded job's files in flight).
+HASHES = Hashes()
+
+
+def _switching(fill: Fill, fill_beside: FillBeside, running) -> Fill:
+    """A fill by ``fill_beside`` in pieces of at most :data:`SUBSEGMENT` bytes while ``running()``
+    (the number of hashes in flight, the cores to leave them) is not 0, then by one ``fill`` of the
+    rest of the range, on every core (one launch, not one per piece: each parallel launch wakes the
+    pool's threads). The bytes do not depend on how a range is cut."""
 
     def fill_in_pieces(out: np.ndarray, sampler, key: tuple[int, int], start: int, count: int, dtype: str) -> None:
         itemsize = DTYPE_ITEMSIZE[dtype]
         step = max(1, SUBSEGMENT // itemsize)
         s = 0
         while s < count:
-            if not busy():  # the rest at once, on every core
+            leave = running()
+            if not leave:  # the rest at once, on every core
                 fill(out[s * itemsize :], sampler, key, start + s, count - s, dtype)
                 return
             c = min(step, count - s)
-            fill_beside(out[s * itemsize : (s + c) * itemsize], sampler, key, start + s, c, dtype)
+            fill_beside(out[s * itemsize : (s + c) * itemsize], sampler, key, start + s, c, dtype, leave)
             s += c
 
     return fill_in_pieces
