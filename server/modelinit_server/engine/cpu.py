@@ -44,8 +44,10 @@ this file's contents only (the constants imported from ``special`` / ``philox`` 
 into it; they belong to algorithm version 1 and never change). With no writable location, or when
 writing the cache fails, the kernels are compiled in memory (with a warning) instead of failing.
 
-Threads: ``threads=`` per call, else numba's per-thread setting (default ``NUMBA_NUM_THREADS``, all
-cores). Parallel launches are serialized by a lock, so concurrent callers are safe with every numba
+Threads: ``threads=`` per call, else numba's per-thread setting (default ``NUMBA_NUM_THREADS``, which
+this module sets, when it is unset, to the usable cores: the CPU affinity capped by a cgroup quota,
+which numba's own default ignores).
+Parallel launches are serialized by a lock, so concurrent callers are safe with every numba
 threading layer. The GIL is released while a kernel runs.
 """
 from __future__ import annotations
@@ -58,6 +60,7 @@ import warnings
 import numpy as np
 
 from .core import DTYPE_ITEMSIZE, check_args, check_runs, kernel_scalars, run_offsets, to_dtype, zero_range
+from .cores import usable_cores
 from .philox import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1
 from .sampler import U2_MAX, Sampler
 from .special import AS241_A, AS241_B, AS241_C, AS241_D, AS241_E, AS241_F, LN2_HI, LN2_LO, LOG_C, SQRT_HALF
@@ -84,6 +87,10 @@ _OUT_VIEW = {"float32": np.uint32, "bfloat16": np.uint16, "float16": np.uint16}
 # hasher need (measured: a 2.2 GB write went from 2.1 s to 5.5 s). Sleep instead; a user's own
 # setting wins. Must be set before the OpenMP runtime loads (the first parallel launch).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# numba's default pool is every core of the CPU affinity, whatever a container's CPU limit (a cgroup
+# quota): on a 64-core node under a 4-CPU limit, 64 threads that only get throttled. A user's own
+# NUMBA_NUM_THREADS wins; read by numba at its import (no effect if it was imported before this module).
+os.environ.setdefault("NUMBA_NUM_THREADS", str(usable_cores()))
 
 try:  # numba is optional: the numpy reference works without it
     import numba as _numba

@@ -5,9 +5,6 @@ bytes (a test compares them with a separately started server's), only faster.
 """
 from __future__ import annotations
 
-import math
-import os
-import pathlib
 import threading
 from typing import Iterator, Sequence
 
@@ -16,35 +13,9 @@ from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from ..core.planner import Plan, build_plan
 from ..engine.backends import DEVICES, Backend, select
+from ..engine.cores import usable_cores
 from ..messages import check_page_size, plan_to_pb, request_from_pb
 from ..produce import file_bytes, tensor_slices
-
-
-#: Where the CPU controller's files are (cgroup v2 ``cpu.max``; v1 ``cpu/cpu.cfs_quota_us``).
-CGROUP = pathlib.Path("/sys/fs/cgroup")
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (a
-    Kubernetes CPU limit), which ``os.cpu_count()`` ignores. At least 1."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cores = os.cpu_count() or 1
-    quota = period = 0.0
-    try:
-        fields = (CGROUP / "cpu.max").read_text().split()
-        if fields and fields[0] != "max":
-            quota, period = float(fields[0]), float(fields[1])
-    except (OSError, ValueError, IndexError):
-        try:
-            quota = float((CGROUP / "cpu" / "cpu.cfs_quota_us").read_text())
-            period = float((CGROUP / "cpu" / "cpu.cfs_period_us").read_text())
-        except (OSError, ValueError):
-            pass
-    if quota > 0 and period > 0:
-        cores = min(cores, math.ceil(quota / period))
-    return max(1, cores)
 
 
 class EmbeddedEngine:

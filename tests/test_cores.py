@@ -1,17 +1,23 @@
-"""How many files the embedded job produces at once when the caller does not say: one file's SHA-256
-is one serial stream, so several files go together only where the machine's cores outrun one hash."""
+"""The cores modelinit uses: the usable cores (affinity, cgroup quota), numba's default pool, and how
+many files the embedded job produces at once when the caller does not say (one file's SHA-256 is one
+serial stream, so several files go together only where the machine's cores outrun one hash)."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import pathlib
+import subprocess
+import sys
 
 import modelinit
 import pytest
 from modelinit import cli
 from modelinit import client as client_module
 from modelinit.embedded import EmbeddedSource
-from modelinit_server.engine import backends
+from modelinit_server.engine import backends, cores
+from modelinit_server.engine.cores import usable_cores
 from modelinit_server.service import embedded
-from modelinit_server.service.embedded import EmbeddedEngine, usable_cores
+from modelinit_server.service.embedded import EmbeddedEngine
 
 from .conftest import TINY, read_folder
 
@@ -21,8 +27,8 @@ SHARDED = {"seed": 3, "max_shard_size": "200KB"}  # 5 shards
 
 @pytest.fixture()
 def cgroup(tmp_path, monkeypatch):
-    monkeypatch.setattr(embedded, "CGROUP", tmp_path)
-    monkeypatch.setattr(embedded.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(cores, "CGROUP", tmp_path)
+    monkeypatch.setattr(cores.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     return tmp_path
 
 
@@ -48,7 +54,32 @@ def test_a_cgroup_v1_quota_caps_the_cores(cgroup):
     assert usable_cores() == 16
 
 
-@pytest.mark.parametrize("name, cores, threads, expected", [
+def test_numbas_pool_is_the_usable_cores_unless_the_user_sets_it(tmp_path):
+    """numba's own default is the CPU affinity's cores, whatever a container's CPU limit (a 64-core
+    node under a 4-CPU limit ran 64 throttled threads); the kernel's module sets NUMBA_NUM_THREADS,
+    when unset, to the usable cores. Here a cgroup quota of one CPU, in a fresh process."""
+    pytest.importorskip("numba")
+    if usable_cores() < 2:
+        pytest.skip("needs two usable cores to tell a quota of one from the affinity")
+    (tmp_path / "cpu.max").write_text("100000 100000\n")
+    code = ("import pathlib, sys; from modelinit_server.engine import cores; cores.CGROUP = pathlib.Path(sys.argv[1]); "
+            "from modelinit_server.engine import cpu; print(cpu.threads() if cpu.available() else 'none')")
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(repo / "server"), str(repo / "client"), str(repo / "proto"), *sys.path])
+
+    def threads(**extra) -> str:
+        proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env={**env, **extra}, capture_output=True,
+                              text=True, timeout=120, check=True)
+        return proc.stdout.strip()
+
+    if threads() == "none":
+        pytest.skip("the numba kernel is not available here")
+    assert threads() == "1"  # a one-CPU quota: one thread, whatever the affinity
+    assert threads(NUMBA_NUM_THREADS="2") == "2"  # the user's setting wins
+
+
+@pytest.mark.parametrize("name, ncores, threads, expected", [
     ("cuda", 16, 16, 8),  # a GPU node: a hash and a writer per file
     ("cuda", 1, 1, 1),
     ("cpu", 16, 16, 4),  # one hash keeps pace with about three generating cores
@@ -56,10 +87,10 @@ def test_a_cgroup_v1_quota_caps_the_cores(cgroup):
     ("cpu", 2, 2, 1),  # this VM and CI: the hash beside the generation, one file
     ("reference", 64, 64, 1),
 ])
-def test_files_at_once_by_engine_and_cores(monkeypatch, name, cores, threads, expected):
+def test_files_at_once_by_engine_and_cores(monkeypatch, name, ncores, threads, expected):
     engine = EmbeddedEngine("reference")
     engine._backend = dataclasses.replace(backends.REFERENCE, name=name)
-    monkeypatch.setattr(embedded, "usable_cores", lambda: cores)
+    monkeypatch.setattr(embedded, "usable_cores", lambda: ncores)
     if name == "cpu":
         from modelinit_server.engine import cpu
 
