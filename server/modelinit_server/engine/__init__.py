@@ -16,7 +16,8 @@ What the package holds:
 * ``cpu``: the numba CPU kernel; ``cuda``: the Triton GPU kernel (torch tensors). Both must
   reproduce the reference's bytes exactly, and the tests check that they do.
 * ``backends``: picks where the bytes are computed (reference, numba or Triton); ``runs``: a block
-  of a tensor (a slice, a shard) as runs of consecutive flat indices.
+  of a tensor (a slice, a shard) as runs of consecutive flat indices; ``cores``: the cores this
+  process may use (CPU affinity capped by a cgroup quota), which the kernels size their threads by.
 
 What it imports: numpy and ``modelinit_wire.constants`` (the algorithm versions, dtypes and devices
 shared with the client). numba (with llvmlite) is imported only by ``cpu``, and triton and torch only
