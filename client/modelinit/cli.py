@@ -116,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=50051, help="port (default 50051; 0 picks a free one)")
     serve.add_argument("--device", default="auto", choices=DEVICES,
                        help="engine: auto (CUDA if present, else cpu), cpu (numba), cuda (Triton), reference (numpy, slow)")
-    serve.add_argument("--workers", type=int, default=0, help="threads for the reference engine (default: CPU count)")
+    serve.add_argument("--workers", type=int, default=0, help="threads for the reference engine (default: the usable cores)")
     serve.add_argument("--grace", type=float, default=30.0, help="seconds to drain streams on SIGTERM (default 30)")
     serve.add_argument("--shutdown-delay", type=float, default=0.0, metavar="S",
                        help="on SIGTERM, seconds to keep serving while health says NOT_SERVING (default 0)")

@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import os
 import signal
 import socket
 import threading
@@ -18,6 +17,7 @@ from modelinit_wire.v1 import modelinit_pb2
 
 from .. import __version__
 from ..engine.backends import DEVICES, Backend, select
+from ..engine.cores import usable_cores
 from . import data_messages
 from .limits import Limits
 from .malformed import MalformedRequestInterceptor
@@ -42,7 +42,7 @@ class ServerConfig:
     """``auto`` (CUDA when present, else the numba CPU kernel), ``cpu``, ``cuda``, or ``reference``
     (the slow numpy reference engine, for debugging). Every device gives the same bytes."""
     workers: int = 0
-    """Threads for the reference engine; 0 means the machine's CPU count (the numba and CUDA
+    """Threads for the reference engine; 0 means the usable cores (affinity, cgroup quota; the numba and CUDA
     kernels parallelize internally and run one segment at a time)."""
     grace: float = 30.0
     """Seconds in-flight streams get to finish on SIGTERM; then they end with UNAVAILABLE and
@@ -177,7 +177,7 @@ async def start(config: ServerConfig) -> Running:
     if token:  # first: an unauthenticated caller learns nothing, not even that its request was malformed
         interceptors.append(TokenAuthInterceptor(token, on_reject=lambda _m: metrics.rejected("unauthenticated")))
     interceptors.append(MalformedRequestInterceptor(metrics))
-    threads = 1 if backend.parallel else (config.workers or os.cpu_count() or 1)
+    threads = 1 if backend.parallel else (config.workers or usable_cores())
     executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="modelinit-gen")
     options = _SERVER_OPTIONS + [("grpc.max_receive_message_length", config.limits.max_request_bytes)]
     server = grpc.aio.server(interceptors=interceptors, options=options)
