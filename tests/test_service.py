@@ -106,6 +106,17 @@ def _stream(target, request: pb.InitRequest) -> list[pb.InitResponse]:
         return list(pb_grpc.ModelInitStub(ch).Init(request))
 
 
+def test_an_init_chunk_size_over_the_maximum_is_refused_naming_it(server_target):
+    from modelinit_wire.constants import MAX_CHUNK
+
+    req = modelinit.client.model_request(GPT2, seed=9)
+    with pytest.raises(grpc.RpcError) as e:
+        _stream(server_target, pb.InitRequest(request=req, chunk_size=MAX_CHUNK + 1))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == f"chunk_size: {MAX_CHUNK + 1} bytes is over the {MAX_CHUNK}-byte maximum; use 1048576 or 0"
+    assert len(_stream(server_target, pb.InitRequest(request=req, chunk_size=MAX_CHUNK))) > 2
+
+
 def test_resume_offset_and_subset_equal_the_full_stream(server_target, client):
     req = modelinit.client.model_request(GPT2, seed=9, dtype="bfloat16", max_shard_size="100KB")
     full = _stream(server_target, pb.InitRequest(request=req, chunk_size=10_000))

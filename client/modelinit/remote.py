@@ -236,16 +236,13 @@ class ResumingEvents:
                 replicas.check(self.replica, self._request)
                 self._call = replicas.stubs[self.replica].Init(init, timeout=self._timeout, metadata=call_metadata())
                 for msg in self._call:
-                    if isinstance(msg, memoryview):  # a data message's payload (modelinit.stub)
-                        offset += len(msg)
+                    # a data message's payload (modelinit.stub), or a message the stub left parsed
+                    kind = "data" if isinstance(msg, memoryview) else msg.WhichOneof("event")
+                    if kind == "data":
+                        data = msg if isinstance(msg, memoryview) else msg.data
+                        offset += len(data)
                         backoff.progress()
-                        yield Data(msg)
-                        continue
-                    kind = msg.WhichOneof("event")
-                    if kind == "data":  # one the stub left parsed (a field beside it)
-                        offset += len(msg.data)
-                        backoff.progress()
-                        yield Data(msg.data)
+                        yield Data(data)
                     elif kind == "begin":
                         b = msg.begin
                         if current is not None:  # a resumed stream restates the file it resumes

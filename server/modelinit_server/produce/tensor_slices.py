@@ -46,7 +46,8 @@ class Selection:
 
 
 def check_chunk(chunk_size: int) -> int:
-    """The chunk size in bytes (0: the default); ValueError naming ``chunk_size`` above the max."""
+    """A stream's chunk size in bytes (Init's and Tensors' ``chunk_size``; 0: the default); ValueError
+    naming ``chunk_size`` above the max."""
     if chunk_size > MAX_CHUNK:
         raise ValueError(f"chunk_size: {chunk_size} bytes is over the {MAX_CHUNK}-byte maximum; use 1048576 or 0")
     return chunk_size or DEFAULT_CHUNK

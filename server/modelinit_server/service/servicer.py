@@ -20,7 +20,6 @@ from typing import Any, AsyncIterator, Callable, Iterator
 
 import grpc
 from modelinit_wire import data_message
-from modelinit_wire.constants import DEFAULT_CHUNK, MAX_CHUNK
 from modelinit_wire.events import Begin, Data
 from modelinit_wire.v1 import modelinit_pb2 as pb
 from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
@@ -205,11 +204,10 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
 
     async def _init(self, request: pb.InitRequest, context: grpc.aio.ServicerContext) -> None:
         plan = await self._plan(request.request, context)
-        chunk = request.chunk_size or DEFAULT_CHUNK
-        if chunk > MAX_CHUNK:
-            await _abort(
-                context, grpc.StatusCode.INVALID_ARGUMENT, f"chunk_size: {chunk} bytes is over the {MAX_CHUNK}-byte maximum; use 1048576 or 0"
-            )
+        try:
+            chunk = tensor_slices.check_chunk(request.chunk_size)
+        except ValueError as e:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         selected = list(request.files) or list(range(len(plan.files)))
         bad = [i for i in selected if i >= len(plan.files)]
         if bad:
