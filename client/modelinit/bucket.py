@@ -60,6 +60,19 @@ def is_bucket_url(path: str | os.PathLike) -> bool:
     return url_scheme(path) in SCHEMES
 
 
+def e_tag_of(raw: object) -> str:
+    """An e_tag in the one form every comparison uses: without the quotes and the weak marker
+    (``W/``) of HTTP's ETag syntax. Stores do not agree on them: Azure quotes the ETag header of an
+    upload but not the ``Etag`` element of a listing (List Blobs); S3 quotes both; obstore's local
+    store quotes neither. Compared as written, an object would never match its own upload."""
+    text = str(raw or "").strip()
+    if text.startswith("W/"):
+        text = text[2:]
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        text = text[1:-1]
+    return text
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     """An object under the prefix."""
@@ -69,7 +82,7 @@ class ObjectInfo:
     size: int
     e_tag: str
     """Changes whenever the object is rewritten: a recorded e_tag that still matches is the same
-    object this client uploaded."""
+    object this client uploaded. Always in :func:`e_tag_of`'s form."""
 
 
 def _obstore() -> Any:
@@ -192,7 +205,7 @@ class Bucket:
     def list(self) -> dict[str, ObjectInfo]:
         """The objects directly under the prefix (not in "subfolders"), by name."""
         result = self._call("listing the prefix", self._obstore.list_with_delimiter)
-        return {m["path"]: ObjectInfo(m["path"], m["size"], m.get("e_tag") or "") for m in result["objects"]}
+        return {m["path"]: ObjectInfo(m["path"], m["size"], e_tag_of(m.get("e_tag"))) for m in result["objects"]}
 
     def read(self, name: str) -> bytes | None:
         """The whole object (small ones: records, the manifest), None when it is not there."""
@@ -224,15 +237,15 @@ class Bucket:
 
         result = self._call(f"writing {name}", attempt, name, data, mode="create" if create else "overwrite",
                             use_multipart=False)
-        return result.get("e_tag") or ""
+        return e_tag_of(result.get("e_tag"))
 
     def upload(self, name: str, chunks: Iterable[Any]) -> str:
         """A shard as one multipart upload of ``chunks`` (buffers, in order): the object appears only
         once every part is in; when ``chunks`` raises, the upload is aborted and the error re-raised
-        (no object, no parts left). The new e_tag."""
+        (no object, no parts left). The new e_tag (:func:`e_tag_of`'s form)."""
         result = self._call(f"uploading {name}", self._obstore.put, name, chunks, retry_plain=False,
                             use_multipart=True, chunk_size=PART_BYTES, max_concurrency=PARTS_IN_FLIGHT)
-        return result.get("e_tag") or ""
+        return e_tag_of(result.get("e_tag"))
 
     def delete(self, name: str) -> None:
         """Delete the object (a missing one is fine). obstore deletes through S3's bulk

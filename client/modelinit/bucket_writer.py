@@ -32,7 +32,7 @@ import grpc
 from modelinit_wire.events import Begin, Data, End
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from .bucket import Bucket
+from .bucket import Bucket, e_tag_of
 from .errors import ModelInitError
 from .manifest import (
     MANIFEST_FILE,
@@ -102,7 +102,8 @@ def _record_of(data: bytes | None, plan: pb.PlanResponse) -> dict[str, tuple[Fil
         tags = json.loads(data).get("e_tags", {})  # type: ignore[arg-type]
     except (ValueError, AttributeError):
         tags = {}
-    return {f.name: (f, tags[f.name]) for f in record.files if isinstance(tags.get(f.name), str)}
+    # Normalized: a record an earlier version saved holds the tags as the store sent them.
+    return {f.name: (f, e_tag_of(tags[f.name])) for f in record.files if isinstance(tags.get(f.name), str)}
 
 
 def _recorded_names(data: bytes | None) -> set[str]:
