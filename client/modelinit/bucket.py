@@ -73,6 +73,49 @@ def e_tag_of(raw: object) -> str:
     return text
 
 
+#: Store error codes (S3 and GCS's XML API; Azure) by what they mean to a user.
+_MISSING_CONTAINER = ("NoSuchBucket", "ContainerNotFound", "FilesystemNotFound")
+_DENIED = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
+           "AuthenticationFailed", "AuthorizationFailure", "AuthorizationPermissionMismatch",
+           "AuthorizationSourceIPMismatch", "AuthorizationProtocolMismatch", "InsufficientAccountPermissions",
+           "InvalidAuthenticationInfo", "NoAuthenticationInformation", "AccountIsDisabled")
+_EXPIRED = ("ExpiredToken", "TokenRefreshRequired", "ExpiredTokenException")
+#: Words of a transport failure (obstore's message), each kept as the error's code.
+_UNREACHABLE = ("Connection refused", "dns error", "timed out", "certificate", "connection closed")
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """What a store calls the things its errors are about, for hints that name its own settings."""
+
+    container: str
+    """What holds the objects: ``bucket`` (S3, GCS) or ``container`` (Azure)."""
+    credentials: str
+    """The settings that give credentials, and where permissions are granted."""
+    endpoint: str
+    """The settings that say where the store is."""
+
+
+def store_settings(scheme: str) -> StoreSettings:
+    """The settings obstore reads for ``scheme``'s store (its documented environment variables)."""
+    if scheme in ("az", "azure", "abfs", "abfss"):
+        emulator = os.environ.get("AZURE_STORAGE_USE_EMULATOR", "").lower() in ("1", "true")
+        return StoreSettings(
+            "container",
+            "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_KEY, a service principal "
+            "(AZURE_CLIENT_ID, AZURE_TENANT_ID, AZURE_CLIENT_SECRET) or workload identity (AZURE_FEDERATED_TOKEN_FILE); "
+            "and the role assignment, e.g. Storage Blob Data Contributor",
+            "AZURITE_BLOB_STORAGE_URL (AZURE_STORAGE_USE_EMULATOR is set)" if emulator
+            else "AZURE_STORAGE_ACCOUNT_NAME / AZURE_STORAGE_ENDPOINT")
+    if scheme == "gs":
+        return StoreSettings("bucket", "GOOGLE_APPLICATION_CREDENTIALS or GOOGLE_SERVICE_ACCOUNT, or workload identity; "
+                                       "and the bucket's IAM roles", "GOOGLE_BASE_URL")
+    if scheme == "file":
+        return StoreSettings("folder", "the folder's permissions", "the path")
+    return StoreSettings("bucket", "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or workload identity; and the bucket policy",
+                         "AWS_ENDPOINT_URL")
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     """An object under the prefix."""
@@ -107,10 +150,32 @@ def _code(e: BaseException) -> str:
     m = re.search(r"(\d{3} [A-Z][A-Za-z ]+?)[:,\n]", text)
     if m:
         return m.group(1)
-    for word in ("Connection refused", "dns error", "timed out", "certificate", "connection closed"):
+    for word in _UNREACHABLE:
         if word.lower() in text.lower():
             return word
     return type(e).__name__
+
+
+#: The hosts of ``abfs[s]://CONTAINER@ACCOUNT.HOST/...`` (ADLS Gen2 and Fabric, as obstore parses them).
+_AZURE_ACCOUNT_HOST = re.compile(r"^([a-z0-9]{3,24})\.(?:dfs|blob)\.(?:core\.windows\.net|fabric\.microsoft\.com)$")
+
+
+def _azure_container_at_account(scheme: str, authority: str, field: str) -> tuple[str, str]:
+    """``CONTAINER@ACCOUNT.dfs.core.windows.net`` (abfs/abfss only): the container and the account.
+    Any other userinfo is refused without echoing it: it would be a secret that reaches logs,
+    errors and modelinit.json."""
+    userinfo, _, host = authority.rpartition("@")
+    m = _AZURE_ACCOUNT_HOST.match(host.lower())
+    if scheme in ("abfs", "abfss") and m is not None and userinfo and ":" not in userinfo and "@" not in userinfo:
+        return userinfo, m.group(1)
+    if scheme in ("abfs", "abfss") and userinfo and ":" not in userinfo:
+        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"{field}: {scheme}://CONTAINER@HOST takes an account's endpoint as HOST "
+                             "(ACCOUNT.dfs.core.windows.net, ACCOUNT.blob.core.windows.net or ACCOUNT.dfs.fabric.microsoft.com)")
+    raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"{field}: credentials in the URL are not taken (they would be logged); give "
+                         f"{scheme}://{store_settings(scheme).container.upper()}/PREFIX and the credentials through the "
+                         "environment or a profile")
 
 
 class Bucket:
@@ -124,12 +189,14 @@ class Bucket:
         self.field = field
         self.scheme = url_scheme(url) or ""
         self.bucket, _, self.prefix = self.url.split("://", 1)[1].partition("/")
-        if "@" in self.bucket:  # userinfo: a secret that would reach logs, errors and modelinit.json
-            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"{field}: credentials in the URL are not taken (they would be logged); give "
-                                 f"{self.scheme}://BUCKET/PREFIX and the credentials through the environment or a profile")
+        self.account: str | None = None
+        """The Azure storage account a URL names in its host (``abfss://CONTAINER@ACCOUNT.dfs.core.windows.net``)."""
+        if "@" in self.bucket:
+            self.bucket, self.account = _azure_container_at_account(self.scheme, self.bucket, field)
+        settings = store_settings(self.scheme)
         if not self.bucket and self.scheme != "file":
-            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {url!r} names no bucket; write {self.scheme}://BUCKET/PREFIX")
+            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"{field}: {url!r} names no {settings.container}; write {self.scheme}://{settings.container.upper()}/PREFIX")
         self._obstore = obstore
         self._admin: Any = None  # boto3's S3 client, made on first use (S3 only)
         self._retry = {"max_retries": RETRIES, "retry_timeout": timedelta(minutes=3),
@@ -152,24 +219,28 @@ class Bucket:
     # -- errors ---------------------------------------------------------------------------------
     def error(self, e: BaseException, doing: str) -> ModelInitError:
         """A store error as one ModelInitError: the URL, what was being done, the store's code and
-        the likely fix."""
+        the likely fix, in the settings of this URL's store (:func:`store_settings`)."""
         code = _code(e)
         where = f"{self.url}: {doing}"
-        if code == "NoSuchBucket":
-            return ModelInitError(grpc.StatusCode.NOT_FOUND, f"{where}: bucket {self.bucket!r} does not exist (create it, or fix the URL)")
-        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled") or code.startswith("403"):
+        settings = store_settings(self.scheme)
+        if code in _MISSING_CONTAINER:
+            return ModelInitError(grpc.StatusCode.NOT_FOUND,
+                                  f"{where}: {settings.container} {self.bucket!r} does not exist (create it, or fix the URL)")
+        if code in _DENIED or code.startswith("403"):
             return ModelInitError(grpc.StatusCode.PERMISSION_DENIED,
-                                  f"{where}: access denied ({code}): check the credentials (AWS_ACCESS_KEY_ID and "
-                                  "AWS_SECRET_ACCESS_KEY, or workload identity) and the bucket policy")
-        if code in ("ExpiredToken", "TokenRefreshRequired", "ExpiredTokenException") or code.startswith("401"):
-            return ModelInitError(grpc.StatusCode.UNAUTHENTICATED, f"{where}: credentials expired or refused ({code}): refresh them")
-        if code in ("Connection refused", "dns error", "timed out", "connection closed", "certificate"):
+                                  f"{where}: access denied ({code}): check the credentials ({settings.credentials})")
+        if code in _EXPIRED or code.startswith("401"):
+            return ModelInitError(grpc.StatusCode.UNAUTHENTICATED,
+                                  f"{where}: credentials expired or refused ({code}): refresh them ({settings.credentials})")
+        if code in _UNREACHABLE:
             return ModelInitError(grpc.StatusCode.UNAVAILABLE,
-                                  f"{where}: cannot reach the store ({code}); check AWS_ENDPOINT_URL / the network")
+                                  f"{where}: cannot reach the store ({code}); check {settings.endpoint} / the network")
         if type(e).__name__ in ("UnauthenticatedError",):
-            return ModelInitError(grpc.StatusCode.UNAUTHENTICATED, f"{where}: no usable credentials ({code})")
+            return ModelInitError(grpc.StatusCode.UNAUTHENTICATED,
+                                  f"{where}: no usable credentials ({code}): set {settings.credentials}")
         if type(e).__name__ in ("PermissionDeniedError",):
-            return ModelInitError(grpc.StatusCode.PERMISSION_DENIED, f"{where}: permission denied ({code})")
+            return ModelInitError(grpc.StatusCode.PERMISSION_DENIED,
+                                  f"{where}: permission denied ({code}): check the credentials ({settings.credentials})")
         return ModelInitError(grpc.StatusCode.UNAVAILABLE, f"{where}: the store refused the request ({code})")
 
     def _call(self, doing: str, fn, *args, retry_plain: bool = True, **kwargs):
@@ -194,7 +265,7 @@ class Bucket:
     def _translate(self, e: Exception, doing: str) -> NoReturn:
         """Re-raise ``e``: a store error as :meth:`error`'s ModelInitError; a missing object
         (FileNotFoundError) and anything not from the store as it is."""
-        missing_object = isinstance(e, FileNotFoundError) and "NoSuchBucket" not in str(e)
+        missing_object = isinstance(e, FileNotFoundError) and not any(c in str(e) for c in _MISSING_CONTAINER)
         if isinstance(e, (ModelInitError, FileExistsError)) or missing_object:
             raise e
         if type(e).__module__.startswith("obstore") or isinstance(e, (OSError, ConnectionError)):
