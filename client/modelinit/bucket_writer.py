@@ -26,7 +26,7 @@ import logging
 import re
 import threading
 import time
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import grpc
 from modelinit_wire.events import Begin, Data, End
@@ -298,16 +298,31 @@ def _create_once(bucket: Bucket, name: str, data: bytes) -> bool:
     return True
 
 
-def finalize(bucket: Bucket, plan: pb.PlanResponse, count: int, make_small: Callable[[list[int]], Events]
-             ) -> tuple[list[FileResult] | None, list[int]]:
+def _listed_manifest(bucket: Bucket, plan: pb.PlanResponse, objects: dict) -> list[FileResult] | None:
+    """:func:`_complete_manifest` of the ``modelinit.json`` in ``objects`` (a listing), read."""
+    return _complete_manifest(bucket, plan, objects, bucket.read(MANIFEST_FILE) if MANIFEST_FILE in objects else None)
+
+
+class Finalized(NamedTuple):
+    """What :func:`finalize` found."""
+
+    files: list[FileResult] | None
+    """The plan's files when the checkpoint is complete (``modelinit.json`` there); None otherwise."""
+    missing_parts: list[int]
+    """The parts (0-based) with a shard not there as their record says: not finished yet, or an
+    object deleted or replaced since it was uploaded."""
+    missing_files: list[str]
+    """The shards not there as recorded, in plan order."""
+
+
+def finalize(bucket: Bucket, plan: pb.PlanResponse, count: int, make_small: Callable[[list[int]], Events]) -> Finalized:
     """If every one of ``count`` parts recorded its shards, and each is there as recorded: create
     the small files (``make_small(indices)`` streams them) and then ``modelinit.json`` exactly once,
-    delete the records; returns the plan's files and ``[]``. While a part is missing: None (nothing
-    written) and the missing parts."""
+    delete the records; returns the plan's files. While a shard is missing: no files (nothing
+    written), and what is missing."""
     objects = bucket.list()
-    done = _complete_manifest(bucket, plan, objects, bucket.read(MANIFEST_FILE) if MANIFEST_FILE in objects else None)
-    if done is not None:
-        return done, []
+    if (done := _listed_manifest(bucket, plan, objects)) is not None:
+        return Finalized(done, [], [])
     results: dict[int, FileResult] = {}
     missing: list[int] = []
     index = {f.name: i for i, f in enumerate(plan.files)}
@@ -323,10 +338,14 @@ def finalize(bucket: Bucket, plan: pb.PlanResponse, count: int, make_small: Call
         if any(plan.files[i].name not in uploaded for i in shards):
             missing.append(k)
         results.update((i, uploaded[plan.files[i].name]) for i in shards if plan.files[i].name in uploaded)
+    # The last part creates modelinit.json, then deletes the records: one that read the records in
+    # between finds its own shards unrecorded although the checkpoint is complete.
+    if missing and (done := _listed_manifest(bucket, plan, bucket.list())) is not None:
+        return Finalized(done, [], [])
     if missing:
         log.info("%s: part(s) %s of %d not finished yet; the last part to finish writes %s", bucket,
                  ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else ""), count, MANIFEST_FILE)
-        return None, missing
+        return Finalized(None, missing, [f.name for f in plan.files if f.shard and f.name not in uploaded])
     small = [i for i in small_files(plan) if plan.files[i].name not in uploaded]  # a whole run uploaded its own
     results.update((i, uploaded[plan.files[i].name]) for i in small_files(plan) if i not in small)
     if small:
@@ -338,7 +357,7 @@ def finalize(bucket: Bucket, plan: pb.PlanResponse, count: int, make_small: Call
     for name in bucket.list():
         if _is_record(name):
             bucket.delete(name)
-    return ordered, []
+    return Finalized(ordered, [], [])
 
 
 def recorded_request(bucket: Bucket) -> tuple[pb.ModelRequest, int]:

@@ -315,11 +315,13 @@ def _main(argv: list[str] | None) -> int:
                     result = client.init_model(args.spec, **write, **kwargs)
                 shards = sum(f.name.endswith(".safetensors") for f in result.files)
                 if not result.complete:
-                    size = sum(f.size for f in result.files)
                     missing = ", ".join(map(str, result.missing_parts[:16])) + (" ..." if len(result.missing_parts) > 16 else "")
+                    if args.part is None:  # the client raises first; a whole run never ends here as a success
+                        return _fail(f"{result.path}: modelinit.json not written: part(s) {missing} not there", 1)
+                    size = sum(f.size for f in result.files)
                     print(f"wrote part {args.part}: {shards} shard(s) ({size / 1e9:.2f} GB) to {result.path}; part(s) {missing} "
-                          f"not finished yet: the last one (or `modelinit finalize {result.path}`) writes modelinit.json; "
-                          f"fingerprint {result.fingerprint[:16]}")
+                          f"not finished yet, so no modelinit.json yet: the last part (or `modelinit finalize {result.path}`) "
+                          f"writes it; fingerprint {result.fingerprint[:16]}")
                     return 0
                 verb = "already complete (verified, nothing written):" if result.reused else "wrote"
                 print(f"{verb} {result.total_params:,} parameters ({result.total_bytes / 1e9:.2f} GB) in {shards} shard(s) "

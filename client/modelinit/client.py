@@ -65,8 +65,10 @@ class InitResult:
     """Files an interrupted run of the same weights had finished, re-hashed and kept (not fetched
     again)."""
     complete: bool = True
-    """False after a ``part`` that found other parts unfinished: its shards are in, ``files``
-    lists them, and the last part to finish (or ``modelinit finalize``) writes ``modelinit.json``."""
+    """False only after a ``part`` that finished its own share and found other parts unfinished:
+    its shards are in, ``files`` lists them, and the last part to finish (or ``modelinit
+    finalize``) writes ``modelinit.json``. A whole run, or a part whose own shards are not all
+    there, that cannot write ``modelinit.json`` raises instead."""
     missing_parts: tuple[int, ...] = ()
     """When not ``complete``: the parts (0-based) whose shards are not all there yet."""
 
@@ -446,11 +448,19 @@ class Client:
                 self._stream_files(request, plan, todo, todo, upload, parallel, bar)
         finally:
             bar(None)
-        files, missing = bucket_writer.finalize(bucket, plan, part.count, lambda idx: self.source.events(request, plan, idx))
-        if files is None:
+        try:
+            done = bucket_writer.finalize(bucket, plan, part.count, lambda idx: self.source.events(request, plan, idx))
+        except ModelInitError as e:  # the shards are in, the checkpoint is not: say both
+            raise ModelInitError(e.code, f"{e.details}; {MANIFEST_FILE} is not written, so {bucket} is not a complete "
+                                         f"checkpoint (the uploaded shards are kept: rerun, or `modelinit finalize {bucket}`)") from None
+        if done.files is None:
+            lost = [plan.files[i].name for i in mine if plan.files[i].name in done.missing_files]
+            if part.whole or lost:  # only a part whose own share is in may end without the manifest
+                raise _not_there_as_uploaded(bucket, part, lost)
             return InitResult(bucket.url, plan.fingerprint, tuple(record.files[i][0] for i in mine), plan.total_params,
-                              plan.total_bytes, plan.algorithm_version, kept=kept, complete=False, missing_parts=tuple(missing))
-        return InitResult(bucket.url, plan.fingerprint, tuple(files), plan.total_params, plan.total_bytes,
+                              plan.total_bytes, plan.algorithm_version, kept=kept, complete=False,
+                              missing_parts=tuple(done.missing_parts))
+        return InitResult(bucket.url, plan.fingerprint, tuple(done.files), plan.total_params, plan.total_bytes,
                           plan.algorithm_version, kept=kept)
 
     def finalize(self, url: str | os.PathLike) -> InitResult:
@@ -464,9 +474,9 @@ class Client:
         request, count = bucket_writer.recorded_request(bucket)
         plan = full_plan(self.source, request)
         check_plan_names(plan)
-        files, missing = bucket_writer.finalize(bucket, plan, count, lambda idx: self.source.events(request, plan, idx))
-        return InitResult(bucket.url, plan.fingerprint, tuple(files or ()), plan.total_params, plan.total_bytes,
-                          plan.algorithm_version, complete=files is not None, missing_parts=tuple(missing))
+        done = bucket_writer.finalize(bucket, plan, count, lambda idx: self.source.events(request, plan, idx))
+        return InitResult(bucket.url, plan.fingerprint, tuple(done.files or ()), plan.total_params, plan.total_bytes,
+                          plan.algorithm_version, complete=done.files is not None, missing_parts=tuple(done.missing_parts))
 
     def init_model_from_manifest(self, manifest: str | os.PathLike, out_dir: str | os.PathLike, **options: Any) -> InitResult:
         """Reproduce a run byte for byte: write into ``out_dir`` what the request recorded in
@@ -509,3 +519,14 @@ def reproduce(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, client
         return client.init_model_from_manifest(manifest, out_dir, **options)
     with Client() as own:
         return own.init_model_from_manifest(manifest, out_dir, **options)
+
+
+def _not_there_as_uploaded(bucket: Bucket, part: Part, lost: list[str]) -> ModelInitError:
+    """The error of a run whose own uploads are not all there when it finalizes (deleted or
+    replaced since: another writer, a lifecycle rule): it must not end as if it had succeeded."""
+    whose = "this run" if part.whole else f"part {part}"
+    shown = ", ".join(lost[:4]) + (f" and {len(lost) - 4} more" if len(lost) > 4 else "")
+    return ModelInitError(grpc.StatusCode.ABORTED,
+                          f"{bucket}: {MANIFEST_FILE} not written: {len(lost)} shard(s) {whose} uploaded are not there as "
+                          f"uploaded ({shown}; deleted or replaced since, by another writer?); the checkpoint is incomplete: "
+                          "rerun the same command to upload them again")
