@@ -3,7 +3,7 @@ by modelinit and loaded back by transformers.
 
 For each ``model_type`` of ``CONFIG_MAPPING``: its default config, every width, depth, head count,
 vocabulary and expert count made small by :func:`shrink` (nested sub-configs too); its usual class
-(:func:`modelinit_server.architectures.hf.default_class`). A type counts as *buildable* when
+(:func:`modelinit_server.architectures.meta_models.default_class`). A type counts as *buildable* when
 transformers itself builds that class from the shrunk config (on the meta device); the others are
 skipped and counted. A buildable type *passes* when modelinit plans it, writes it, and
 ``from_pretrained`` loads the folder with no missing, unexpected or mismatched keys, no NaN where
@@ -155,9 +155,9 @@ class Outcome:
 @contextlib.contextmanager
 def quiet():
     """modelinit's own quieting of transformers (logging, warnings, stdout), and stderr too."""
-    from modelinit_server.architectures.hf import _quiet
+    from modelinit_server.architectures.meta_models import quiet
 
-    with _quiet(), contextlib.redirect_stderr(io.StringIO()):
+    with quiet(), contextlib.redirect_stderr(io.StringIO()):
         yield
 
 
@@ -171,10 +171,10 @@ def candidate(model_type: str) -> tuple[str, dict[str, Any]] | str:
     """(class name, shrunk config.json document) transformers builds, or why there is none."""
     import torch
     import transformers
-    from modelinit_server.architectures import hf
+    from modelinit_server.architectures import meta_models
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    usual = hf.default_class(model_type)
+    usual = meta_models.default_class(model_type)
     if not usual:
         return "no model class"
     try:
@@ -184,7 +184,7 @@ def candidate(model_type: str) -> tuple[str, dict[str, Any]] | str:
         return f"default config: {type(e).__name__}: {e}"
     # the usual head first; a composite type whose usual head takes a sub-config (Qwen3.5's causal
     # LM takes the text config) is built as its other classes
-    names = [usual] + [n for n in hf.classes_for(model_type) if n != usual]
+    names = [usual] + [n for n in meta_models.classes_for(model_type) if n != usual]
     documents = [shrink(base, False, v) for v in VARIANTS] + [shrink(base, True), dict(base)]
     reasons: list[str] = []
     for cls_name in names:

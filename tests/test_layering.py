@@ -44,3 +44,72 @@ def test_wire_loads_neither_side():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]", r.stdout
+
+
+def _private_uses_of_architectures(path, package: str) -> list[str]:
+    """Where the module at ``path`` (in ``package``) reaches a private name of
+    ``modelinit_server.architectures``: a private module (``architectures._fields``), a private name
+    imported from one (``from ..architectures.hf import _quiet``), or an attribute of an imported
+    architectures module (``hf._config``)."""
+    import ast
+
+    tree = ast.parse(path.read_text(), str(path))
+    parts = package.split(".")
+    bound: set[str] = set()  # local names bound to an architectures module
+    found: list[str] = []
+
+    def absolute(node: ast.ImportFrom) -> str:
+        if not node.level:
+            return node.module or ""
+        base = parts[: len(parts) - node.level + 1]
+        return ".".join(base + ([node.module] if node.module else []))
+
+    root = "modelinit_server.architectures"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = absolute(node)
+            if not (module == root or module.startswith(root + ".")):
+                continue
+            if any(p.startswith("_") for p in module[len(root):].split(".") if p):
+                found.append(f"{path.name}:{node.lineno}: {module}")
+            for alias in node.names:
+                if alias.name.startswith("_"):
+                    found.append(f"{path.name}:{node.lineno}: {module}.{alias.name}")
+                elif module == root:  # a submodule of architectures, bound to a local name
+                    bound.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith(root + ".") and any(p.startswith("_") for p in alias.name.split(".")):
+                    found.append(f"{path.name}:{node.lineno}: {alias.name}")
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{path.name}:{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_architectures_is_entered_through_its_public_names_only():
+    """No module outside ``modelinit_server/architectures/`` (server, client, wire, benchmarks) uses
+    one of its private names: a private module, a private function or attribute of a public one."""
+    found = []
+    for top, package in (("server", None), ("client", None), ("proto", None), ("benchmarks", "benchmarks")):
+        for path in sorted((REPO / top).rglob("*.py")):
+            rel = path.relative_to(REPO / top)
+            if rel.parts[:2] == ("modelinit_server", "architectures") or "v1" in rel.parts:
+                continue
+            name = package or ".".join(rel.with_suffix("").parts)
+            pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+            found += _private_uses_of_architectures(path, pkg.removesuffix(".__init__"))
+    assert found == [], found
+
+
+def test_the_private_name_check_finds_each_kind_of_use(tmp_path):
+    """The check above fails on each way a private name can be reached (so it is not vacuous)."""
+    src = tmp_path / "run.py"
+    src.write_text("from ..architectures import hf\nfrom ..architectures.recorder import _clear_flags\n"
+                   "from ..architectures._fields import invalid\nimport modelinit_server.architectures._family\n"
+                   "hf._quiet()\nhf.build()\n")
+    found = _private_uses_of_architectures(src, "modelinit_server.probe")
+    assert [f.split(": ")[1] for f in found] == [
+        "modelinit_server.architectures.recorder._clear_flags", "modelinit_server.architectures._fields",
+        "modelinit_server.architectures._family", "hf._quiet"], found

@@ -92,9 +92,9 @@ def from_config(config: Mapping[str, Any] | str, architecture: str = "") -> Mode
         architecture = _architecture(document, family)
         document["architectures"] = [architecture]
         return family.build(document, architecture)
-    from . import hf, spec_cache
+    from . import hf, meta_models, spec_cache
 
-    return spec_cache.cached(document, override, hf.transformers_version(), hf.build)
+    return spec_cache.cached(document, override, meta_models.transformers_version(), hf.build)
 
 
 def _architecture(document: Mapping[str, Any], family: Family) -> str:

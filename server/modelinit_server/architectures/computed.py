@@ -35,7 +35,8 @@ import numpy as np
 
 from ..engine import Sampler
 from ..engine.core import transform, uniforms
-from ..core.variance_scaling import uniform_bound, variance_scaling_std
+from .init_laws import DRAWN
+from .meta_models import clear_init_flags, meta_model
 
 Keyer = Callable[[str], tuple[int, int]]
 
@@ -119,18 +120,12 @@ class Replay:
         return {name: first[name] for name in names}
 
     def _meta_model(self):
-        from . import hf
-
-        tf = hf._transformers()
-        config = hf._config(tf, self.document)
-        return hf._meta_model(tf, hf._class(tf, config, self.architecture, "spec.architecture"), config)
+        return meta_model(self.document, self.architecture)
 
     def _run(self, model, names: tuple[str, ...], keyer: Keyer, seed: int) -> dict[str, np.ndarray]:
         """The model's initialize_weights() with ``names`` materialized (again: each run starts from
         unset values) and the global generators seeded with ``seed``."""
         import torch
-
-        from .recorder import _clear_flags
 
         targets: dict[str, Any] = {}
         total = 0
@@ -148,7 +143,7 @@ class Replay:
             torch.manual_seed(seed)
             np.random.seed(seed)
             with _replaying(model, targets, keyer):
-                _clear_flags(model)
+                clear_init_flags(model)
                 model.initialize_weights()
         finally:
             torch.set_rng_state(torch_state)
@@ -236,7 +231,7 @@ def _replaying(model, targets: dict[str, Any], keyer: Keyer):
     import transformers.initialization as init_module
     from torch.overrides import TorchFunctionMode
 
-    from .recorder import RECORDED, _torch_gain
+    from .recorder import RECORDED
 
     streams = _Streams(keyer)
 
@@ -249,44 +244,13 @@ def _replaying(model, targets: dict[str, Any], keyer: Keyer):
             t.copy_(streams.tensor(t.shape, sampler).to(t.dtype))
         return t
 
-    fans = torch.nn.init._calculate_fan_in_and_fan_out
+    def drawing(fname: str):
+        law = DRAWN[fname]  # the one table: the same law the recorder puts in the plan (init_laws)
 
-    def uniform_(tensor, a=0.0, b=1.0, generator=None):
-        return draw(tensor, Sampler("uniform", low=float(a), high=float(b))) if ours(tensor) else tensor
+        def call(tensor, *args, **kwargs):
+            return draw(tensor, _sampler_of(law(tensor, *args, **kwargs))) if ours(tensor) else tensor
 
-    def normal_(tensor, mean=0.0, std=1.0, generator=None):
-        return draw(tensor, _normal(float(mean), float(std))) if ours(tensor) else tensor
-
-    def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
-        if not ours(tensor):
-            return tensor
-        if float(std) == 0.0:
-            return draw(tensor, Sampler("constant", value=min(max(float(mean), float(a)), float(b))))
-        return draw(tensor, _trunc(float(mean), float(std), float(a), float(b)))
-
-    def xavier_uniform_(tensor, gain=1.0, generator=None):
-        if not ours(tensor):
-            return tensor
-        bound = uniform_bound(variance_scaling_std(*fans(tensor), "fan_avg", gain))
-        return draw(tensor, Sampler("uniform", low=-bound, high=bound))
-
-    def xavier_normal_(tensor, gain=1.0, generator=None):
-        if not ours(tensor):
-            return tensor
-        return draw(tensor, Sampler("normal", std=variance_scaling_std(*fans(tensor), "fan_avg", gain)))
-
-    def _kaiming(tensor, a, mode, nonlinearity):
-        fan_in, fan_out = fans(tensor)
-        return variance_scaling_std(fan_in, fan_out, "fan_in" if mode == "fan_in" else "fan_out", _torch_gain(nonlinearity, a))
-
-    def kaiming_uniform_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
-        if not ours(tensor):
-            return tensor
-        bound = uniform_bound(_kaiming(tensor, a, mode, nonlinearity))
-        return draw(tensor, Sampler("uniform", low=-bound, high=bound))
-
-    def kaiming_normal_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
-        return draw(tensor, Sampler("normal", std=_kaiming(tensor, a, mode, nonlinearity))) if ours(tensor) else tensor
+        return call
 
     def orthogonal_(tensor, gain=1.0, generator=None):
         """torch's construction (QR of a normal matrix, signs from R's diagonal), in float64 with numpy."""
@@ -326,9 +290,7 @@ def _replaying(model, targets: dict[str, Any], keyer: Keyer):
         return call
 
     replacements = dict(
-        uniform_=uniform_, normal_=normal_, trunc_normal_=trunc_normal_, xavier_uniform_=xavier_uniform_,
-        xavier_normal_=xavier_normal_, kaiming_uniform_=kaiming_uniform_, kaiming_normal_=kaiming_normal_,
-        orthogonal_=orthogonal_, sparse_=refused("sparse_"),
+        {fname: drawing(fname) for fname in DRAWN}, orthogonal_=orthogonal_, sparse_=refused("sparse_"),
         constant_=passthrough("constant_"), ones_=passthrough("ones_"), zeros_=passthrough("zeros_"),
         eye_=passthrough("eye_"), dirac_=passthrough("dirac_"), copy_=passthrough("copy_"),
     )

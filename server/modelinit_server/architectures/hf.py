@@ -13,168 +13,20 @@ The generic path behind every spec the built-in families do not cover:
 4. each tensor gets a module kind, a role, a layer index and fans (:mod:`.roles`) so that every
    policy, not only hf-default, applies to any family.
 
-transformers is imported only here, and only when a spec needs it.
+transformers is imported only when a spec needs it, through :mod:`.meta_models` (the model) and here
+(its weight conversions).
 """
 from __future__ import annotations
 
-import contextlib
-import importlib.metadata
-import io
-import logging
 import math
-import warnings
 from typing import Any
 
 from ..core.tensors import HfInit, ModelSpec, TensorSpec
-from ._fields import DROPPED_KEYS, MAX_DIM, decode_special_floats, invalid
+from ._fields import DROPPED_KEYS, MAX_DIM, invalid
 from .computed import replay_of, weight_norm_dim
+from .meta_models import build_meta, config_of, default_class, load_transformers, model_class, one_line, quiet
 from .recorder import Record, record_init
 from .roles import ModuleInfo, describe
-
-#: Auto mappings tried, in order, for the class of a config without ``architectures``.
-DEFAULT_CLASS_MAPPINGS = (
-    "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
-    "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
-    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
-    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
-    "MODEL_MAPPING_NAMES",
-)
-
-
-def transformers_version() -> str:
-    """The installed transformers version, without importing it; empty when it is missing."""
-    try:
-        return importlib.metadata.version("transformers")
-    except importlib.metadata.PackageNotFoundError:
-        return ""
-
-
-def _transformers():
-    try:
-        with _quiet():
-            import torch  # noqa: F401
-            import transformers
-    except ImportError as e:
-        raise ValueError(
-            f"spec: this architecture needs transformers on the server ({e}); install 'modelinit[server]'"
-        ) from None
-    return transformers
-
-
-@contextlib.contextmanager
-def _quiet():
-    """transformers warns about configs on stderr and through logging; a plan is not the place."""
-    logger = logging.getLogger("transformers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
-
-
-def classes_for(model_type: str) -> list[str]:
-    """The model classes transformers has for ``model_type`` (heads and base), sorted."""
-    from transformers.models.auto import modeling_auto
-
-    names: set[str] = set()
-    for attr in dir(modeling_auto):
-        mapping = getattr(modeling_auto, attr)
-        if attr.endswith("_MAPPING_NAMES") and isinstance(mapping, dict):
-            value = mapping.get(model_type)
-            for v in value if isinstance(value, (list, tuple)) else [value]:
-                if isinstance(v, str):
-                    names.add(v)
-    tf = _transformers()
-    return sorted(n for n in names if _model_class(tf, n) is not None)
-
-
-def _model_class(tf, name: str):
-    try:
-        cls = getattr(tf, name, None)
-    except Exception:  # a lazily imported class whose module needs something missing
-        return None
-    return cls if isinstance(cls, type) and issubclass(cls, tf.PreTrainedModel) else None
-
-
-def default_class(model_type: str) -> str | None:
-    """The usual head of a family: masked LM, seq2seq LM, causal LM, image classification, base."""
-    from transformers.models.auto import modeling_auto
-
-    for attr in DEFAULT_CLASS_MAPPINGS:
-        name = getattr(modeling_auto, attr).get(model_type)
-        if isinstance(name, (list, tuple)):
-            name = name[0] if name else None
-        if name:
-            return name
-    return None
-
-
-def _config(tf, document: dict[str, Any]):
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    model_type = document.get("model_type")
-    if not isinstance(model_type, str) or not model_type:
-        raise invalid("model_type", f"missing or not a string ({model_type!r})", "set the HF model_type, e.g. \"llama\"")
-    if model_type not in CONFIG_MAPPING:
-        raise invalid(
-            "model_type",
-            f"unsupported model type {model_type!r}: transformers {tf.__version__} does not know it",
-            "use a model_type transformers has (e.g. llama, mixtral, bert, t5, vit); custom-code models are not run",
-        )
-    fields = decode_special_floats({k: v for k, v in document.items() if k not in DROPPED_KEYS and k != "auto_map"})
-    try:
-        with _quiet():
-            return CONFIG_MAPPING[model_type].from_dict(fields)
-    except Exception as e:  # noqa: BLE001 - whatever the config class raises is about the document
-        raise invalid("", f"transformers rejects this {model_type} config: {_one_line(e)}", "fix the field it names") from None
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-def _class(tf, config, architecture: str, field: str):
-    classes = classes_for(config.model_type)
-    cls = _model_class(tf, architecture)
-    if cls is None or architecture not in classes:
-        raise ValueError(
-            f"{field}: {architecture!r} is not a transformers class of model_type {config.model_type!r}; "
-            f"use one of: {', '.join(classes)}"
-        )
-    return cls
-
-
-def _meta_model(tf, cls, config):
-    import torch
-    from transformers.initialization import no_tie_weights
-
-    from .recorder import constructor_records
-
-    try:
-        with _quiet(), torch.device("meta"), no_tie_weights(), constructor_records() as constructed:
-            model = cls(config)
-        model._modelinit_constructed = constructed  # for record_init: what the constructor writes
-        return model
-    except Exception as e:  # noqa: BLE001 - a model class that cannot be built from the config is bad input
-        raise invalid(
-            "", f"transformers cannot build {cls.__name__} from this config: {_one_line(e)}", "fix the sizes it names"
-        ) from None
-
-
-def meta_model(cls, document: dict[str, Any]):
-    """``cls`` built from ``document`` (a config.json object) on the meta device, its weights tied:
-    the model whose tensors :func:`build` enumerates, for callers that locate those tensors in a
-    model of the same class (``init_module_``). Bad input is a ``ValueError`` as for :func:`build`."""
-    tf = _transformers()
-    model = _meta_model(tf, cls, _config(tf, document))
-    with _quiet():
-        model.tie_weights()
-    return model
-
 
 def config_document(config, architecture: str) -> dict[str, Any]:
     """A transformers config object as the config.json document a request for class
@@ -192,7 +44,7 @@ def reverse_conversions(model) -> tuple[list[Any], list[Any]]:
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import PrefixChange, WeightConverter, WeightRenaming
 
-    with _quiet():
+    with quiet():
         conversions = get_model_conversion_mapping(model, add_legacy=False)
     conversions = [c for c in conversions if not isinstance(c, PrefixChange)]
     reverse = [c.reverse_transform() for c in conversions[::-1]]
@@ -202,7 +54,7 @@ def reverse_conversions(model) -> tuple[list[Any], list[Any]]:
 def convert(converter, target: str, model) -> dict[str, Any]:
     """The outputs of a converter of :func:`reverse_conversions` that has been given its input
     tensors (``add_tensor``), by stored name before renaming: one tensor each, quietly."""
-    with _quiet():
+    with quiet():
         outputs = converter.convert(target, model=model, config=model.config)
     return {name: (t[0] if isinstance(t, list) else t) for name, t in outputs.items()}
 
@@ -210,18 +62,18 @@ def convert(converter, target: str, model) -> dict[str, Any]:
 def build(document: dict[str, Any], architecture: str = "") -> ModelSpec:
     """The spec of ``document`` (a config.json object) as class ``architecture`` (empty: the
     config's ``architectures[0]``, else the family's usual head)."""
-    tf = _transformers()
-    config = _config(tf, document)
+    tf = load_transformers()
+    config = config_of(document)
     override = bool(architecture)
     if not architecture:
         names = document.get("architectures")
         if names is not None and not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
             raise invalid("architectures", f"must be a non-empty list of class names, got {names!r}", "use e.g. [\"LlamaForCausalLM\"]")
         architecture = names[0] if names else (default_class(config.model_type) or "")
-    cls = _class(tf, config, architecture, "spec.architecture" if override else "spec.config.architectures")
-    model = _meta_model(tf, cls, config)
+    cls = model_class(config, architecture, "spec.architecture" if override else "spec.config.architectures")
+    model = build_meta(cls, config)
     records = record_init(model)  # before tying, as transformers initializes then ties
-    with _quiet():
+    with quiet():
         model.tie_weights()
     stored, tied = _stored(tf, model)
     tensors = [_tensor_spec(name, shape, info, records, model) for name, shape, info in list(_hub_layout(tf, model, stored))]
@@ -266,7 +118,7 @@ def _stored(tf, model) -> tuple[dict[str, Any], dict[str, str]]:
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
     full = model.state_dict()
-    with _quiet():
+    with quiet():
         kept = remove_tied_weights_from_state_dict(dict(full), model)
     for key in getattr(model, "_keys_to_ignore_on_save", None) or ():
         kept.pop(key, None)
@@ -290,7 +142,7 @@ def _hub_layout(tf, model, stored: dict[str, Any]):
     try:
         groups = _reverse_conversion(tf, model, stored)
     except Exception as e:  # noqa: BLE001 - sizes the conversion cannot split (e.g. zero experts) are bad input
-        raise invalid("", f"transformers cannot lay out {type(model).__name__}'s tensors as the hub does: {_one_line(e)}",
+        raise invalid("", f"transformers cannot lay out {type(model).__name__}'s tensors as the hub does: {one_line(e)}",
                       "fix the sizes it names") from None
     emitted = set()
     for name, tensor in stored.items():

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ..core.tensors import HfInit
-from ..core.variance_scaling import nonlinearity_gain, uniform_bound, variance_scaling_std
+from .init_laws import DRAWN
 
 #: The functions of ``transformers.initialization`` that write a tensor and are replaced here.
 #: ``lecun_normal_`` / ``default_flax_embed_init_`` resolve to ``normal_`` / ``trunc_normal_`` /
@@ -214,22 +214,14 @@ class _Recorder:
 
 
 def _functions(rec: _Recorder) -> dict[str, Callable]:
-    import torch
+    def drawing(fname: str):
+        law = DRAWN[fname]  # the one table: the same law the replay draws (init_laws)
 
-    def fans(t):
-        return torch.nn.init._calculate_fan_in_and_fan_out(t)
+        def record(tensor, *args, **kwargs):
+            rec.write(tensor, law(tensor, *args, **kwargs))
+            return tensor
 
-    def uniform_(tensor, a=0.0, b=1.0, generator=None):
-        rec.write(tensor, HfInit("uniform", low=float(a), high=float(b), source=f"init.uniform_(a={_g(a)}, b={_g(b)})"))
-        return tensor
-
-    def normal_(tensor, mean=0.0, std=1.0, generator=None):
-        what = f"init.normal_(mean={_g(mean)}, std={_g(std)})"
-        if float(std) == 0.0:  # torch fills the mean
-            rec.write(tensor, HfInit("constant", value=float(mean), source=what))
-        else:
-            rec.write(tensor, HfInit("normal", mean=float(mean), std=float(std), source=what))
-        return tensor
+        return record
 
     def constant_(tensor, val):
         if not math.isfinite(float(val)):  # e.g. a mask of -inf: stored exactly, through the replay
@@ -244,44 +236,6 @@ def _functions(rec: _Recorder) -> dict[str, Callable]:
 
     def zeros_(tensor):
         rec.write(tensor, HfInit("constant", value=0.0, source="init.zeros_"))
-        return tensor
-
-    def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
-        what = f"init.trunc_normal_(mean={_g(mean)}, std={_g(std)}, a={_g(a)}, b={_g(b)})"
-        if float(std) == 0.0:
-            rec.write(tensor, HfInit("constant", value=min(max(float(mean), float(a)), float(b)), source=what))
-        else:
-            rec.write(tensor, HfInit("trunc_normal", mean=float(mean), std=float(std), a=float(a), b=float(b), source=what))
-        return tensor
-
-    # Fan-based functions resolve exactly as torch.nn.init does for the in-memory tensor (the
-    # arithmetic: core.variance_scaling, torch's operation order).
-    def xavier_uniform_(tensor, gain=1.0, generator=None):
-        fan_in, fan_out = fans(tensor)
-        bound = uniform_bound(variance_scaling_std(fan_in, fan_out, "fan_avg", gain))
-        rec.write(tensor, HfInit("uniform", low=-bound, high=bound, source=f"init.xavier_uniform_(gain={_g(gain)})"))
-        return tensor
-
-    def xavier_normal_(tensor, gain=1.0, generator=None):
-        fan_in, fan_out = fans(tensor)
-        std = variance_scaling_std(fan_in, fan_out, "fan_avg", gain)
-        rec.write(tensor, HfInit("normal", std=std, source=f"init.xavier_normal_(gain={_g(gain)})"))
-        return tensor
-
-    def _kaiming_std(tensor, a, mode, nonlinearity):
-        fan_in, fan_out = fans(tensor)
-        gain = _torch_gain(nonlinearity, a)
-        return variance_scaling_std(fan_in, fan_out, "fan_in" if mode == "fan_in" else "fan_out", gain)
-
-    def kaiming_uniform_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
-        bound = uniform_bound(_kaiming_std(tensor, a, mode, nonlinearity))
-        rec.write(tensor, HfInit("uniform", low=-bound, high=bound,
-                                 source=f"init.kaiming_uniform_(a={_g(a)}, mode={mode}, nonlinearity={nonlinearity})"))
-        return tensor
-
-    def kaiming_normal_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
-        std = _kaiming_std(tensor, a, mode, nonlinearity)
-        rec.write(tensor, HfInit("normal", std=std, source=f"init.kaiming_normal_(a={_g(a)}, mode={mode}, nonlinearity={nonlinearity})"))
         return tensor
 
     def refuse(fname: str, why: str):
@@ -307,9 +261,7 @@ def _functions(rec: _Recorder) -> dict[str, Callable]:
         return record
 
     out = dict(
-        uniform_=uniform_, normal_=normal_, constant_=constant_, ones_=ones_, zeros_=zeros_, trunc_normal_=trunc_normal_,
-        xavier_uniform_=xavier_uniform_, xavier_normal_=xavier_normal_, kaiming_uniform_=kaiming_uniform_,
-        kaiming_normal_=kaiming_normal_,
+        {fname: drawing(fname) for fname in DRAWN}, constant_=constant_, ones_=ones_, zeros_=zeros_,
         eye_=computing("eye_"), dirac_=computing("dirac_"), orthogonal_=computing("orthogonal_"), copy_=copy_,
         sparse_=refuse("sparse_", "draws a random sparsity pattern, which has no bit-reproducible equivalent in the engine"),
     )
@@ -325,26 +277,6 @@ def _functions(rec: _Recorder) -> dict[str, Callable]:
         return call
 
     return {name: guarded(fn) for name, fn in out.items()}
-
-
-#: Names torch's ``calculate_gain`` treats as linear (gain 1) besides ``linear`` itself.
-_TORCH_LINEAR_FNS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
-
-
-def _torch_gain(nonlinearity: str, param: Any) -> float:
-    """``torch.nn.init.calculate_gain(nonlinearity, param)``: torch's reading of the arguments (and
-    its errors), the gains themselves from :func:`~modelinit_server.core.variance_scaling.nonlinearity_gain`."""
-    if nonlinearity in _TORCH_LINEAR_FNS:
-        return nonlinearity_gain("linear")
-    if nonlinearity == "leaky_relu":
-        if param is None:
-            param = 0.01
-        elif not ((not isinstance(param, bool) and isinstance(param, int)) or isinstance(param, float)):
-            raise ValueError(f"negative_slope {param} not a valid number")
-        return nonlinearity_gain("leaky_relu", param)
-    if nonlinearity not in ("linear", "sigmoid", "tanh", "relu", "selu"):
-        raise ValueError(f"Unsupported nonlinearity {nonlinearity}")
-    return nonlinearity_gain(nonlinearity)
 
 
 def _direct_writes(rec: _Recorder):
@@ -599,9 +531,9 @@ def record_init(model) -> dict[str, Record]:
             setattr(init_module, name, fn)
         stack.callback(lambda: [setattr(init_module, n, f) for n, f in originals.items()])
         stack.enter_context(_direct_writes(rec))
-        _clear_flags(model)
+        clear_init_flags(model)
         model.initialize_weights()
-    _clear_flags(model)
+    clear_init_flags(model)
     records = rec.records()
     built = getattr(model, "_modelinit_constructed", {})
     for name, t in model.state_dict(keep_vars=True).items():
@@ -611,7 +543,7 @@ def record_init(model) -> dict[str, Record]:
     return records
 
 
-def _clear_flags(model) -> None:
+def clear_init_flags(model) -> None:
     """Building the model may mark modules initialized; the recording must see every write."""
     for module in model.modules():
         if getattr(module, "_is_hf_initialized", False):

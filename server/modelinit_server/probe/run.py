@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..architectures import hf
+from ..architectures import meta_models
 from ..core.planner import Request
 from ..engine import Sampler, tensor_key
 from ..engine.core import transform, uniforms
@@ -116,13 +116,9 @@ def build(request: Request):
     from ..training import init_module_
 
     spec = request.model
-    tf = hf._transformers()
-    config = hf._config(tf, dict(spec.config))
-    config._attn_implementation = "eager"
-    cls = hf._class(tf, config, spec.architecture, "spec.architecture")
-    model = hf._meta_model(tf, cls, config)
-    model.to_empty(device="cpu")
-    with hf._quiet():
+    model = meta_models.meta_model(dict(spec.config), spec.architecture, attention="eager")
+    model.to_empty(device="cpu")  # then tied: moving a meta model's tensors breaks its ties
+    with meta_models.quiet():
         model.tie_weights()
     _computed_buffers(model)
     model.to(torch.float32)
@@ -142,14 +138,12 @@ def _computed_buffers(model) -> None:
     with its draws skipped (init_module_ writes every stored tensor afterwards)."""
     import transformers.initialization as init_module
 
-    from ..architectures.recorder import _clear_flags
-
     originals = {name: getattr(init_module, name) for name in _DRAWS}
     try:
         for name in _DRAWS:
             setattr(init_module, name, lambda tensor, *a, **k: tensor)
-        _clear_flags(model)
-        with hf._quiet():
+        meta_models.clear_init_flags(model)
+        with meta_models.quiet():
             model.initialize_weights()
     finally:
         for name, fn in originals.items():
@@ -240,7 +234,7 @@ def measure(model, batch: Batch, spec=None) -> ModelMeasures:
         kwargs: dict[str, Any] = dict(batch.inputs, output_attentions=True)
         if batch.labels is not None:
             kwargs["labels"] = batch.labels
-        with hf._quiet():
+        with meta_models.quiet():
             out = model(**kwargs)
         logits = getattr(out, "logits", None)
         if batch.labels is not None and getattr(out, "loss", None) is not None:

@@ -59,13 +59,13 @@ def hf_spec(model, shapes: dict[str, tuple[int, ...]],
     shape the module holds) gets its bytes from, and how many stored tensors it lacks (``partial``:
     a pipeline stage; otherwise any is refused)."""
     from .. import architectures
-    from ..architectures import hf
+    from ..architectures import hf, meta_models
 
     cls = _hf_class(model)
     document = hf.config_document(model.config, cls.__name__)
     spec = architectures.from_config(document, cls.__name__)
     index = {t.name: i for i, t in enumerate(spec.tensors)}
-    meta = hf.meta_model(cls, document)
+    meta = meta_models.meta_model(document, cls, tie=True)
     layout = _disk_sources(meta)  # disk name -> [(in-memory name, Box)]
     by_source: dict[str, list[Piece]] = {}
     for disk, parts in layout.items():
