@@ -62,16 +62,16 @@ def test_requests_and_duration():
 
 def test_inflight_gauge():
     m = Metrics()
-    assert m.inflight_count() == 0
+    assert m.value("modelinit_inflight_streams") == 0
     m.stream_started()
     with m.inflight():
-        assert m.inflight_count() == 2
+        assert m.value("modelinit_inflight_streams") == 2
     m.stream_finished()
-    assert m.inflight_count() == 0
+    assert m.value("modelinit_inflight_streams") == 0
     with pytest.raises(RuntimeError), m.inflight():
-        assert m.inflight_count() == 1
+        assert m.value("modelinit_inflight_streams") == 1
         raise RuntimeError("stream failed")
-    assert m.inflight_count() == 0  # an aborted stream is no longer in flight
+    assert m.value("modelinit_inflight_streams") == 0  # an aborted stream is no longer in flight
 
 
 def test_stream_and_generation_counters():
@@ -113,7 +113,7 @@ def test_instances_are_independent():
     assert a.value("modelinit_stream_bytes_total") == 10
     assert b.value("modelinit_stream_bytes_total") == 0
     assert b.value("modelinit_requests_total", method="Init", code="OK") == 0
-    assert b.inflight_count() == 0
+    assert b.value("modelinit_inflight_streams") == 0
     assert a.registry is not b.registry
 
 

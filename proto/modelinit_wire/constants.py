@@ -39,3 +39,7 @@ DEFAULT_MAX_RANK = 8
 DEFAULT_MAX_TENSORS = 1_000_000
 #: Largest serialized request, in bytes (4 MiB, gRPC's own default message limit).
 DEFAULT_MAX_REQUEST_BYTES = 4 << 20
+
+#: Most characters of a request's value an error message quotes (either side): a hostile value
+#: (a megabyte-long glob, a 400-digit number) is shown as an excerpt, never whole.
+EXCERPT: int = 80

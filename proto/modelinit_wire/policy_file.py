@@ -21,6 +21,7 @@ import os
 import pathlib
 from typing import Any, Mapping
 
+from .constants import EXCERPT
 from .v1 import modelinit_pb2 as pb
 
 _DEPTH = {"none": pb.DEPTH_SCALING_NONE, "n_layers": pb.DEPTH_SCALING_N_LAYERS, "layer": pb.DEPTH_SCALING_LAYER}
@@ -100,8 +101,6 @@ MAX_FILE_BYTES = 1 << 20
 #: Most values a YAML policy may expand to through its aliases (``*name``): a file within
 #: MAX_FILE_BYTES without aliases holds far fewer, so only an alias bomb reaches it.
 MAX_YAML_VALUES = 1_000_000
-#: Most characters of a value quoted in an error message.
-EXCERPT = 80
 #: Largest integer that converts to a finite double.
 _MAX_FLOAT_INT = int(1.7976931348623157e308)
 

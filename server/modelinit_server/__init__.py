@@ -5,6 +5,8 @@ contracts check it, and a test runs them):
 
     service/        the gRPC adapter (server, servicer, security, limits, observability, the
                     ``serve`` command) and the same adapter in-process (embedded)
+    probe/          ``modelinit probe``: the model filled with a policy's bytes, one measured
+                    forward and backward pass, findings (beside service/: neither imports the other)
     training/       ``init_module_``: fill a materialized or sharded torch module in place
     produce/        the bytes of a plan: files and tensor slices, in bounded segments
     messages.py     wire messages (modelinit_wire.v1) <-> the core's dataclasses

@@ -1,19 +1,21 @@
 """Translation between the wire messages (modelinit.v1) and the core's dataclasses.
 
-Only shapes data: every check lives in the core's constructors, which raise ValueError with
-the field's path; the servicer turns those into INVALID_ARGUMENT.
+It shapes data and resolves the spec a message names (a preset or a config.json, through
+``architectures``) into the core's ``ModelSpec``; every check lives in the core's and the
+architectures' constructors, which raise ValueError with the field's path; the servicer turns
+those into INVALID_ARGUMENT.
 """
 from __future__ import annotations
 
 import hashlib
 
+from modelinit_wire.constants import EXCERPT
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from . import architectures
 from .core import explain, layout
 from .core.planner import Plan, Request
 from .core.policies import Distribution, Match, Policy, Rule
-from .core.quoting import EXCERPT
 from .engine import ALGORITHM_VERSION
 
 _DEPTH = {pb.DEPTH_SCALING_NONE: "none", pb.DEPTH_SCALING_N_LAYERS: "n_layers", pb.DEPTH_SCALING_LAYER: "layer"}

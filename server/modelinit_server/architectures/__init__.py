@@ -5,6 +5,11 @@ class ``config.architectures[0]`` (transformers 5.23) as ``save_pretrained`` sto
 weights appear once (the other names are in ``ModelSpec.tied``) and non-persistent buffers not at
 all. The returned ``ModelSpec.config`` is the complete config (transformers' defaults and
 derivations filled in) to write as ``config.json``; it carries no dtype.
+
+Imports: ``core`` (the tensors and the variance-scaling primitive) and ``engine`` (the replay of
+computed tensors draws from it), nothing above; transformers only through :mod:`.meta_models`
+and :mod:`.hf`, when a spec needs it. Callers outside use the public names only: ``from_preset``,
+``from_config``, the modules ``hf`` and ``meta_models`` (a test checks it).
 """
 from __future__ import annotations
 

@@ -39,7 +39,6 @@ class Record:
     init: HfInit | None = None
     refusal: str = ""
     """Why the tensor's values cannot be reproduced (set instead of ``init``)."""
-    zero_row_index: int | None = None
 
 
 def _g(x: Any) -> str:
@@ -178,7 +177,7 @@ class _Recorder:
         previous = self.state.get(key)
         zero = init is not None and init.kind == "constant" and init.value == 0.0
         if row is not None and zero and previous is not None and previous.init is not None and previous.init.kind != "computed":
-            self.state[key] = replace(previous, init=replace(previous.init, zero_row=True), zero_row_index=row)
+            self.state[key] = replace(previous, init=replace(previous.init, zero_row=True))
             return
         if refusal:
             self.state[key] = Record(None, refusal)

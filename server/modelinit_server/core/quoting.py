@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import reprlib
 
-#: Most characters of a value an error message quotes.
-EXCERPT = 80
+from modelinit_wire.constants import EXCERPT
 
 _repr = reprlib.Repr()
 _repr.maxstring = EXCERPT

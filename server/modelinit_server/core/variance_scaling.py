@@ -13,8 +13,8 @@ operation, because plans hash the resulting doubles::
     gain (torch's ``calculate_gain``): linear, sigmoid 1; relu sqrt(2); tanh 5/3; selu 3/4;
     leaky_relu sqrt(2 / (1 + negative_slope^2)).
 
-Named presets (:data:`SCALINGS`): ``xavier`` (= ``glorot``), ``lecun``, ``kaiming`` (= ``he``,
-torch's ``kaiming_normal_`` / ``kaiming_uniform_`` defaults), ``torch-linear`` (what
+Named presets: :data:`XAVIER` (Glorot), :data:`LECUN`, :data:`KAIMING` (He,
+torch's ``kaiming_normal_`` / ``kaiming_uniform_`` defaults), :data:`TORCH_LINEAR` (what
 ``nn.Linear`` / ``nn.Conv*`` ``reset_parameters`` draw: ``kaiming_uniform_(w, a=sqrt(5))``,
 bound about 1 / sqrt(fan_in)).
 """
@@ -78,6 +78,3 @@ KAIMING = Scaling("fan_in", nonlinearity_gain("leaky_relu", 0.0))
 """He et al. 2015, torch's ``kaiming_*_`` defaults (fan_in, leaky_relu, slope 0): std sqrt(2) / sqrt(fan_in)."""
 TORCH_LINEAR = Scaling("fan_in", nonlinearity_gain("leaky_relu", math.sqrt(5.0)))
 """``nn.Linear`` / ``nn.Conv*`` ``reset_parameters``: ``kaiming_uniform_(w, a=sqrt(5))``, bound about 1 / sqrt(fan_in)."""
-
-#: The named presets, by name (``glorot`` and ``he`` are aliases).
-SCALINGS = {"xavier": XAVIER, "glorot": XAVIER, "lecun": LECUN, "kaiming": KAIMING, "he": KAIMING, "torch-linear": TORCH_LINEAR}

@@ -1,4 +1,4 @@
-"""The probe: is an init sound before the run? (DESIGN §5b, docs/probe.md)
+"""The probe: is an init sound before the run? (docs/probe.md)
 
 ``probe(requests)`` fills the real model with each request's policy (its exact bytes, through
 ``init_module_``), runs one forward and backward pass on a synthetic batch made from the seed, and
@@ -52,10 +52,6 @@ class ProbeResult:
     """Empty for the whole model; else what the proxy is (every output says so)."""
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
-
-    @property
-    def sound(self) -> bool:
-        return not self.findings
 
 
 def probe(requests: list[Request], labels: list[str], batch: int = BATCH, seq: int = SEQ,

@@ -163,9 +163,6 @@ class Metrics:
 
     # -- reading (tests, diagnostics)
 
-    def inflight_count(self) -> int:
-        return int(self.value("modelinit_inflight_streams"))
-
     def value(self, name: str, **labels: str) -> float:
         """A sample's current value by its exposed name (``modelinit_requests_total``,
         ``modelinit_request_duration_seconds_count``, ...); 0.0 when no such series exists yet
