@@ -7,6 +7,8 @@ subprocess (the CLI) needs to reach it; ``s3_bucket``: a fresh, empty bucket per
 ``s3_no_checksums``: a loopback proxy in front of it that refuses any request carrying
 ``x-amz-checksum-*`` headers, as several S3-compatible stores do (boto3#4392);
 ``s3_checking_keys``: one that refuses any access key but the test's (moto accepts any).
+:func:`proxy` is that proxy for any store: ``refuse(method, path, headers)`` picks the requests it
+answers with an error instead of forwarding.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import os
 import socketserver
 import threading
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import pytest
 
@@ -91,22 +94,28 @@ def s3_bucket(s3_env) -> str:
 
 
 class _Proxy(http.server.BaseHTTPRequestHandler):
-    """Forwards every request to the upstream server, unless ``refuse(headers)`` names an error
-    (HTTP status, S3 error code) to answer instead, as a store that behaves otherwise would."""
+    """Forwards every request to the upstream server as it came (method, path with its query,
+    headers, body), unless ``refuse(method, path, headers)`` names an error (HTTP status, error
+    code) to answer instead, as a store that behaves otherwise would. The answer is the XML error
+    body S3 and Azure Blob Storage both send (``<Error><Code>...``). Every exchange is logged."""
 
     upstream: tuple[str, int]
     refused: list[str]
+    exchanges: list[tuple[str, str, int]]
     refuse: staticmethod
     protocol_version = "HTTP/1.1"
 
     def _any(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        answer = self.refuse(self.headers)
+        answer = self.refuse(self.command, self.path, self.headers)
         if answer is not None:
             self.refused.append(f"{self.command} {self.path}")
             status, code = answer
+            self.exchanges.append((self.command, self.path, status))
             msg = f"<Error><Code>{code}</Code><Message>refused by the test proxy</Message></Error>".encode()
             self.send_response(status)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("x-ms-error-code", code)  # where Azure's clients look for the code
             self.send_header("Content-Length", str(len(msg)))
             self.end_headers()
             self.wfile.write(msg)
@@ -115,6 +124,7 @@ class _Proxy(http.server.BaseHTTPRequestHandler):
         conn.request(self.command, self.path, body=body, headers={k: v for k, v in self.headers.items()})
         r = conn.getresponse()
         data = r.read()
+        self.exchanges.append((self.command, self.path, r.status))
         self.send_response(r.status)
         head = self.command == "HEAD"  # its Content-Length is the object's, and it has no body
         for k, v in r.getheaders():
@@ -133,20 +143,53 @@ class _Proxy(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _checksum_headers(headers) -> "tuple[int, str] | None":
+@dataclass
+class Proxied:
+    """A running test proxy: its endpoint and what it saw."""
+
+    endpoint: str
+    """``http://127.0.0.1:PORT``: point the client here instead of at the server."""
+    refused: list[str]
+    """``METHOD PATH`` of every request it refused."""
+    exchanges: list[tuple[str, str, int]]
+    """(method, path, status answered) of every request, refused or forwarded."""
+
+
+@contextlib.contextmanager
+def proxy(upstream: str, refuse) -> "Iterator[Proxied]":
+    """A loopback proxy in front of ``upstream`` (``http://HOST:PORT``) that refuses what
+    ``refuse(method, path, headers)`` names (see :class:`_Proxy`), forwarding everything else
+    unchanged: the path and the headers too, so a request stays signed as the client signed it
+    (Azure's SharedKey covers the path, not the host). Any store, any test: stores.py uses it too."""
+    refused: list[str] = []
+    exchanges: list[tuple[str, str, int]] = []
+    host, port = upstream.removeprefix("http://").split(":")
+    handler = type("H", (_Proxy,), {"upstream": (host, int(port)), "refused": refused, "exchanges": exchanges,
+                                    "refuse": staticmethod(refuse)})
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        yield Proxied(f"http://127.0.0.1:{server.server_address[1]}", refused, exchanges)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _checksum_headers(method: str, path: str, headers) -> "tuple[int, str] | None":
     if any(k.lower().startswith(("x-amz-checksum-", "x-amz-sdk-checksum")) for k in headers):
         return 400, "InvalidRequest"
     return None
 
 
-def _foreign_key(headers) -> "tuple[int, str] | None":
+def _foreign_key(method: str, path: str, headers) -> "tuple[int, str] | None":
     """moto's server accepts any key; a real store refuses one it does not know."""
     if f"Credential={KEYS['AWS_ACCESS_KEY_ID']}/" not in headers.get("Authorization", ""):
         return 403, "InvalidAccessKeyId"
     return None
 
 
-def _conditional_put(headers) -> "tuple[int, str] | None":
+def _conditional_put(method: str, path: str, headers) -> "tuple[int, str] | None":
     if "If-None-Match" in headers:
         return 501, "NotImplemented"
     return None
@@ -154,21 +197,13 @@ def _conditional_put(headers) -> "tuple[int, str] | None":
 
 @contextlib.contextmanager
 def _proxied(s3_server, monkeypatch, refuse):
-    refused: list[str] = []
-    host, port = s3_server.endpoint.removeprefix("http://").split(":")
-    handler = type("H", (_Proxy,), {"upstream": (host, int(port)), "refused": refused, "refuse": staticmethod(refuse)})
-    proxy = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
-    proxy.daemon_threads = True
-    threading.Thread(target=proxy.serve_forever, daemon=True).start()
-    endpoint = f"http://127.0.0.1:{proxy.server_address[1]}"
-    for k, v in {**s3_server.env, "AWS_ENDPOINT_URL": endpoint}.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setattr("modelinit.bucket.RETRIES", 1)
-    try:
-        yield s3_server, refused
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
+    """This process's environment pointed at a :func:`proxy` in front of ``s3_server``; yields
+    (server, refused requests)."""
+    with proxy(s3_server.endpoint, refuse) as p:
+        for k, v in {**s3_server.env, "AWS_ENDPOINT_URL": p.endpoint}.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setattr("modelinit.bucket.RETRIES", 1)
+        yield s3_server, p.refused
 
 
 @pytest.fixture()
