@@ -15,8 +15,10 @@ import modelinit
 import pytest
 from modelinit_server.service.server import BackgroundServer
 
+from tests.azure_server import azure_container, azure_env, azure_server  # noqa: F401 - fixtures
 from tests.s3_server import (  # noqa: F401 - fixtures
     s3_bucket, s3_checking_keys, s3_env, s3_no_checksums, s3_no_conditional_put, s3_server)
+from tests.stores import azure_store, s3_store, store  # noqa: F401 - fixtures
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
