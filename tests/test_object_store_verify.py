@@ -1,7 +1,9 @@
-"""`modelinit verify s3://bucket/prefix` and ``verify_folder`` on an object-store prefix: the same
-checks as a local folder (sizes, SHA-256, safetensors headers, index, leftovers, regeneration),
-each object streamed once from a real S3 server on loopback (tests/s3_server.py); and
-`init --from-manifest s3://.../modelinit.json` reproducing the upload byte for byte."""
+"""`modelinit verify s3://bucket/prefix` (or ``az://container/prefix``) and ``verify_folder`` on an
+object-store prefix: the same checks as a local folder (sizes, SHA-256, safetensors headers, index,
+leftovers, regeneration), each object streamed once from the store; and
+`init --from-manifest URL/modelinit.json` reproducing the upload byte for byte. Each case runs on
+every store the ``store`` fixture offers (tests/stores.py): S3 (moto's server) and Azure Blob
+Storage (Azurite), real servers on loopback."""
 from __future__ import annotations
 
 import json
@@ -30,38 +32,23 @@ def embedded():
 
 
 @pytest.fixture()
-def upload(s3_bucket, embedded):
-    """The tiny GPT-2 written to ``s3://BUCKET/m`` (5 shards, index, config, manifest): its URL."""
-    url = f"s3://{s3_bucket}/m"
+def upload(store, embedded):
+    """The tiny GPT-2 written to ``SCHEME://CONTAINER/m`` (5 shards, index, config, manifest): its URL."""
+    url = store.new_prefix()
     embedded.init_model(GPT2, out_dir=url, **REQUEST)
     return url
 
 
-def _key(url: str, name: str) -> tuple[str, str]:
-    bucket, _, prefix = url.removeprefix("s3://").partition("/")
-    return bucket, f"{prefix}/{name}"
-
-
-def get(s3, url: str, name: str) -> bytes:
-    bucket, key = _key(url, name)
-    return s3.admin.get_object(Bucket=bucket, Key=key)["Body"].read()
-
-
-def put(s3, url: str, name: str, data: bytes) -> None:
-    bucket, key = _key(url, name)
-    s3.admin.put_object(Bucket=bucket, Key=key, Body=data)
-
-
-def manifest(s3, url: str) -> dict:
-    return json.loads(get(s3, url, "modelinit.json"))
+def manifest(store, url: str) -> dict:
+    return json.loads(store.get(url, "modelinit.json"))
 
 
 def complete(url: str, doc: dict) -> bool:
     return is_complete(url, doc["fingerprint"], doc["algorithm_version"], [(f["name"], f["size"]) for f in doc["files"]])
 
 
-def test_a_fresh_upload_verifies(s3_server, upload, embedded, capsys):
-    doc = manifest(s3_server, upload)
+def test_a_fresh_upload_verifies(store, upload, embedded, capsys):
+    doc = manifest(store, upload)
     report = verify_folder(upload, client=embedded)
     assert isinstance(report, Report) and report.ok and report.regenerated and report.problems == ()
     assert report.path == upload and report.to_dict()["path"] == upload
@@ -79,11 +66,11 @@ def test_a_fresh_upload_verifies(s3_server, upload, embedded, capsys):
     assert got["ok"] is True and got["regenerated"] is False and got["path"] == upload and len(got["files"]) == 7
 
 
-def test_one_changed_byte_in_one_object(s3_server, upload, embedded, capsys):
-    doc = manifest(s3_server, upload)
-    data = bytearray(get(s3_server, upload, SHARD))
+def test_one_changed_byte_in_one_object(store, upload, embedded, capsys):
+    doc = manifest(store, upload)
+    data = bytearray(store.get(upload, SHARD))
     data[-3] ^= 0xFF  # tensor data: the header still parses
-    put(s3_server, upload, SHARD, bytes(data))
+    store.put(upload, SHARD, bytes(data))
     expected = next(f["sha256"] for f in doc["files"] if f["name"] == SHARD)
 
     report = verify_folder(upload, client=embedded)
@@ -103,9 +90,9 @@ def test_one_changed_byte_in_one_object(s3_server, upload, embedded, capsys):
     assert got["ok"] is False and got["regenerated"] is False and len(got["problems"]) == 1
 
 
-def test_a_broken_header_is_read_from_the_stream(s3_server, upload):
-    data = get(s3_server, upload, SHARD)
-    put(s3_server, upload, SHARD, struct.pack("<Q", len(data)) + data[8:])  # header length past the end
+def test_a_broken_header_is_read_from_the_stream(store, upload):
+    data = store.get(upload, SHARD)
+    store.put(upload, SHARD, struct.pack("<Q", len(data)) + data[8:])  # header length past the end
     check = next(f for f in verify_folder(upload, regenerate=False).files if f.name == SHARD)
     assert "SHA-256" in check.problem and f"header length {len(data)} does not fit in the {len(data)}-byte file" in check.problem
 
@@ -114,15 +101,14 @@ def test_a_broken_header_is_read_from_the_stream(s3_server, upload):
     name = next(k for k in header if k != "__metadata__")
     header[name]["shape"][0] += 1  # its byte count no longer matches data_offsets
     body = json.dumps(header, separators=(",", ":")).encode()
-    put(s3_server, upload, SHARD, data[:8] + body.ljust(n) + data[8 + n:])
+    store.put(upload, SHARD, data[:8] + body.ljust(n) + data[8 + n:])
     check = next(f for f in verify_folder(upload, regenerate=False).files if f.name == SHARD)
     assert f"tensor {name!r}" in check.problem and "data_offsets span" in check.problem
 
 
-def test_a_missing_object(s3_server, upload, capsys):
-    doc = manifest(s3_server, upload)
-    bucket, key = _key(upload, SHARD)
-    s3_server.admin.delete_object(Bucket=bucket, Key=key)
+def test_a_missing_object(store, upload, capsys):
+    doc = manifest(store, upload)
+    store.delete(upload, SHARD)
     report = verify_folder(upload, regenerate=False)
     check = next(f for f in report.files if f.name == SHARD)
     size = next(f["size"] for f in doc["files"] if f["name"] == SHARD)
@@ -134,14 +120,14 @@ def test_a_missing_object(s3_server, upload, capsys):
     assert f"BAD  {SHARD}: missing (manifest lists {size} bytes)" in capsys.readouterr().out.splitlines()
 
 
-def test_leftover_loader_objects_but_not_records(s3_server, upload, capsys):
+def test_leftover_loader_objects_but_not_records(store, upload, capsys):
     """What init_model would call foreign is reported; modelinit's hidden records, the user's
     other files and objects in "subfolders" are not."""
-    put(s3_server, upload, "pytorch_model.bin", b"stray")
-    put(s3_server, upload, ".modelinit.progress.json", b"{}")
-    put(s3_server, upload, ".modelinit.part-00000-of-00002.json", b"{}")
-    put(s3_server, upload, "tokenizer.json", b"{}")
-    put(s3_server, upload, "old/model.safetensors", b"x")
+    store.put(upload, "pytorch_model.bin", b"stray")
+    store.put(upload, ".modelinit.progress.json", b"{}")
+    store.put(upload, ".modelinit.part-00000-of-00002.json", b"{}")
+    store.put(upload, "tokenizer.json", b"{}")
+    store.put(upload, "old/model.safetensors", b"x")
     report = verify_folder(upload, regenerate=False)
     assert all(f.problem is None for f in report.files)
     assert report.problems == ("pytorch_model.bin: not in the manifest (left over from another run?)",)
@@ -151,42 +137,43 @@ def test_leftover_loader_objects_but_not_records(s3_server, upload, capsys):
     assert out[-1] == f"BAD: 1 problem(s) in {upload} (0 of 7 files bad)"
 
 
-def test_no_manifest_is_bad_input(s3_server, upload, s3_bucket, capsys):
-    """A prefix without modelinit.json (a run still uploading, or killed) and a bucket that does
-    not exist: FAILED_PRECONDITION, exit 2, one line."""
-    empty = f"s3://{s3_bucket}/other"
+def test_no_manifest_is_bad_input(store, upload, capsys):
+    """A prefix without modelinit.json (a run still uploading, or killed) and a bucket or
+    container that does not exist: FAILED_PRECONDITION, exit 2, one line."""
+    empty = upload.rpartition("/")[0] + "/other"
+    missing = store.missing_container_url()
     with pytest.raises(ModelInitError) as e:
         verify_folder(empty)
     assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert e.value.details == (f"{empty}: has no modelinit.json: not a complete checkpoint (an unfinished or partial "
                                "run leaves none)")
     assert not is_complete(empty, "x", 1, [])
-    for url in (empty, f"s3://{s3_bucket}-missing/m"):
+    for url in (empty, missing):
         assert main(["verify", url]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"modelinit: error: {url}: "), err
     with pytest.raises(ModelInitError) as e:
-        read_manifest(f"s3://{s3_bucket}-missing/m")
+        read_manifest(missing)
     assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "does not exist" in e.value.details
+    assert f"{store.container} {store.split(missing)[0]!r} does not exist" in e.value.details  # bucket / container
 
-    bucket, key = _key(upload, "modelinit.json")
-    s3_server.admin.put_object(Bucket=bucket, Key=key, Body=b"{not json")
+    store.put(upload, "modelinit.json", b"{not json")
     with pytest.raises(ModelInitError) as e:
         read_manifest(upload)
     assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert e.value.details.startswith(f"{upload}/modelinit.json: malformed manifest: not JSON")
 
 
-def test_init_from_a_bucket_manifest_reproduces_the_files(s3_server, upload, tmp_path, capsys):
+def test_init_from_a_bucket_manifest_reproduces_the_files(store, upload, tmp_path, capsys):
     """The manifest in the bucket replays its request into a local folder: every file, the
     manifest included, byte for byte the objects."""
-    uploaded = s3_server.keys(*_key(upload, ""))
+    uploaded = store.objects(upload)
     assert main(["init", "--from-manifest", f"{upload}/modelinit.json", "--out", str(tmp_path / "copy"), "--quiet"]) == 0
     assert read_folder(tmp_path / "copy") == uploaded
     capsys.readouterr()
     with modelinit.Client() as c:  # the prefix itself names its manifest too
         result = c.init_model_from_manifest(upload, tmp_path / "again")
-    assert read_folder(tmp_path / "again") == uploaded and result.fingerprint == manifest(s3_server, upload)["fingerprint"]
+    assert read_folder(tmp_path / "again") == uploaded and result.fingerprint == manifest(store, upload)["fingerprint"]
 
     empty = upload.rpartition("/")[0] + "/other"
     assert main(["init", "--from-manifest", empty, "--out", str(tmp_path / "none"), "--quiet"]) == 2
