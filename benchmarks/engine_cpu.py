@@ -23,7 +23,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "server"))
 
 import numpy as np  # noqa: E402
-from modelinit_server.engine import Sampler, core, cpu, tensor_key  # noqa: E402
+from modelinit_server.engine import Sampler, reference, cpu, tensor_key  # noqa: E402
 
 SAMPLERS = {
     "normal": Sampler("normal", std=0.02),
@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--n", default="64M", help="elements per run (default 64M)")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=core.DTYPES)
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=reference.DTYPES)
     ap.add_argument("--kinds", nargs="+", default=list(SAMPLERS), choices=list(SAMPLERS))
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-reference", action="store_true")
@@ -104,7 +104,7 @@ def main() -> None:
                 trate["bfloat16"] = best_rate(lambda: op().to(torch.bfloat16), n, args.repeat)
                 trate["float16"] = best_rate(lambda: op().to(torch.float16), n, args.repeat)
             for dtype in args.dtypes:
-                buf = np.empty(n * core.DTYPE_ITEMSIZE[dtype], dtype=np.uint8)
+                buf = np.empty(n * reference.DTYPE_ITEMSIZE[dtype], dtype=np.uint8)
                 krate = best_rate(lambda: cpu.generate_into(buf, sampler, key, 0, n, dtype, threads=th), n, args.repeat)
                 buf = None  # free it before the next dtype
                 if dtype in trate:
@@ -121,7 +121,7 @@ def main() -> None:
         print(f"# numpy reference engine.generate_array (single thread), n = {rn:,}")
         for kind in args.kinds:
             for dtype in args.dtypes:
-                rate = best_rate(lambda: core.generate_array(SAMPLERS[kind], key, 0, rn, dtype), rn, args.repeat)
+                rate = best_rate(lambda: reference.generate_array(SAMPLERS[kind], key, 0, rn, dtype), rn, args.repeat)
                 print(f"{'ref':>7} {kind:<13} {dtype:<9} {rate:>9.1f}")
 
 

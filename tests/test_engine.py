@@ -16,7 +16,7 @@ from modelinit_server.engine import (
     DTYPES,
     SAFETENSORS_DTYPE,
     Sampler,
-    core,
+    reference,
     generate,
     generate_array,
     log_ieee,
@@ -47,7 +47,7 @@ def values(arr: np.ndarray, dtype: str) -> np.ndarray:
 
 def round_to(x: float, dtype: str) -> float:
     """A float64 rounded to dtype by the engine's path, back as float64."""
-    return float(values(core.to_dtype(np.array([x]), dtype), dtype)[0])
+    return float(values(reference.to_dtype(np.array([x]), dtype), dtype)[0])
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ def test_scalar_tail_branches_agree():
 def test_chunking_across_blocks(monkeypatch):
     """Chunked generation with odd chunk sizes, and any internal block size, give the same bytes."""
     s = Sampler("trunc_normal", std=0.02, a=-2.0, b=2.0, zero_row=5, row_size=3001)
-    n = 2 * core.BLOCK + 12345
+    n = 2 * reference.BLOCK + 12345
     whole = generate(s, KEY, 0, n, "bfloat16")
     chunks, i = [], 0
     for size in [1, 3, 4097, 65535, 2, 10007, 30011]:
@@ -159,7 +159,7 @@ def test_chunking_across_blocks(monkeypatch):
         i += size
     chunks.append(generate(s, KEY, i, n - i, "bfloat16"))
     assert b"".join(chunks) == whole
-    monkeypatch.setattr(core, "BLOCK", 4093)
+    monkeypatch.setattr(reference, "BLOCK", 4093)
     assert generate(s, KEY, 0, n, "bfloat16") == whole
 
 
@@ -288,16 +288,16 @@ def test_trunc_normal_upper_tail_is_reflected():
     s = Sampler("trunc_normal", a=5.0)
     plo, phi, pw, flip = s.trunc_scalars
     assert flip and plo == 0.0 and phi == std_normal_cdf(-5.0) and pw == phi
-    v = core.transform(s, np.array([U_MIN, 0.5, U_MAX]))
+    v = reference.transform(s, np.array([U_MIN, 0.5, U_MAX]))
     assert np.isfinite(v).all() and np.all(v >= 5.0) and np.all(np.diff(v) < 0)
-    deep = core.transform(Sampler("trunc_normal", a=7.0), core.uniforms((1, 2), 0, 100_000))
+    deep = reference.transform(Sampler("trunc_normal", a=7.0), reference.uniforms((1, 2), 0, 100_000))
     assert deep.min() >= 7.0 and len(np.unique(deep)) > 99_000
     assert not Sampler("trunc_normal", a=-2.0, b=2.0).trunc_scalars.flip
     assert not Sampler("trunc_normal", a=-math.inf, b=math.inf).trunc_scalars.flip
     # u2 can never be 0: plo >= 0 and u * pw >= 2**-33 * 1e-12 is a normal number.
     s = Sampler("trunc_normal", b=-7.0)
     assert s.trunc_scalars.plo == 0.0 and 0.0 < U_MIN * s.trunc_scalars.pw
-    v = core.transform(s, np.array([U_MIN, U_MAX]))
+    v = reference.transform(s, np.array([U_MIN, U_MAX]))
     assert np.isfinite(v).all() and v[1] <= -7.0
 
 
@@ -356,7 +356,7 @@ def test_uniform_bits_are_uniform():
 def test_constant_exact(dtype):
     for v in (0.0, 1.0, -2.5, 0.125, 1.0 / 3.0, 1e-3):
         arr = generate_array(Sampler("constant", value=v), KEY, 3, 50, dtype)
-        expect = core.to_dtype(np.array([v]), dtype)[0]
+        expect = reference.to_dtype(np.array([v]), dtype)[0]
         assert np.all(arr.view(np.uint8).reshape(50, -1) == np.array([expect]).view(np.uint8))
     assert generate(Sampler("constant", value=1.0), KEY, 0, 2, "bfloat16") == b"\x80\x3f" * 2
     assert generate(Sampler("constant", value=1.0), KEY, 0, 1, "float16") == b"\x00\x3c"
@@ -413,14 +413,14 @@ def test_bfloat16_round_to_nearest_even():
         0x00000000: 0x0000,
     }
     x = f32_from_bits(list(cases))
-    got = core.to_dtype(x, "bfloat16")
+    got = reference.to_dtype(x, "bfloat16")
     assert got.dtype == np.uint16
     assert [int(g) for g in got] == list(cases.values())
 
 
 def test_float16_round_to_nearest_even():
     x = np.array([1 + 2.0**-11, 1 + 3 * 2.0**-11, -(1 + 2.0**-11), 2.0**-25, 3 * 2.0**-25, 65519.0, 1 + 2.0**-11 + 2.0**-20])
-    got = core.to_dtype(x, "float16").astype(np.float64)
+    got = reference.to_dtype(x, "float16").astype(np.float64)
     assert got.tolist() == [1.0, 1 + 2.0**-9, -1.0, 0.0, 2.0**-23, 65504.0, 1 + 2.0**-10]
 
 
@@ -441,14 +441,14 @@ def test_bfloat16_and_float16_rne_on_random_float32():
     x32 = bits.view(np.float32)
     x32 = x32[np.isfinite(x32) & (np.abs(x32) < 3.0e38)]
     x = x32.astype(np.float64)
-    b = core.to_dtype(x, "bfloat16").astype(np.uint32)
+    b = reference.to_dtype(x, "bfloat16").astype(np.uint32)
     dec = lambda v: (v.astype(np.uint32) << 16).view(np.float32).astype(np.float64)  # noqa: E731
     nz = (b & 0x7FFF) != 0  # the neighbours of +-0 wrap; zeros are covered by the check below
     check_rne(x[nz], dec(b[nz]), dec(b[nz] + 1), dec(b[nz] - 1), (b[nz] & 1) == 1)
     assert np.all(np.abs(x[~nz]) <= 2.0**-134)
     # float16: keep values inside its range (|x| < 65520 rounds to a finite value)
     x16 = np.concatenate([x[np.abs(x) < 65504.0], rng.uniform(-2.0, 2.0, 50000).astype(np.float32).astype(np.float64)])
-    h = core.to_dtype(x16, "float16")
+    h = reference.to_dtype(x16, "float16")
     hb = h.view(np.uint16).astype(np.uint32)
     dech = lambda v: v.astype(np.uint16).view(np.float16).astype(np.float64)  # noqa: E731
     g = h.astype(np.float64)
@@ -459,7 +459,7 @@ def test_bfloat16_and_float16_rne_on_random_float32():
 
 def test_float32_path_is_float64_rne():
     x = np.array([1 + 2.0**-24, 1 + 3 * 2.0**-24, 0.1, -1e-40])
-    got = core.to_dtype(x, "float32")
+    got = reference.to_dtype(x, "float32")
     assert got.dtype == np.float32
     assert got.tolist() == [1.0, 1 + 2.0**-22, float(np.float32(0.1)), float(np.float32(-1e-40))]
 
@@ -469,7 +469,7 @@ def test_bfloat16_goes_through_float32():
     # 1 + 2**-8 + 2**-30: float32 rounds it to the tie 1 + 2**-8, which bf16 then rounds to even (1.0),
     # while direct float64 -> bf16 rounding would give 1 + 2**-7.
     x = np.array([1 + 2.0**-8 + 2.0**-30])
-    assert int(core.to_dtype(x, "bfloat16")[0]) == 0x3F80
+    assert int(reference.to_dtype(x, "bfloat16")[0]) == 0x3F80
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ from modelinit_server.engine import (  # noqa: E402
     DTYPES,
     Sampler,
     canonical_name,
-    core,
+    reference,
     cpu,
     tensor_key,
 )
@@ -45,7 +45,7 @@ def _compiled():
 
 
 def ref(sampler, key, start, count, dtype) -> bytes:
-    return core.generate(sampler, key, start, count, dtype)
+    return reference.generate(sampler, key, start, count, dtype)
 
 
 def assert_same(got: bytes, want: bytes, dtype: str, what) -> None:
@@ -396,7 +396,7 @@ def test_validation_matches_reference(pos, bad):
     args = list(GOOD)
     args[pos] = bad
     with pytest.raises(ValueError) as want:
-        core.generate(*args)
+        reference.generate(*args)
     with pytest.raises(ValueError) as got:
         cpu.generate(*args)
     assert str(got.value) == str(want.value)
@@ -412,7 +412,7 @@ def test_validation_matches_reference(pos, bad):
 ])
 def test_overflow_refused_like_reference(s, dtype):
     with pytest.raises(ValueError) as want:
-        core.generate(s, (1, 2), 0, 5, dtype)
+        reference.generate(s, (1, 2), 0, 5, dtype)
     with pytest.raises(ValueError) as got:
         cpu.generate(s, (1, 2), 0, 5, dtype)
     assert str(got.value) == str(want.value)
@@ -535,12 +535,12 @@ def test_portable_code_for_a_generic_cpu(tmp_path):
     """NUMBA_CPU_NAME=generic (baseline x86-64 / aarch64, no AVX): the vector compress and the float16
     rounding then compile to generic code, which must give the same bytes (serial kernel, both word sizes)."""
     code = (
-        "from modelinit_server.engine import Sampler, core, cpu\n"
+        "from modelinit_server.engine import Sampler, reference, cpu\n"
         "for s in (Sampler('normal', std=1e-4), Sampler('trunc_normal', std=1.0, b=-5.5),\n"
         "          Sampler('trunc_normal', std=0.02, a=-2.0, b=2.0), Sampler('uniform', low=-1e-5, high=1e-5)):\n"
         "    for dt in ('float32', 'bfloat16', 'float16'):\n"
         "        for st, n in ((3, 10007), (2**40 + 1, 9)):\n"
-        "            assert cpu.generate(s, (1, 2), st, n, dt, threads=1) == core.generate(s, (1, 2), st, n, dt), (s, dt)\n"
+        "            assert cpu.generate(s, (1, 2), st, n, dt, threads=1) == reference.generate(s, (1, 2), st, n, dt), (s, dt)\n"
         "print('same bytes')\n"
     )
     out = _run_py(code, {"NUMBA_CPU_NAME": "generic", "NUMBA_CACHE_DIR": str(tmp_path)})

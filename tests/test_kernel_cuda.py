@@ -29,7 +29,7 @@ torch = pytest.importorskip("torch")
 from modelinit_server.engine import (  # noqa: E402
     DTYPE_ITEMSIZE,
     Sampler,
-    core,
+    reference,
     cuda,  # noqa: E402
     tensor_key,
 )
@@ -104,7 +104,7 @@ def _random_cases(n: int = 400, seed: int = 20240611) -> list[dict]:
     cases = []
     for k in range(n):
         kw = dict(rng.choice(_SAMPLERS)) if k >= len(_SAMPLERS) else dict(_SAMPLERS[k])
-        dtype = rng.choice(core.DTYPES)
+        dtype = rng.choice(reference.DTYPES)
         start = rng.choice(_STARTS) if rng.random() < 0.6 else rng.randrange(0, 2**rng.choice([8, 20, 33, 50, 62]))
         count = rng.choice(_COUNTS) if rng.random() < 0.7 else rng.randrange(0, 6000)
         block = rng.choice(_BLOCKS)
@@ -159,7 +159,7 @@ def _guard_effects(kw: dict, start: int, count: int) -> tuple[int, int]:
 
     s = Sampler(**kw)
     plo, _, pw, flip = s.trunc_scalars
-    z = normal_ppf(np.minimum(plo + core.uniforms(tensor_key(0, "clamp"), start, count) * pw, U2_MAX))
+    z = normal_ppf(np.minimum(plo + reference.uniforms(tensor_key(0, "clamp"), start, count) * pw, U2_MAX))
     z = -z if flip else z
     lo_only = np.where(z < s.a, s.a, z)
     hi_only = np.where(z > s.b, s.b, z)
@@ -187,7 +187,7 @@ def _run_case(case: dict, device: str) -> dict:
     key = tensor_key(case["seed"], case["name"])
     dtype, start, count = case["dtype"], case["start"], case["count"]
     try:
-        ref, ref_err = core.generate(sampler, key, start, count, dtype), None
+        ref, ref_err = reference.generate(sampler, key, start, count, dtype), None
     except ValueError as e:
         ref, ref_err = None, str(e)
     off = case.get("offset", 0)
@@ -221,7 +221,7 @@ def _check_generate_tensor(device: str) -> list[str]:
         t = cuda.generate_tensor(s, key, 5, 999, dtype, device)
         if t.dtype != tdt or t.shape != (999,) or t.device.type != torch.device(device).type:
             errs.append(f"generate_tensor {dtype}: {t.dtype} {tuple(t.shape)} {t.device}")
-        elif t.cpu().view(torch.uint8).numpy().tobytes() != core.generate(s, key, 5, 999, dtype):
+        elif t.cpu().view(torch.uint8).numpy().tobytes() != reference.generate(s, key, 5, 999, dtype):
             errs.append(f"generate_tensor {dtype}: bytes differ")
     return errs
 
@@ -237,7 +237,7 @@ def _check_runs(device: str) -> list[str]:
             for block, (starts, counts) in cases.items():
                 out = torch.empty(sum(counts) * DTYPE_ITEMSIZE[dtype] + 2, dtype=torch.uint8, device=device)[1:-1]
                 cuda.generate_runs_into(out, s, key, starts, counts, dtype, block=block)  # misaligned: via a temporary
-                want = b"".join(core.generate(s, key, a, c, dtype) for a, c in zip(starts, counts))
+                want = b"".join(reference.generate(s, key, a, c, dtype) for a, c in zip(starts, counts))
                 if out.cpu().numpy().tobytes() != want:
                     errs.append(f"generate_runs_into {s.kind} {dtype} block={block}: bytes differ")
     try:
@@ -250,7 +250,7 @@ def _check_runs(device: str) -> list[str]:
 
 
 def _check_out_errors(device: str) -> list[str]:
-    """ValueErrors about ``out`` (after the argument checks of core.generate)."""
+    """ValueErrors about ``out`` (after the argument checks of reference.generate)."""
     errs = []
     s, key = Sampler("normal"), (1, 2)
     bad = [
@@ -427,7 +427,7 @@ def _check_threads(device: str) -> list[str]:
             for rep in range(3):
                 start, count = 10_000 * i + 7 * rep, 3001 + rep
                 got = cuda.generate_tensor(s, key, start, count, "bfloat16", device).view(torch.uint8).cpu().numpy()
-                if got.tobytes() != core.generate(s, key, start, count, "bfloat16"):
+                if got.tobytes() != reference.generate(s, key, start, count, "bfloat16"):
                     errs.append(f"thread {i}, range {start}+{count}: other bytes")
         except Exception as e:  # noqa: BLE001 - reported, not raised in the thread
             errs.append(f"thread {i}: {e!r}"[:300])
@@ -503,7 +503,7 @@ def test_random_table_covers_the_cases_that_matter():
     starts, counts around the block size, zero rows, soft conversions, misaligned outputs, refusals."""
     cases = _random_cases()
     assert {c["sampler"]["kind"] for c in cases} == {"normal", "trunc_normal", "uniform", "constant"}
-    assert {c["dtype"] for c in cases} == set(core.DTYPES)
+    assert {c["dtype"] for c in cases} == set(reference.DTYPES)
     trunc = [Sampler(**c["sampler"]) for c in cases if c["sampler"]["kind"] == "trunc_normal"]
     assert any(s.trunc_scalars.flip for s in trunc) and any(not s.trunc_scalars.flip for s in trunc)
     assert any(s.trunc_scalars.phi < math.exp(-25) for s in trunc)  # far branch (r > 5) for every element
@@ -519,14 +519,14 @@ def test_random_table_covers_the_cases_that_matter():
     refused = 0
     for c in cases:
         try:
-            core.check_dtype(Sampler(**c["sampler"]), c["dtype"])
+            reference.check_dtype(Sampler(**c["sampler"]), c["dtype"])
         except ValueError:
             refused += 1
     assert refused >= 2
 
 
 def test_validation_matches_reference():
-    """Bad arguments give core.generate's ValueError (checked before anything touches torch tensors)."""
+    """Bad arguments give reference.generate's ValueError (checked before anything touches torch tensors)."""
     s, key = Sampler("normal"), (1, 2)
     out = torch.empty(16, dtype=torch.uint8)
     bad = [
@@ -542,7 +542,7 @@ def test_validation_matches_reference():
     ]
     for args in bad:
         with pytest.raises(ValueError) as ref:
-            core.generate(*args)
+            reference.generate(*args)
         with pytest.raises(ValueError) as got:
             cuda.generate_into(out, *args)
         assert str(got.value) == str(ref.value)
@@ -580,7 +580,7 @@ def test_one_run_takes_the_range_kernel(monkeypatch):
 
 
 def test_engine_import_does_not_import_torch_or_triton():
-    code = ("import sys, modelinit_server.engine, modelinit_server.engine.core; "
+    code = ("import sys, modelinit_server.engine, modelinit_server.engine.reference; "
             "print(int('torch' in sys.modules), int('triton' in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])})
@@ -607,7 +607,7 @@ def test_auto_without_a_gpu_imports_neither_torch_nor_triton():
 _PTX_SPECS = [("normal", False), ("trunc_normal", False), ("trunc_normal", True), ("uniform", False), ("constant", False)]
 
 
-@pytest.mark.parametrize("dtype", core.DTYPES)
+@pytest.mark.parametrize("dtype", reference.DTYPES)
 def test_ptx_is_bit_exact(dtype):
     """Compile for sm_90 (no GPU needed): no FMA, no approximate division/sqrt, no transcendental, no FTZ,
     float64 mul/add with explicit .rn (not contractible by ptxas), the spec's cvt instructions."""
@@ -720,7 +720,7 @@ def _cpu_chunks(sampler: Sampler, key, start: int, count: int, dtype: str, chunk
     with ProcessPoolExecutor(workers) as pool:
         pending = []
         for off in offs:
-            pending.append((off, pool.submit(core.generate, sampler, key, start + off, min(chunk, count - off), dtype)))
+            pending.append((off, pool.submit(reference.generate, sampler, key, start + off, min(chunk, count - off), dtype)))
             if len(pending) >= 2 * workers:
                 o, fut = pending.pop(0)
                 yield o, fut.result()
@@ -729,7 +729,7 @@ def _cpu_chunks(sampler: Sampler, key, start: int, count: int, dtype: str, chunk
 
 
 @needs_gpu
-@pytest.mark.parametrize("dtype", core.DTYPES)
+@pytest.mark.parametrize("dtype", reference.DTYPES)
 @pytest.mark.parametrize("kw", [dict(kind="normal", std=0.02), dict(kind="trunc_normal", std=0.02, a=-2.0, b=2.0),
                                 dict(kind="uniform", low=-0.1, high=0.1)], ids=["normal", "trunc_normal", "uniform"])
 def test_gpu_billion_elements(kw, dtype):

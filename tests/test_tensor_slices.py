@@ -170,11 +170,11 @@ def test_blocks_split_runs_across_buffers(segment):
     block of the whole tensor, whatever the buffer size."""
     from types import SimpleNamespace
 
-    from modelinit_server.engine import Sampler, core
+    from modelinit_server.engine import Sampler, reference
 
     shape, dtype, key = (37, 23), "bfloat16", (4, 9)
     sampler = Sampler("normal", std=0.02)
-    whole = np.frombuffer(core.generate(sampler, key, 0, 37 * 23, dtype), np.uint16).reshape(shape)
+    whole = np.frombuffer(reference.generate(sampler, key, 0, 37 * 23, dtype), np.uint16).reshape(shape)
     tensor = SimpleNamespace(spec=SimpleNamespace(shape=shape), sampler=sampler, key=key)
     plan = SimpleNamespace(request=SimpleNamespace(dtype=dtype))
     dims = ((3, 30), (5, 12))

@@ -14,8 +14,9 @@ import pytest
 from modelinit import cli
 from modelinit import client as client_module
 from modelinit.embedded import EmbeddedSource
-from modelinit_server.engine import backends, cores
-from modelinit_server.engine.cores import usable_cores
+from modelinit_server.engine import backends
+from modelinit_server.engine import usable_cores as quota
+from modelinit_server.engine.usable_cores import usable_cores
 from modelinit_server.service import embedded
 from modelinit_server.service.embedded import EmbeddedEngine
 
@@ -27,8 +28,8 @@ SHARDED = {"seed": 3, "max_shard_size": "200KB"}  # 5 shards
 
 @pytest.fixture()
 def cgroup(tmp_path, monkeypatch):
-    monkeypatch.setattr(cores, "CGROUP", tmp_path)
-    monkeypatch.setattr(cores.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(quota, "CGROUP", tmp_path)
+    monkeypatch.setattr(quota.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     return tmp_path
 
 
@@ -62,7 +63,7 @@ def test_numbas_pool_is_the_usable_cores_unless_the_user_sets_it(tmp_path):
     if usable_cores() < 2:
         pytest.skip("needs two usable cores to tell a quota of one from the affinity")
     (tmp_path / "cpu.max").write_text("100000 100000\n")
-    code = ("import pathlib, sys; from modelinit_server.engine import cores; cores.CGROUP = pathlib.Path(sys.argv[1]); "
+    code = ("import pathlib, sys; from modelinit_server.engine import usable_cores as quota; quota.CGROUP = pathlib.Path(sys.argv[1]); "
             "from modelinit_server.engine import cpu; print(cpu.threads() if cpu.available() else 'none')")
     repo = pathlib.Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"}

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from ..engine import Sampler
-from ..engine.core import transform, uniforms
+from ..engine.reference import transform, uniforms
 from .init_laws import DRAWN
 from .meta_models import clear_init_flags, meta_model
 
@@ -154,7 +154,7 @@ class Replay:
     def _magnitude(self, name: str, v_shape, dim: int, keyer: Keyer) -> np.ndarray:
         """A weight-norm ``g``: the norm of ``v`` (its stored values as the engine draws them, in float32,
         as transformers' float32 model holds them) over every dimension but ``dim`` (all when -1)."""
-        from ..engine.core import generate_array
+        from ..engine.reference import generate_array
 
         v_name = name[: -len("original0")] + "original1"
         rule = self.drawn.get(v_name)

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..engine import Sampler, std_normal_cdf
-from ..engine.computed import Computed
+from ..engine.host_values import Computed
 from .planner import Plan, TensorPlan
 from .variance_scaling import LECUN, XAVIER
 

@@ -21,7 +21,7 @@ from ..engine import (
     check_dtype,
     tensor_key,
 )
-from ..engine.computed import Computed
+from ..engine.host_values import Computed
 from . import layout
 from .policies import Policy, Resolved, resolve
 from .tensors import ModelSpec, TensorSpec

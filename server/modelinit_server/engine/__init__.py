@@ -1,4 +1,4 @@
-"""modelinit numerical core: seeded, slice-able, bit-reproducible tensor initialization.
+"""The engine: seeded, slice-able, bit-reproducible tensor initialization.
 
 The bytes of every generated tensor are a pure function of (algorithm version, seed, tensor name,
 sampler, dtype, element index); the versions are :data:`ALGORITHM_VERSIONS`, the newest
@@ -9,15 +9,16 @@ What the package holds:
 * The reference, which defines the bytes (numpy only): ``philox`` (Philox4x32-10 and the per-tensor
   key of each version), ``special`` (``log_ieee``, the AS241 ``normal_ppf``, the exact host-side
   ``std_normal_cdf``, and every constant of the algorithm), ``sampler`` (:class:`Sampler`, one
-  resolved distribution, and its host scalars) and ``core`` (:func:`generate` / :func:`generate_array`,
+  resolved distribution, and its host scalars) and ``reference`` (:func:`generate` / :func:`generate_array`,
   dtype rounding, and the argument checks and host scalars that the kernels share with it).
 * ``scalar``: the same algorithm one element at a time in plain Python (the line-by-line model of
   the spec, for tests and debugging).
 * ``cpu``: the numba CPU kernel; ``cuda``: the Triton GPU kernel (torch tensors). Both must
   reproduce the reference's bytes exactly, and the tests check that they do.
 * ``backends``: picks where the bytes are computed (reference, numba or Triton); ``runs``: a block
-  of a tensor (a slice, a shard) as runs of consecutive flat indices; ``cores``: the cores this
-  process may use (CPU affinity capped by a cgroup quota), which the kernels size their threads by.
+  of a tensor (a slice, a shard) as runs of consecutive flat indices; ``usable_cores``: the cores this
+  process may use (CPU affinity capped by a cgroup quota), which the kernels size their threads by;
+  ``host_values``: a computed tensor's float64 values, rounded and copied instead of drawn.
 
 What it imports: numpy and ``modelinit_wire.constants`` (the algorithm versions, dtypes and devices
 shared with the client). numba (with llvmlite) is imported only by ``cpu``, and triton and torch only
@@ -28,7 +29,7 @@ numpy-only, where numba, torch and triton are missing. Never grpc (an import-lin
 """
 from __future__ import annotations
 
-from .core import DTYPE_ITEMSIZE, DTYPES, SAFETENSORS_DTYPE, check_dtype, generate, generate_array
+from .reference import DTYPE_ITEMSIZE, DTYPES, SAFETENSORS_DTYPE, check_dtype, generate, generate_array
 from .philox import ALGORITHM_VERSION, ALGORITHM_VERSIONS, canonical_name, philox4x32_10, tensor_key
 from .sampler import KINDS, Sampler, TruncScalars
 from .special import log_ieee, normal_ppf, std_normal_cdf

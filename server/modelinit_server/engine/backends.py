@@ -18,8 +18,8 @@ import numpy as np
 from modelinit_wire.constants import DEVICES
 
 from . import gpu_driver
-from .computed import Computed
-from .core import DTYPE_ITEMSIZE, check_runs, generate_array
+from .host_values import Computed
+from .reference import DTYPE_ITEMSIZE, check_runs, generate_array
 from .sampler import Sampler
 
 log = logging.getLogger("modelinit.engine")
@@ -39,7 +39,7 @@ TensorFillRuns = Callable[[Any, Sampler, tuple[int, int], np.ndarray, np.ndarray
 
 
 def _computing(fill):
-    """``fill`` (or a ``fill_beside``) that copies a :class:`~.computed.Computed` tensor's host values
+    """``fill`` (or a ``fill_beside``) that copies a :class:`~.host_values.Computed` tensor's host values
     instead of generating."""
 
     def fill_or_copy(out: np.ndarray, sampler, key: tuple[int, int], start: int, count: int, dtype: str, *rest) -> None:

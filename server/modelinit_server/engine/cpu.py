@@ -1,4 +1,4 @@
-"""Fast CPU kernel (numba): the bytes of :func:`.core.generate`, bit for bit, several times faster.
+"""Fast CPU kernel (numba): the bytes of :func:`.reference.generate`, bit for bit, several times faster.
 
 numba is imported by this module only, so ``import modelinit_server.engine`` never needs it; importing
 this module without numba works too and :func:`available` then says ``False``.
@@ -8,9 +8,9 @@ The kernel follows ``docs/determinism.md`` (algorithm version 1) operation by op
 is off, so LLVM may neither contract a multiply and an add into an FMA nor reassociate (the tests check
 the machine code for FMA instructions). ``frexp`` is a bit operation, Philox multiplies 32-bit words
 exactly in ``uint64`` and wraps its key additions to 32 bits, and the host scalars (``plo``, ``pw``,
-``flip``, ``high - low``) come from the Python :class:`~.sampler.Sampler` through :func:`.core.kernel_scalars`
-(shared with the Triton kernel): nothing is recomputed here. Arguments are checked by :func:`.core.check_args`,
-as :func:`.core.generate_array` does.
+``flip``, ``high - low``) come from the Python :class:`~.sampler.Sampler` through :func:`.reference.kernel_scalars`
+(shared with the Triton kernel): nothing is recomputed here. Arguments are checked by :func:`.reference.check_args`,
+as :func:`.reference.generate_array` does.
 
 Work is split into blocks of :data:`BLOCK` elements; the parallel kernel hands contiguous ranges of
 blocks to numba's threads (``prange``, dynamic scheduling), each with its own scratch arrays; calls of
@@ -28,7 +28,7 @@ up to :data:`SERIAL_MAX` elements run on the calling thread. Per block:
    arithmetic (float16 subnormals by an exact float32 addition), stored little-endian, in one loop.
 
 ``constant`` (no random bits) and padding rows are filled by plain numpy. Overflow is refused up front
-by :func:`.core.check_dtype`, exactly as in the reference, so no non-finite value can be produced.
+by :func:`.reference.check_dtype`, exactly as in the reference, so no non-finite value can be produced.
 
 Speed (``benchmarks/engine_cpu.py``, bfloat16): on a 2-core AMD EPYC Zen 5 VM (AVX-512) about 720 M
 elements/s for ``normal`` and ``trunc_normal`` on one thread and 1300+ on two; on a 2-core AVX2 EPYC VM
@@ -59,8 +59,8 @@ import warnings
 
 import numpy as np
 
-from .core import DTYPE_ITEMSIZE, check_args, check_runs, kernel_scalars, run_offsets, to_dtype, zero_range
-from .cores import usable_cores
+from .reference import DTYPE_ITEMSIZE, check_args, check_runs, kernel_scalars, run_offsets, to_dtype, zero_range
+from .usable_cores import usable_cores
 from .philox import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1
 from .sampler import U2_MAX, Sampler
 from .special import AS241_A, AS241_B, AS241_C, AS241_D, AS241_E, AS241_F, LN2_HI, LN2_LO, LOG_C, SQRT_HALF
@@ -607,7 +607,7 @@ def _launch(kern, *call) -> None:
 def _kernel_args(sampler: Sampler, key: tuple[int, int], dtype: str) -> tuple:
     """The kernels' shared scalars, built once per call: ``(k0, k1, kind, dt, mean, std, a, b, plo, pw,
     flip)``, the arguments of every kernel from ``k0`` on but ``nchunks`` (see "Kernel arguments" above).
-    The float64 scalars are :func:`.core.kernel_scalars`, shared with the Triton kernel."""
+    The float64 scalars are :func:`.reference.kernel_scalars`, shared with the Triton kernel."""
     ks = kernel_scalars(sampler)
     return (np.uint64(key[0]), np.uint64(key[1]), _KIND_CODE[sampler.kind], _DTYPE_CODE[dtype],
             float(ks.mean), float(ks.std), float(ks.a), float(ks.b), float(ks.plo), float(ks.pw), bool(ks.flip))
@@ -662,7 +662,7 @@ def generate_into(out: np.ndarray, sampler: Sampler, key: tuple[int, int], start
 
     ``out`` is a writable, C-contiguous 1-D ``uint8`` array of exactly ``count * DTYPE_ITEMSIZE[dtype]``
     bytes (for example a view into a larger chunk buffer, at any byte offset). The bytes are exactly
-    those of :func:`.core.generate`. The arguments are validated as it does (same ``ValueError``
+    those of :func:`.reference.generate`. The arguments are validated as it does (same ``ValueError``
     messages), then ``out`` (``ValueError`` naming ``out``).
 
     ``threads``: numba threads for this call (``None``: the calling thread's numba setting, by default
@@ -724,7 +724,7 @@ def generate_runs_into(out: np.ndarray, sampler: Sampler, key: tuple[int, int], 
 
 def generate(sampler: Sampler, key: tuple[int, int], start: int, count: int, dtype: str,
              *, threads: int | None = None) -> bytes:
-    """The bytes of :func:`.core.generate` (same arguments, same ``ValueError``s), computed by the kernel."""
+    """The bytes of :func:`.reference.generate` (same arguments, same ``ValueError``s), computed by the kernel."""
     _require()
     key, start, count = check_args(sampler, key, start, count, dtype)
     _check_threads(threads)

@@ -1,4 +1,4 @@
-"""GPU kernel (Triton): the bytes of :func:`.core.generate`, bit for bit, computed on a CUDA device.
+"""GPU kernel (Triton): the bytes of :func:`.reference.generate`, bit for bit, computed on a CUDA device.
 
 This module is the only place in the engine that uses triton and torch. ``import modelinit_server.engine``
 never imports it; importing it imports triton if triton is installed (never torch: torch is imported
@@ -20,7 +20,7 @@ Public API
 * :func:`ptx` / :func:`ptx_problems` -- compile the kernel for a CUDA target (no GPU needed, only
   triton's bundled LLVM) and list the instructions that would break bit-identity.
 
-Arguments are validated by :func:`.core.check_args`, as :func:`.core.generate_array` and the numba kernel do
+Arguments are validated by :func:`.reference.check_args`, as :func:`.reference.generate_array` and the numba kernel do
 (same ``ValueError`` messages, same order: sampler, key, start/count, dtype), then ``out`` is checked
 (``ValueError`` naming ``out``).
 
@@ -43,7 +43,7 @@ operations of the spec, in its order (``engine/scalar.py`` is the line-by-line m
   ``trunc_normal``: for ``normal`` ``min(u, 1 - u) >= 2**-33`` gives ``r <= 4.8``, so that branch is
   unreachable there.
 * ``trunc_normal``: host scalars ``plo``, ``pw``, ``flip``, ``a``, ``b`` from the Python
-  :class:`~.sampler.Sampler` (:func:`.core.kernel_scalars`, shared with the numba kernel; never recomputed),
+  :class:`~.sampler.Sampler` (:func:`.reference.kernel_scalars`, shared with the numba kernel; never recomputed),
   the ``U2_MAX`` guard, negation, plain-comparison bounds.
 * float64 -> float32 -> bfloat16 (integer formula on the float32 bits) / float16; padding rows zeroed.
 
@@ -96,7 +96,7 @@ import threading
 import numpy as np
 
 from .gpu_driver import may_have_gpu
-from .core import DTYPE_ITEMSIZE, check_args, check_runs, kernel_scalars, run_offsets, zero_range
+from .reference import DTYPE_ITEMSIZE, check_args, check_runs, kernel_scalars, run_offsets, zero_range
 from .philox import MAX_ELEMENTS, PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1
 from .sampler import U2_MAX, Sampler
 from .special import AS241_A, AS241_B, AS241_C, AS241_D, AS241_E, AS241_F, LN2_HI, LN2_LO, LOG_C, SQRT_HALF
@@ -481,7 +481,7 @@ def _shared_args(sampler: Sampler, key: tuple[int, int], dtype: str, block: int,
     """The arguments both kernels share, built once per call: the int64 scalars of :data:`_SCALARS` in
     order and the constexprs by name.
 
-    p0..p5 are the float64 bit patterns of :func:`.core.kernel_scalars` ``mean, std, plo, pw, a, b`` (the
+    p0..p5 are the float64 bit patterns of :func:`.reference.kernel_scalars` ``mean, std, plo, pw, a, b`` (the
     kernels read plo, pw, a, b for trunc_normal only; uniform: low, high - low; constant: value). [zlo, zhi)
     is the whole padding row (``(0, 0)``: none): the kernels compare absolute element indices."""
     ks = kernel_scalars(sampler)
@@ -517,7 +517,7 @@ def generate_into(out, sampler: Sampler, key: tuple[int, int], start: int, count
 
     ``out`` is a contiguous 1-D ``torch.uint8`` tensor of exactly ``count * DTYPE_ITEMSIZE[dtype]`` bytes
     on a CUDA device (a CPU tensor when the Triton interpreter is on). The bytes are exactly those of
-    :func:`.core.generate`; arguments are validated like it does (same ``ValueError`` messages), then
+    :func:`.reference.generate`; arguments are validated like it does (same ``ValueError`` messages), then
     ``out`` (``ValueError`` naming ``out``). The kernel is launched on the current stream of ``out``'s
     device and not synchronized.
 

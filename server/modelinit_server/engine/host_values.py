@@ -4,7 +4,7 @@ Mamba's ``A_log = log(arange(1, N + 1))``, a sinusoidal position table, ``dt_bia
 log-uniform then passed through the inverse softplus: the values come from a provider (the
 architecture's replay of its own initialization, every random draw taken from the engine) as
 float64, once per tensor, and are only rounded and copied here. Rounding is the engine's
-(:func:`~.core.to_dtype`, round-to-nearest-even), so the bytes of a given float64 array are the
+(:func:`~.reference.to_dtype`, round-to-nearest-even), so the bytes of a given float64 array are the
 same everywhere; docs/determinism.md says which providers' float64 values are portable.
 
 A ``Computed`` stands where a :class:`~.sampler.Sampler` stands in a plan (``kind == "computed"``);
@@ -17,7 +17,7 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
-from .core import DTYPE_ITEMSIZE, check_runs, to_dtype
+from .reference import DTYPE_ITEMSIZE, check_runs, to_dtype
 
 __all__ = ["Computed"]
 

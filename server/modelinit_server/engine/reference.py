@@ -1,4 +1,6 @@
-"""Element generation: (sampler, key, element range, dtype) -> values, algorithm version 1.
+"""The reference generator, which defines the bytes: (sampler, key, element range, dtype) -> values.
+
+The same for every algorithm version: the versions differ only in the key (:mod:`.philox`).
 
 Element ``i`` of a tensor depends only on ``(key, i, sampler, dtype)``: never on ``start``/``count``,
 chunking, the device or the order of requests. Work is done in blocks of :data:`BLOCK` elements

@@ -2,7 +2,7 @@
 
 A literal transcription of ``docs/determinism.md``, kept as simple as possible: it is the model a
 scalar kernel (numba, Triton, C) should follow line by line, and the tests check that the vectorized
-reference in :mod:`.core` gives the same bytes. Python floats round every operation separately and
+reference in :mod:`.reference` gives the same bytes. Python floats round every operation separately and
 never fuse, and ``math.frexp`` / ``math.sqrt`` are exact / correctly rounded, so this is exactly the
 arithmetic the spec prescribes. Far too slow for real use (about 10 microseconds per element).
 

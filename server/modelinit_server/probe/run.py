@@ -17,7 +17,7 @@ from typing import Any
 from ..architectures import meta_models
 from ..core.planner import Request
 from ..engine import Sampler, tensor_key
-from ..engine.core import transform, uniforms
+from ..engine.reference import transform, uniforms
 from .measures import LayerMeasures, ModelMeasures, attention_stats, first_nonfinite, tensor_std
 
 #: Suffixes of classes whose labels are the input tokens (the loss is next- or masked-token CE).

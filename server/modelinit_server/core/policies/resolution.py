@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from ...engine import Sampler
-from ...engine.computed import Computed
+from ...engine.host_values import Computed
 from ..tensors import ModelSpec, TensorSpec
 from ..variance_scaling import nonlinearity_gain, uniform_bound, variance_scaling_std
 from .formulas import formula
