@@ -1,0 +1,218 @@
+"""A run that did not finish never exits 0 (issue 31), on a folder and on every object store the
+tests run, with or without ``--part``.
+
+A single run ends with its ``modelinit.json`` or with a non-zero exit and one line naming what is
+missing. The one success without a manifest is a ``--part`` run that finished its own share
+while other parts are still running, and its line says so. The ways a run can end without a
+complete checkpoint, each tried here through the CLI against the real store:
+
+- a part missing (``--part 0/2`` alone: exit 0 saying so; ``modelinit finalize``: exit 3);
+- a shard this run uploaded that is gone when it finalizes (deleted by another writer): exit 1
+  naming it, whole run or part; the rerun uploads it again and completes;
+- a store that refuses ``modelinit.json`` (403): exit 1 naming it; the rerun keeps the shards and
+  completes; ``modelinit finalize`` against that store exits 1 too.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import pathlib
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import pytest
+from modelinit.bucket import Bucket
+from modelinit.cli import main
+
+from tests.conftest import TINY
+
+pytest.importorskip("obstore")
+
+SPEC = TINY["gpt2"]
+ARGS = ["--seed", "3", "--max-shard-size", "200KB", "--quiet", "--device", "cpu"]  # 5 shards, the index, config.json
+MANIFEST = "modelinit.json"
+
+
+@dataclass
+class Dest:
+    """Where a run writes: a local folder or a prefix of a real store, and what a test does to it."""
+
+    kind: str
+    url: str
+    objects: Callable[[], dict[str, bytes]]
+    """Every object (file) under it, hidden records included, by relative name."""
+    refusing_manifest: Callable[[], contextlib.AbstractContextManager]
+    """While entered, writing ``modelinit.json`` there is refused (403 from the store, EACCES on a disk)."""
+
+
+def _folder_objects(root: pathlib.Path) -> Callable[[], dict[str, bytes]]:
+    return lambda: {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()} if root.exists() else {}
+
+
+@contextlib.contextmanager
+def _folder_refusing_manifest(monkeypatch) -> Iterator[None]:
+    """A disk that refuses the manifest: the folder writer's rename, and obstore's local store
+    (``--part`` into a folder), fail with EACCES for ``modelinit.json``."""
+    import obstore
+
+    real_replace, real_put = os.replace, obstore.put
+
+    def replace(src, dst, *a, **kw):
+        if os.fspath(dst).endswith(f"/{MANIFEST}"):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(dst))
+        return real_replace(src, dst, *a, **kw)
+
+    def put(store, path, *a, **kw):
+        if path == MANIFEST and type(store).__name__ == "LocalStore":
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_put(store, path, *a, **kw)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", replace)
+        m.setattr(obstore, "put", put)
+        yield
+
+
+#: What each store answers to a write its credentials may not make.
+DENIED = {"s3": "AccessDenied", "azure": "AuthorizationPermissionMismatch"}
+
+
+def _refusing_manifest_put(kind: str):
+    def refuse(method: str, path: str, headers) -> "tuple[int, str] | None":
+        if method == "PUT" and path.split("?")[0].endswith(f"/{MANIFEST}"):
+            return 403, DENIED[kind]
+        return None
+
+    return refuse
+
+
+@pytest.fixture(params=["folder", "s3", "azure"])
+def dest(request, tmp_path, monkeypatch) -> Dest:
+    if request.param == "folder":
+        out = tmp_path / "out"
+        return Dest("folder", str(out), _folder_objects(out), lambda: _folder_refusing_manifest(monkeypatch))
+    store = request.getfixturevalue(f"{request.param}_store")
+    url = store.new_prefix("m")
+
+    @contextlib.contextmanager
+    def refusing() -> Iterator[list[str]]:
+        with monkeypatch.context() as m, store.refusing(m, _refusing_manifest_put(request.param)) as refused:
+            yield refused  # and the environment points at the store again after
+
+    return Dest(request.param, url, lambda: store.objects(url), refusing)
+
+
+@pytest.fixture()
+def spec(tmp_path) -> str:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(SPEC))
+    return str(path)
+
+
+@pytest.fixture()
+def expected(tmp_path, spec) -> dict[str, bytes]:
+    """The files one whole run writes into a fresh folder."""
+    out = tmp_path / "expected"
+    assert main(["init", spec, *ARGS, "--out", str(out)]) == 0
+    return {p.name: p.read_bytes() for p in out.iterdir()}
+
+
+def _one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def _visible(objects: dict[str, bytes]) -> dict[str, bytes]:
+    return {n: b for n, b in objects.items() if not n.startswith(".")}
+
+
+# -- a part missing ---------------------------------------------------------------------------------
+
+
+def test_a_part_that_finished_its_share_is_the_one_success_without_a_manifest(dest, spec, capsys):
+    assert main(["init", spec, *ARGS, "--out", dest.url, "--part", "0/2"]) == 0
+    line = _one_line(capsys.readouterr().out)
+    assert line.startswith("wrote part 0/2: ") and "part(s) 1 not finished yet, so no modelinit.json yet" in line
+    assert MANIFEST not in dest.objects()
+    assert main(["finalize", dest.url]) == 3  # try again later
+    assert "part(s) 1 not finished yet; nothing written" in _one_line(capsys.readouterr().err)
+    assert MANIFEST not in dest.objects()
+
+
+# -- a shard gone before the manifest ---------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _losing_first_upload(monkeypatch) -> Iterator[list[str]]:
+    """Each process's first uploaded shard is deleted right after its upload completes, as another
+    writer (or a lifecycle rule) would: the real object gone from the real store. Yields its name."""
+    lost: list[str] = []
+    real = Bucket.upload
+
+    def upload(self, name, chunks):
+        tag = real(self, name, chunks)
+        if not lost:
+            lost.append(name)
+            self.delete(name)
+        return tag
+
+    with monkeypatch.context() as m:
+        m.setattr(Bucket, "upload", upload)
+        yield lost
+
+
+@pytest.mark.parametrize("part", [None, "0/2"], ids=["whole", "part"])
+def test_a_shard_gone_before_the_manifest_exits_non_zero_naming_it(dest, spec, part, expected, capsys, monkeypatch):
+    if dest.kind == "folder" and part is None:
+        pytest.skip("a whole run into a folder writes through the folder writer, under its lock, not through uploads")
+    share = ["--part", part] if part else []
+    with _losing_first_upload(monkeypatch) as lost:
+        assert main(["init", spec, *ARGS, "--out", dest.url, *share]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("modelinit: error: ") and f"{MANIFEST} not written" in line and lost[0] in line, line
+    assert "rerun the same command" in line
+    assert MANIFEST not in dest.objects() and lost[0] not in dest.objects()
+    # The rerun uploads the lost shard again and (the whole run, or part 1 after it) completes.
+    assert main(["init", spec, *ARGS, "--out", dest.url, *share]) == 0
+    if part:
+        assert main(["init", spec, *ARGS, "--out", dest.url, "--part", "1/2"]) == 0
+    assert _visible(dest.objects()) == expected
+
+
+# -- the manifest refused ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("part", [None, "1/2"], ids=["whole", "last-part"])
+def test_a_store_that_refuses_the_manifest_exits_non_zero_naming_it(dest, spec, part, expected, capsys):
+    if part:  # part 0 finishes first, so part 1 is the one that finalizes
+        assert main(["init", spec, *ARGS, "--out", dest.url, "--part", "0/2"]) == 0
+        capsys.readouterr()
+    share = ["--part", part] if part else []
+    with dest.refusing_manifest():
+        assert main(["init", spec, *ARGS, "--out", dest.url, *share]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("modelinit: error: ") and MANIFEST in line, line
+    assert MANIFEST not in dest.objects()
+    with dest.refusing_manifest():  # a scheduler's final step fails the same way
+        # (a whole run into a folder leaves no part records: there is nothing to finalize, exit 2)
+        assert main(["finalize", dest.url]) == (2 if dest.kind == "folder" and not part else 1)
+        capsys.readouterr()
+    # Once the store takes it, the rerun keeps every shard and writes the manifest.
+    assert main(["init", spec, *ARGS, "--out", dest.url, *share]) == 0
+    assert _visible(dest.objects()) == expected
+
+
+def test_a_part_whose_store_refuses_the_manifest_keeps_its_shards(dest, spec, capsys):
+    """The line says the uploaded shards are kept and how to finish (rerun or finalize)."""
+    if dest.kind == "folder":
+        pytest.skip("the message of the object-store path; a folder's part goes through obstore's local store too (above)")
+    assert main(["init", spec, *ARGS, "--out", dest.url, "--part", "0/2"]) == 0
+    capsys.readouterr()
+    with dest.refusing_manifest():
+        assert main(["init", spec, *ARGS, "--out", dest.url, "--part", "1/2"]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert "not a complete checkpoint (the uploaded shards are kept: rerun, or `modelinit finalize" in line, line
+    assert f"access denied ({DENIED[dest.kind]})" in line
