@@ -1,4 +1,4 @@
-"""Writing to object storage and splitting one checkpoint into parts (issue 19, DESIGN §6b).
+"""Writing to object storage and splitting one checkpoint into parts.
 Each case runs on every store the ``store`` fixture offers (tests/stores.py): S3 (moto's server,
 tests/s3_server.py) and Azure Blob Storage (Azurite, tests/azure_server.py), real servers on
 loopback reached through the real libraries.
@@ -172,8 +172,7 @@ def _never_finalized(*missing_parts: int):
     writes nothing (this part's own shards all there): the parts never finalize themselves."""
     from modelinit import bucket_writer
 
-    finalized = getattr(bucket_writer, "Finalized", None)  # its result type, where finalize has one
-    return lambda *a: (finalized(None, list(missing_parts), []) if finalized is not None else (None, list(missing_parts)))
+    return lambda *a: bucket_writer.Finalized(None, list(missing_parts), [])
 
 
 def test_finalize_is_a_last_step_for_schedulers(store, expected, tmp_path, monkeypatch, capsys):
