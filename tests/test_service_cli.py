@@ -167,7 +167,7 @@ def test_explain_titles_a_policy_file_by_its_name(tmp_path, capsys):
 
 def test_progress_bar_counts_decimal_units_like_the_summary(monkeypatch):
     import tqdm
-    from modelinit.progress import progress_bar
+    from modelinit.progress_bar import progress_bar
 
     made = {}
 

@@ -12,7 +12,7 @@ import sys
 import modelinit
 import pytest
 from modelinit import cli
-from modelinit import client as client_module
+from modelinit import embedded as embedded_source
 from modelinit.embedded import EmbeddedSource
 from modelinit_server.engine import backends
 from modelinit_server.engine import usable_cores as quota
@@ -104,13 +104,13 @@ def test_the_embedded_client_asks_the_engine_when_parallel_is_not_given(tmp_path
     most one per shard; a one-shard model does not ask; the bytes are those of one file at a time."""
     asked, used = [], []
     monkeypatch.setattr(EmbeddedSource, "files_at_once", lambda self: asked.append(1) or 3)  # of 5 shards
-    each_file = client_module.each_file
+    each_file = embedded_source.each_file
 
     def recording(open_stream, indices, write, parallel, progress):
         used.append(parallel)
         return each_file(open_stream, indices, write, parallel, progress)
 
-    monkeypatch.setattr(client_module, "each_file", recording)
+    monkeypatch.setattr(embedded_source, "each_file", recording)
     with modelinit.Client(device="reference") as c:
         c.init_model(SPEC, out_dir=tmp_path / "auto", **SHARDED)
         assert asked == [1] and used == [3]

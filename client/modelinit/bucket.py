@@ -178,6 +178,17 @@ def _azure_container_at_account(scheme: str, authority: str, field: str) -> tupl
                          "environment or a profile")
 
 
+def _owned(data) -> bytes | memoryview:
+    """The buffer's bytes, owned. obstore keeps the buffers it is given, without copying, until
+    their part is sent, while the embedded engine reuses its segment buffers a few events later
+    (``ring``): uploading a view would send whatever the buffer holds by then (the SHA-256, taken
+    as the bytes passed, would not notice). ``bytes``, or a view of ``bytes`` (what gRPC gives,
+    :mod:`modelinit.stub`), is immutable: no copy."""
+    if isinstance(data, bytes) or (isinstance(data, memoryview) and isinstance(data.obj, bytes)):
+        return data
+    return bytes(memoryview(data).cast("B"))
+
+
 class Bucket:
     """A prefix of a bucket: list, read, write and delete the objects directly under it."""
 
@@ -314,7 +325,7 @@ class Bucket:
         """A shard as one multipart upload of ``chunks`` (buffers, in order): the object appears only
         once every part is in; when ``chunks`` raises, the upload is aborted and the error re-raised
         (no object, no parts left). The new e_tag (:func:`e_tag_of`'s form)."""
-        result = self._call(f"uploading {name}", self._obstore.put, name, chunks, retry_plain=False,
+        result = self._call(f"uploading {name}", self._obstore.put, name, (_owned(c) for c in chunks), retry_plain=False,
                             use_multipart=True, chunk_size=PART_BYTES, max_concurrency=PARTS_IN_FLIGHT)
         return e_tag_of(result.get("e_tag"))
 

@@ -23,16 +23,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import pathlib
 import re
 import threading
 import time
-from typing import Callable, Iterable, Iterator, NamedTuple
+from typing import Callable, Iterable, Iterator, Union
 
 import grpc
 from modelinit_wire.events import Begin, Data, End
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .bucket import Bucket, e_tag_of
+from .destination import Finalized, Survey
+from .local_prefix import LocalPrefix
 from .errors import ModelInitError
 from .manifest import (
     MANIFEST_FILE,
@@ -49,6 +52,9 @@ from .stream import StreamCheck
 
 log = logging.getLogger("modelinit.client")
 
+#: What the protocol runs on: an object-store prefix, or a folder the parts of a checkpoint share.
+Prefix = Union[Bucket, LocalPrefix]
+
 _PART_RECORD = re.compile(r"^\.modelinit\.part-(\d+)-of-(\d+)\.json$")
 
 
@@ -61,12 +67,12 @@ def _is_record(name: str) -> bool:
     return name == PROGRESS_FILE or _PART_RECORD.match(name) is not None
 
 
-class BucketRecord:
+class PrefixRecord:
     """This part's record: the shards it finished, each with its SHA-256 and the e_tag of the
     object (a rerun keeps a shard whose object still has that e_tag). Rewritten whole after each
     shard (thread-safe)."""
 
-    def __init__(self, bucket: Bucket, plan: pb.PlanResponse, part: Part, kept: dict[int, tuple[FileResult, str]]) -> None:
+    def __init__(self, bucket: Prefix, plan: pb.PlanResponse, part: Part, kept: dict[int, tuple[FileResult, str]]) -> None:
         self.bucket, self.plan, self.part = bucket, plan, part
         self.files: dict[int, tuple[FileResult, str]] = dict(kept)
         """Plan index -> (file, e_tag)."""
@@ -112,7 +118,7 @@ def _recorded_names(data: bytes | None) -> set[str]:
     return set() if record is None else {f.name for f in record.files} | set(record.stale)
 
 
-def _complete_manifest(bucket: Bucket, plan: pb.PlanResponse, objects: dict, data: bytes | None) -> list[FileResult] | None:
+def _complete_manifest(bucket: Prefix, plan: pb.PlanResponse, objects: dict, data: bytes | None) -> list[FileResult] | None:
     """The files of a ``modelinit.json`` (its bytes: ``data``) that describes exactly this plan,
     every object there with its recorded size; None otherwise."""
     if MANIFEST_FILE not in objects or data is None:
@@ -130,14 +136,14 @@ def _complete_manifest(bucket: Bucket, plan: pb.PlanResponse, objects: dict, dat
     return files
 
 
-def sha256_object(bucket: Bucket, name: str) -> str:
+def sha256_object(bucket: Prefix, name: str) -> str:
     h = hashlib.sha256()
     for chunk in bucket.chunks(name):
         h.update(chunk)
     return h.hexdigest()
 
 
-def prepare(bucket: Bucket, plan: pb.PlanResponse, part: Part, overwrite: bool) -> "list[FileResult] | BucketRecord":
+def prepare(bucket: Prefix, plan: pb.PlanResponse, part: Part, overwrite: bool) -> "list[FileResult] | PrefixRecord":
     """Survey the prefix for ``part`` of ``plan`` and clear what must go (the module's step 1).
     Returns the plan's files when the prefix is already complete with these weights (this part's
     objects re-hashed); otherwise this part's record (saved), holding the shards kept."""
@@ -178,7 +184,7 @@ def prepare(bucket: Bucket, plan: pb.PlanResponse, part: Part, overwrite: bool) 
                              f"{bucket} holds {shown}, which no modelinit run recorded (in {MANIFEST_FILE}) and a loader "
                              "would pick up beside the new weights; move them away, or pass --overwrite "
                              "(overwrite=True) to delete them")
-    record = BucketRecord(bucket, plan, part, kept)
+    record = PrefixRecord(bucket, plan, part, kept)
     record.save()
     if MANIFEST_FILE in objects:
         bucket.delete(MANIFEST_FILE)  # the prefix is incomplete from here on
@@ -197,17 +203,6 @@ def prepare(bucket: Bucket, plan: pb.PlanResponse, part: Part, overwrite: bool) 
     return record
 
 
-def _owned(data) -> bytes | memoryview:
-    """The buffer's bytes, owned. obstore keeps the buffers it is given, without copying, until
-    their part is sent, while the embedded engine reuses its segment buffers a few events later
-    (``ring``): uploading a view would send whatever the buffer holds by then (the SHA-256, taken
-    as the bytes passed, would not notice). ``bytes``, or a view of ``bytes`` (what gRPC gives,
-    :mod:`modelinit.stub`), is immutable: no copy."""
-    if isinstance(data, bytes) or (isinstance(data, memoryview) and isinstance(data.obj, bytes)):
-        return data
-    return bytes(memoryview(data).cast("B"))
-
-
 def _file_chunks(events: Iterator, check: StreamCheck, first: Begin, progress: Callable[[int], None],
                  done: list[FileResult]) -> Iterator:
     """One file's bytes from the shared event iterator, checked as they pass; the file's checked
@@ -217,10 +212,10 @@ def _file_chunks(events: Iterator, check: StreamCheck, first: Begin, progress: C
     for event in events:
         if isinstance(event, Data):
             n = check.data(event.data)
-            data = _owned(event.data)
-            check.sha256.update(data)
+            if check.hashed:
+                check.sha256.update(event.data)
             progress(n)
-            yield data
+            yield event.data
         elif isinstance(event, End):
             done.append(check.end(event))
             return
@@ -229,13 +224,14 @@ def _file_chunks(events: Iterator, check: StreamCheck, first: Begin, progress: C
     raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: {first.name} ended early")
 
 
-def upload_files(bucket: Bucket, source: Events, plan: pb.PlanResponse, indices: Iterable[int],
-                 progress: Callable[[int], None], on_written: Callable[[int, FileResult, str], None] | None = None
-                 ) -> list[FileResult]:
+def upload_files(bucket: Prefix, source: Events, plan: pb.PlanResponse, indices: Iterable[int],
+                 progress: Callable[[int], None], on_written: Callable[[int, FileResult, str], None] | None = None,
+                 hash_here: bool = True) -> list[FileResult]:
     """Upload the files ``indices`` (in that order) from ``source``'s events, each as one
     multipart upload (the module's step 2); ``on_written(index, result, e_tag)`` follows each.
-    Closes ``source``."""
-    check = StreamCheck(plan, indices)
+    ``hash_here``: hash the bytes as they pass (False for an in-process producer, whose End
+    digests are of these very buffers: see :class:`~modelinit.stream.StreamCheck`). Closes ``source``."""
+    check = StreamCheck(plan, indices, hashed=hash_here)
     events = iter(source)
     try:
         for event in events:
@@ -252,29 +248,7 @@ def upload_files(bucket: Bucket, source: Events, plan: pb.PlanResponse, indices:
     return check.finish()
 
 
-def _small_bytes(source: Events, plan: pb.PlanResponse, indices: list[int]) -> list[tuple[FileResult, bytes]]:
-    """The small files (index, config) whole in memory, checked."""
-    check = StreamCheck(plan, indices)
-    out: list[tuple[FileResult, bytes]] = []
-    buf = bytearray()
-    try:
-        for event in source:
-            if isinstance(event, Begin):
-                check.begin(event)
-                buf = bytearray()
-            elif isinstance(event, Data):
-                check.data(event.data)
-                check.sha256.update(event.data)
-                buf += _owned(event.data)
-            else:
-                out.append((check.end(event), bytes(buf)))
-    finally:
-        source.close()
-    check.finish()
-    return out
-
-
-def _create_once(bucket: Bucket, name: str, data: bytes) -> bool:
+def _create_once(bucket: Prefix, name: str, data: bytes) -> bool:
     """``name`` created with ``data`` unless it already holds exactly that (another part won the
     race): True when this call wrote it. Where the store has no conditional create, the bytes are
     written plainly (every part writes the same ones), and the log says so."""
@@ -298,34 +272,22 @@ def _create_once(bucket: Bucket, name: str, data: bytes) -> bool:
     return True
 
 
-def _listed_manifest(bucket: Bucket, plan: pb.PlanResponse, objects: dict) -> list[FileResult] | None:
+def _listed_manifest(bucket: Prefix, plan: pb.PlanResponse, objects: dict) -> list[FileResult] | None:
     """:func:`_complete_manifest` of the ``modelinit.json`` in ``objects`` (a listing), read."""
     return _complete_manifest(bucket, plan, objects, bucket.read(MANIFEST_FILE) if MANIFEST_FILE in objects else None)
 
 
-class Finalized(NamedTuple):
-    """What :func:`finalize` found."""
-
-    files: list[FileResult] | None
-    """The plan's files when the checkpoint is complete (``modelinit.json`` there); None otherwise."""
-    missing_parts: list[int]
-    """The parts (0-based) with a shard not there as their record says: not finished yet, or an
-    object deleted or replaced since it was uploaded."""
-    missing_files: list[str]
-    """The shards not there as recorded, in plan order."""
-
-
-def finalize(bucket: Bucket, plan: pb.PlanResponse, count: int, make_small: Callable[[list[int]], Events]) -> Finalized:
+def finalize(bucket: Prefix, plan: pb.PlanResponse, count: int, small: list[tuple[FileResult, bytes]]) -> Finalized:
     """If every one of ``count`` parts recorded its shards, and each is there as recorded: create
-    the small files (``make_small(indices)`` streams them) and then ``modelinit.json`` exactly once,
-    delete the records; returns the plan's files. While a shard is missing: no files (nothing
-    written), and what is missing."""
+    the small files (``small``: the index and config.json with their bytes, checked; those a whole
+    run uploaded with its shards are not needed) and then ``modelinit.json`` exactly once, delete
+    the records; returns the plan's files. While a shard is missing: no files (nothing written),
+    and what is missing."""
     objects = bucket.list()
     if (done := _listed_manifest(bucket, plan, objects)) is not None:
         return Finalized(done, [], [])
     results: dict[int, FileResult] = {}
     missing: list[int] = []
-    index = {f.name: i for i, f in enumerate(plan.files)}
     uploaded: dict[str, FileResult] = {}  # name -> a recorded file whose object is there as recorded
     for k in range(count):
         name = record_name(Part(k, count))
@@ -346,12 +308,15 @@ def finalize(bucket: Bucket, plan: pb.PlanResponse, count: int, make_small: Call
         log.info("%s: part(s) %s of %d not finished yet; the last part to finish writes %s", bucket,
                  ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else ""), count, MANIFEST_FILE)
         return Finalized(None, missing, [f.name for f in plan.files if f.shard and f.name not in uploaded])
-    small = [i for i in small_files(plan) if plan.files[i].name not in uploaded]  # a whole run uploaded its own
-    results.update((i, uploaded[plan.files[i].name]) for i in small_files(plan) if i not in small)
-    if small:
-        for result, data in _small_bytes(make_small(small), plan, small):
-            _create_once(bucket, result.name, data)
-            results[index[result.name]] = result
+    needed = [i for i in small_files(plan) if plan.files[i].name not in uploaded]  # a whole run uploaded its own
+    results.update((i, uploaded[plan.files[i].name]) for i in small_files(plan) if i not in needed)
+    given = {result.name: (result, data) for result, data in small}
+    for i in needed:
+        if plan.files[i].name not in given:
+            raise ModelInitError(grpc.StatusCode.INTERNAL, f"{bucket}: finalize needs {plan.files[i].name}, which was not given")
+        result, data = given[plan.files[i].name]
+        _create_once(bucket, result.name, data)
+        results[i] = result
     ordered = [results[i] for i in range(len(plan.files))]
     _create_once(bucket, MANIFEST_FILE, manifest_bytes(plan, ordered))
     for name in bucket.list():
@@ -360,7 +325,7 @@ def finalize(bucket: Bucket, plan: pb.PlanResponse, count: int, make_small: Call
     return Finalized(ordered, [], [])
 
 
-def recorded_request(bucket: Bucket) -> tuple[pb.ModelRequest, int]:
+def recorded_request(bucket: Prefix) -> tuple[pb.ModelRequest, int]:
     """The request the part records under the prefix hold, and how many parts they split it
     into: what ``modelinit finalize URL`` needs. FAILED_PRECONDITION when there is no record, or
     records of different requests or splits."""
@@ -389,3 +354,36 @@ def recorded_request(bucket: Bucket) -> tuple[pb.ModelRequest, int]:
                              "with --overwrite")
     (only,) = found.values()
     return only["request"], only["count"]
+
+
+class PrefixWriter:
+    """A :class:`~modelinit.destination.Destination` over ``prefix`` (an object-store prefix, or
+    a folder the ``--part`` runs of one checkpoint share): this module's survey, uploads and
+    finalize. ``hash_here``: hash what passes (False for an in-process producer)."""
+
+    def __init__(self, prefix: Prefix, hash_here: bool = True) -> None:
+        self.prefix = prefix
+        self.where: pathlib.Path | str = prefix.folder if isinstance(prefix, LocalPrefix) else prefix.url
+        self.hash_here = hash_here
+        self.record: PrefixRecord | None = None
+
+    def prepare(self, plan: pb.PlanResponse, part: Part, overwrite: bool) -> Survey:
+        got = prepare(self.prefix, plan, part, overwrite)
+        if isinstance(got, list):
+            return Survey(complete=tuple(got))
+        self.record = got
+        if got.files:
+            log.info("%s: keeping %d shard(s) an interrupted run uploaded (same e_tag)", self.prefix, len(got.files))
+        return Survey(kept={i: f for i, (f, _) in got.files.items()})
+
+    def write(self, events: Events, plan: pb.PlanResponse, indices: list[int],
+              progress: Callable[[int], None]) -> list[FileResult]:
+        if self.record is None:
+            raise RuntimeError("PrefixWriter.write before prepare")
+        return upload_files(self.prefix, events, plan, indices, progress, self.record.add, self.hash_here)
+
+    def finish(self, plan: pb.PlanResponse, part: Part, small: list[tuple[FileResult, bytes]]) -> Finalized:
+        return finalize(self.prefix, plan, part.count, small)
+
+    def close(self, failed: bool) -> None:
+        pass  # a part's record stays: it is what a rerun resumes from

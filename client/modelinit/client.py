@@ -1,9 +1,10 @@
 """The client: plan a model, stream its files into a folder, verify every byte.
 
 :class:`Client` drives a :class:`~modelinit.source.Source` (the embedded engine,
-:class:`~modelinit.embedded.EmbeddedSource`, or servers, :class:`~modelinit.remote.RemoteSource`) and
-the output folder's writer (:mod:`modelinit.writer`); ``modelinit.json`` is
-:mod:`modelinit.manifest`'s.
+:class:`~modelinit.embedded.EmbeddedSource`, or servers, :class:`~modelinit.remote.RemoteSource`) into a
+:class:`~modelinit.destination.Destination` (a folder, :class:`~modelinit.writer.FolderWriter`, or a
+prefix, :class:`~modelinit.bucket_writer.PrefixWriter`), chosen in :func:`open_destination`;
+``modelinit.json`` is :mod:`modelinit.manifest`'s.
 """
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from . import bucket_writer
 from .bucket import Bucket, is_bucket_url
+from .destination import Destination, read_files
 from .embedded import EmbeddedSource
 from .errors import ModelInitError
-from .fanout import each_file, fetch
-from .folder_lock import FolderLock
+from .local_prefix import LocalPrefix
 from .manifest import (  # noqa: F401 - MANIFEST_FILE, PROGRESS_FILE, check_file_name, loader_file: also the client's API
     MANIFEST_FILE,
     PROGRESS_FILE,
@@ -35,12 +36,12 @@ from .manifest import (  # noqa: F401 - MANIFEST_FILE, PROGRESS_FILE, check_file
     plan_differences,
     read_manifest,
 )
-from .parts import Part, parse_part, part_files
-from .progress import progress_bar
+from .parts import Part, parse_part, part_files, small_files
+from .progress_bar import progress_bar
 from .remote import RETRYABLE, RemoteSource, RetryPolicy, connect_failure, split_targets  # noqa: F401 - also the client's API
 from .request import PolicyArg, Spec, model_policy, model_request, model_spec  # noqa: F401 - also the client's API
 from .source import Source, full_plan
-from .writer import atomic_write, os_error, prepare, write_files
+from .writer import FolderWriter
 
 log = logging.getLogger("modelinit.client")
 
@@ -185,8 +186,6 @@ class Client:
         self.target = target
         self.targets: tuple[str, ...] = ()
         """Server targets (``target`` split at commas); empty when embedded."""
-        self.last_served: dict[str, int] = {}
-        """After a fanned-out ``init_model``: how many files each target finished."""
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self.source: Source
@@ -199,6 +198,12 @@ class Client:
                                        retry=self.retry)
             self.targets = self.source.targets
             self.target = self.targets[0]
+
+    @property
+    def last_served(self) -> dict[str, int]:
+        """After an ``init_model`` through servers: how many files each target finished (empty
+        for one stream, and embedded)."""
+        return self.source.last_served
 
     def close(self) -> None:
         self.source.close()
@@ -358,109 +363,48 @@ class Client:
         if parallel is not None and (isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1):
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"parallel: must be None or an integer >= 1, got {parallel!r}")
         share = parse_part(part)
-        bucket = Bucket(os.fspath(out_dir), "out_dir") if is_bucket_url(out_dir) else None
-        out = local_folder(out_dir, "out_dir") if bucket is None else None
+        dest = open_destination(out_dir, share, fsync=fsync, direct_io=direct_io, hash_here=not self.source.in_process)
         request = model_request(spec, seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size,
                                 algorithm_version=algorithm_version, architecture=architecture)
         plan = full_plan(self.source, request)
         check_plan_names(plan)  # before anything is written
-        if bucket is not None or not share.whole:
-            if bucket is None:  # parts into a shared folder: the same protocol, through obstore's local store
-                assert out is not None
-                out.mkdir(parents=True, exist_ok=True)
-                bucket = Bucket(out.resolve().as_uri(), "out_dir")
-            return self._init_bucket(bucket, request, plan, share, overwrite, progress, parallel)
-        assert out is not None
-        lock = FolderLock(out)  # one init per folder at a time: a second one fails at once
+        failed = True
         try:
-            lock.acquire()
-            record = prepare(out, plan, overwrite, fsync)
-            if isinstance(record, tuple):  # the folder holds exactly these files already
-                return InitResult(out, plan.fingerprint, record, plan.total_params, plan.total_bytes,
+            survey = dest.prepare(plan, share, overwrite)
+            if survey.complete is not None:  # already holds exactly these files, verified
+                failed = False
+                return InitResult(dest.where, plan.fingerprint, survey.complete, plan.total_params, plan.total_bytes,
                                   plan.algorithm_version, reused=True)
-            kept = dict(record.files)
-            todo = [i for i in range(len(plan.files)) if i not in kept]
-            if kept:
-                log.info("%s: keeping %d file(s) an interrupted run finished (re-hashed)", out, len(kept))
+            mine = part_files(plan, share)
+            todo = [i for i in mine if i not in survey.kept]
+            kept = tuple(plan.files[i].name for i in mine if i in survey.kept)
             bar = progress_bar(progress, sum(plan.files[i].size for i in todo))
             try:
-                files = None if len(todo) == len(plan.files) else todo
-                if not todo:
-                    written: list[FileResult] = []
-                else:
-                    def write(stream, indices, tick):
-                        return write_files(stream, plan, out, indices, tick, fsync, direct_io, on_written=record.add,
-                                           hash_here=not self.source.in_process)
+                def write(events, indices, tick):
+                    return dest.write(events, plan, indices, tick)
 
-                    written = self._stream_files(request, plan, todo, files, write, parallel, bar)
-            except BaseException:
-                record.drop_if_empty()  # a failed run that finished nothing leaves nothing behind
-                raise
+                written = self.source.stream_files(request, plan, todo, write, parallel, bar) if todo else []
             finally:
                 bar(None)
-            results = {**kept, **dict(zip(todo, written))}
-            ordered = [results[i] for i in range(len(plan.files))]
-            atomic_write(out / MANIFEST_FILE, manifest_bytes(plan, ordered), fsync)
-            (out / PROGRESS_FILE).unlink(missing_ok=True)  # complete: the manifest says it all
-        except OSError as e:
-            raise os_error(e, out) from e
+            # A part hands the index and config.json to the one that finalizes; a whole run wrote them.
+            small = [] if share.whole else read_files(self.source.events(request, plan, small_files(plan)), plan, small_files(plan))
+            try:
+                done = dest.finish(plan, share, small)
+            except ModelInitError as e:  # the shards are in, the checkpoint is not: say both
+                raise ModelInitError(e.code, f"{e.details}; {MANIFEST_FILE} is not written, so {dest.where} is not a complete "
+                                             f"checkpoint (the written shards are kept: rerun, or `modelinit finalize {dest.where}`)") from None
+            failed = False
         finally:
-            lock.release()
-        return InitResult(out, plan.fingerprint, tuple(ordered), plan.total_params, plan.total_bytes, plan.algorithm_version,
-                          kept=tuple(kept[i].name for i in sorted(kept)))
-
-    def _stream_files(self, request: pb.ModelRequest, plan: pb.PlanResponse, todo: list[int], files: list[int] | None,
-                      write, parallel: int | None, progress: Callable[[int], None]) -> list[FileResult]:
-        """The files ``todo`` through ``write`` (the folder's writer or the bucket's uploader): from several
-        replicas or ``parallel`` at once through the fan-out (in-process: each file its own producer and
-        SHA-256; None: as many as the engine chooses), else as one stream asking for ``files`` (None: all)."""
-        if parallel is None:  # the engine's choice where there are shards to spread
-            shards = sum(plan.files[i].shard for i in todo)
-            parallel = min(self.source.files_at_once(), shards) if isinstance(self.source, EmbeddedSource) and shards > 1 else 1
-        if isinstance(self.source, RemoteSource) and (parallel > 1 or len(self.source.targets) > 1):
-            written, self.last_served = fetch(self.source, request, plan, write, parallel, progress, files=todo)
-            return written
-        if parallel > 1 and len(todo) > 1:
-            return each_file(lambda i: self.source.events(request, plan, [i]), todo, write, parallel, progress)
-        return write(self.source.events(request, plan, files), todo, progress)
-
-    def _init_bucket(self, bucket: Bucket, request: pb.ModelRequest, plan: pb.PlanResponse, part: Part, overwrite: bool,
-                     progress: bool | Callable[[int], None], parallel: int | None) -> InitResult:
-        """``init_model`` into an object-store prefix (or ``part`` of a shared folder):
-        :mod:`modelinit.bucket_writer`'s survey, uploads and finalization."""
-        record = bucket_writer.prepare(bucket, plan, part, overwrite)
-        if isinstance(record, list):
-            return InitResult(bucket.url, plan.fingerprint, tuple(record), plan.total_params, plan.total_bytes,
-                              plan.algorithm_version, reused=True)
-        mine = part_files(plan, part)
-        todo = [i for i in mine if i not in record.files]
-        kept = tuple(plan.files[i].name for i in mine if i in record.files)
-        if kept:
-            log.info("%s: keeping %d shard(s) an interrupted run uploaded (same e_tag)", bucket, len(kept))
-        bar = progress_bar(progress, sum(plan.files[i].size for i in todo))
-        try:
-            if not todo:
-                pass
-            else:
-                def upload(stream, indices, tick):
-                    return bucket_writer.upload_files(bucket, stream, plan, indices, tick, record.add)
-
-                self._stream_files(request, plan, todo, todo, upload, parallel, bar)
-        finally:
-            bar(None)
-        try:
-            done = bucket_writer.finalize(bucket, plan, part.count, lambda idx: self.source.events(request, plan, idx))
-        except ModelInitError as e:  # the shards are in, the checkpoint is not: say both
-            raise ModelInitError(e.code, f"{e.details}; {MANIFEST_FILE} is not written, so {bucket} is not a complete "
-                                         f"checkpoint (the uploaded shards are kept: rerun, or `modelinit finalize {bucket}`)") from None
+            dest.close(failed)
         if done.files is None:
             lost = [plan.files[i].name for i in mine if plan.files[i].name in done.missing_files]
-            if part.whole or lost:  # only a part whose own share is in may end without the manifest
-                raise _not_there_as_uploaded(bucket, part, lost)
-            return InitResult(bucket.url, plan.fingerprint, tuple(record.files[i][0] for i in mine), plan.total_params,
-                              plan.total_bytes, plan.algorithm_version, kept=kept, complete=False,
+            if share.whole or lost:  # only a part whose own share is in may end without the manifest
+                raise _not_there_as_written(dest.where, share, lost)
+            results = {**survey.kept, **dict(zip(todo, written))}
+            return InitResult(dest.where, plan.fingerprint, tuple(results[i] for i in mine),
+                              plan.total_params, plan.total_bytes, plan.algorithm_version, kept=kept, complete=False,
                               missing_parts=tuple(done.missing_parts))
-        return InitResult(bucket.url, plan.fingerprint, tuple(done.files), plan.total_params, plan.total_bytes,
+        return InitResult(dest.where, plan.fingerprint, tuple(done.files), plan.total_params, plan.total_bytes,
                           plan.algorithm_version, kept=kept)
 
     def finalize(self, url: str | os.PathLike) -> InitResult:
@@ -469,13 +413,14 @@ class Client:
         (each created once), as the last part does itself; for schedulers that prefer a final
         step. The request comes from the parts' records and is planned again here (its
         fingerprint must match). ``complete`` is False while a part is missing (nothing written)."""
-        text = os.fspath(url)
-        bucket = Bucket(text, "url") if is_bucket_url(text) else Bucket(local_folder(text, "url").resolve().as_uri(), "url")
-        request, count = bucket_writer.recorded_request(bucket)
+        prefix = open_prefix(url, "url")
+        request, count = bucket_writer.recorded_request(prefix)
         plan = full_plan(self.source, request)
         check_plan_names(plan)
-        done = bucket_writer.finalize(bucket, plan, count, lambda idx: self.source.events(request, plan, idx))
-        return InitResult(bucket.url, plan.fingerprint, tuple(done.files or ()), plan.total_params, plan.total_bytes,
+        small = read_files(self.source.events(request, plan, small_files(plan)), plan, small_files(plan))
+        writer = bucket_writer.PrefixWriter(prefix)
+        done = writer.finish(plan, Part(0, count), small)
+        return InitResult(writer.where, plan.fingerprint, tuple(done.files or ()), plan.total_params, plan.total_bytes,
                           plan.algorithm_version, complete=done.files is not None, missing_parts=tuple(done.missing_parts))
 
     def init_model_from_manifest(self, manifest: str | os.PathLike, out_dir: str | os.PathLike, **options: Any) -> InitResult:
@@ -521,12 +466,32 @@ def reproduce(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, client
         return own.init_model_from_manifest(manifest, out_dir, **options)
 
 
-def _not_there_as_uploaded(bucket: Bucket, part: Part, lost: list[str]) -> ModelInitError:
-    """The error of a run whose own uploads are not all there when it finalizes (deleted or
+def open_destination(out_dir: str | os.PathLike, part: Part, *, fsync: bool = False, direct_io: bool = True,
+                     hash_here: bool = True, field: str = "out_dir") -> Destination:
+    """The destination ``out_dir`` names, chosen here and nowhere else: an object-store URL is a
+    prefix (:class:`~modelinit.bucket_writer.PrefixWriter` over a :class:`~modelinit.bucket.Bucket`);
+    a local folder is written by the folder writer (:class:`~modelinit.writer.FolderWriter`), or,
+    for a ``part`` of N, shared by the N runs through the prefix protocol on the folder
+    (:class:`~modelinit.local_prefix.LocalPrefix`, written as the folder writer writes)."""
+    if is_bucket_url(out_dir) or not part.whole:
+        return bucket_writer.PrefixWriter(open_prefix(out_dir, field, fsync=fsync, direct_io=direct_io), hash_here)
+    return FolderWriter(local_folder(out_dir, field), fsync=fsync, direct_io=direct_io, hash_here=hash_here)
+
+
+def open_prefix(url: str | os.PathLike, field: str, *, fsync: bool = False, direct_io: bool = True) -> bucket_writer.Prefix:
+    """An object-store URL as a :class:`~modelinit.bucket.Bucket`; a local folder (a path or a
+    ``file://`` URL) as a :class:`~modelinit.local_prefix.LocalPrefix`."""
+    if is_bucket_url(url):
+        return Bucket(os.fspath(url), field)
+    return LocalPrefix(local_folder(url, field), field, direct_io=direct_io, fsync=fsync)
+
+
+def _not_there_as_written(where: "pathlib.Path | str", part: Part, lost: list[str]) -> ModelInitError:
+    """The error of a run whose own shards are not all there when it finalizes (deleted or
     replaced since: another writer, a lifecycle rule): it must not end as if it had succeeded."""
     whose = "this run" if part.whole else f"part {part}"
     shown = ", ".join(lost[:4]) + (f" and {len(lost) - 4} more" if len(lost) > 4 else "")
     return ModelInitError(grpc.StatusCode.ABORTED,
-                          f"{bucket}: {MANIFEST_FILE} not written: {len(lost)} shard(s) {whose} uploaded are not there as "
-                          f"uploaded ({shown}; deleted or replaced since, by another writer?); the checkpoint is incomplete: "
-                          "rerun the same command to upload them again")
+                          f"{where}: {MANIFEST_FILE} not written: {len(lost)} shard(s) {whose} wrote are not there as "
+                          f"written ({shown}; deleted or replaced since, by another writer?); the checkpoint is incomplete: "
+                          "rerun the same command to write them again")

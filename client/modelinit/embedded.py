@@ -15,7 +15,9 @@ import grpc
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .errors import ModelInitError
-from .source import Events, check_version
+from .fanout import each_file
+from .manifest import FileResult
+from .source import Events, Write, check_version
 
 
 class EmbeddedSource:
@@ -26,6 +28,8 @@ class EmbeddedSource:
     in_process = True
     """The producer runs in this process: each End's SHA-256 is of the very buffers a writer writes,
     so the writer need not hash them again (every byte hashed once)."""
+    last_served: dict[str, int] = {}
+    """No servers: always empty."""
 
     def __init__(self, device: str = "auto") -> None:
         try:
@@ -52,6 +56,18 @@ class EmbeddedSource:
             return self.engine.events(request) if files is None else self.engine.events(request, files)
         except ValueError as e:  # e.g. the requested device's engine is unavailable
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+
+    def stream_files(self, request: pb.ModelRequest, plan: pb.PlanResponse, files: list[int], write: Write,
+                     parallel: int | None, progress: Callable[[int], None]) -> list[FileResult]:
+        """``files`` through ``write``: one stream, or ``parallel`` files each with its own producer
+        and SHA-256 (None: :meth:`files_at_once`, at most one per shard)."""
+        if parallel is None:
+            shards = sum(plan.files[i].shard for i in files)
+            parallel = min(self.files_at_once(), shards) if shards > 1 else 1
+        if parallel > 1 and len(files) > 1:
+            return each_file(lambda i: self.events(request, plan, [i]), files, write, parallel, progress)
+        everything = files == list(range(len(plan.files)))
+        return write(self.events(request, plan, None if everything else files), files, progress)
 
     def files_at_once(self) -> int:
         """Files to produce at once by default on this machine (the engine's choice: several only

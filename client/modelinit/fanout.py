@@ -1,15 +1,12 @@
-"""Fan-out: one model's files produced or fetched in parallel, from several replicas or in-process.
+"""Fan-out: a plan's files through one sink, several at once, each its own stream.
 
-The service is stateless and deterministic, so any replica can serve any file, from any byte.
-Each file is one resumable stream of that file alone (:meth:`RemoteSource.events
-<modelinit.remote.RemoteSource.events>`: on a lost server it moves on to the next replica from
-the byte reached), written by the same writer as a single stream (``write``: the folder's
-:func:`~modelinit.writer.write_files` or the bucket's :func:`~modelinit.bucket_writer.upload_files`). ``parallel`` files are in flight at once, file ``i``
-starting on replica ``i mod n``; a replica serves only after it planned the same fingerprint
-(one :class:`~modelinit.remote.Replicas` shared by the streams). The first file that fails
-stops the others. :func:`each_file` is the same for any source: the embedded engine's ``parallel``
-files are each their own producer and SHA-256 (hashing, one serial stream per file, is what bounds
-a job whose generation is fast: a GPU node, many cores).
+:func:`each_file` serves both sources' ``stream_files``: the embedded engine's files are each their
+own producer and SHA-256 (hashing, one serial stream per file, is what bounds a job whose
+generation is fast: a GPU node, many cores); a remote source's are each one resumable stream of
+that file alone, spread over its replicas (:meth:`RemoteSource.stream_files
+<modelinit.remote.RemoteSource.stream_files>`). The sink is a destination's ``write``
+(:class:`~modelinit.destination.Destination`), the same as for a single stream. The first file
+that fails stops the others.
 """
 from __future__ import annotations
 
@@ -17,14 +14,8 @@ import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Callable
 
-from modelinit_wire.v1 import modelinit_pb2 as pb
-
 from .manifest import FileResult
-from .remote import RemoteSource, ResumingEvents
-from .source import Events
-
-#: Writes one stream's files (indices into the plan) and returns them checked: the sink.
-Write = Callable[[Events, list[int], Callable[[int], None]], list[FileResult]]
+from .source import Events, Write
 
 
 class _Stopped(Exception):
@@ -82,21 +73,3 @@ def each_file(open_stream: Callable[[int], Events], indices: list[int], write: W
     finally:
         pool.shutdown(wait=True)  # the cut files' writers delete their partial files first
     return [f.result() for f in futures]
-
-
-def fetch(source: RemoteSource, request: pb.ModelRequest, plan: pb.PlanResponse, write: Write, parallel: int,
-          progress: Callable[[int], None], files: list[int] | None = None) -> tuple[list[FileResult], dict[str, int]]:
-    """Every file of ``plan`` (or those of ``files``, indices into it), each through ``write``, in
-    that order; also how many files each target finished."""
-    replicas = source.replicas(plan.fingerprint)
-    served = {t: 0 for t in source.targets}
-
-    def open_stream(i: int) -> ResumingEvents:
-        return source.events(request, plan, [i], replicas=replicas, start=i)
-
-    def count(i: int, stream: Events) -> None:
-        assert isinstance(stream, ResumingEvents)  # open_stream's
-        served[source.targets[stream.replica]] += 1
-
-    indices = list(range(len(plan.files))) if files is None else files
-    return each_file(open_stream, indices, write, parallel, progress, count), served

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import grpc
 from modelinit_wire.constants import MAX_CHUNK
@@ -26,7 +26,9 @@ from modelinit_wire.heap import keep_large_blocks
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .errors import ModelInitError
-from .source import check_version
+from .fanout import each_file
+from .manifest import FileResult
+from .source import Events, Write, check_version
 from .stub import ModelInitStub
 
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 << 20)]
@@ -286,11 +288,14 @@ class RemoteSource:
 
     in_process = False
     """The bytes crossed a wire: writers hash them and check the server's SHA-256."""
+    last_served: dict[str, int]
+    """How many files each target finished in the last :meth:`stream_files`."""
 
     def __init__(self, target: str, *, timeout: float | None = None, tls: bool = False, ca: str | None = None,
                  cert: str | None = None, key: str | None = None, token: str | None = None,
                  retry: RetryPolicy | None = None) -> None:
         self.targets = split_targets(target)
+        self.last_served = {}
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         try:
@@ -391,6 +396,33 @@ class RemoteSource:
     def replicas(self, fingerprint: str) -> Replicas:
         """The servers, the one that answered the last :meth:`plan` known to plan ``fingerprint``."""
         return Replicas(self.stubs, self.targets, fingerprint, self.timeout, checked={self.planner}, reached=self._reached)
+
+    def stream_files(self, request: pb.ModelRequest, plan: pb.PlanResponse, files: list[int], write: Write,
+                     parallel: int | None, progress: Callable[[int], None]) -> list[FileResult]:
+        """``files`` through ``write``. With one server and one file at a time (``parallel`` None:
+        1), one resumable stream. Otherwise each file is its own resumable stream of that file
+        alone, ``parallel`` at once, file ``i`` starting on replica ``i mod n`` and moving on to the
+        next replica from the byte reached when its server goes away; a replica serves only after
+        it planned the same fingerprint (one :class:`Replicas` shared by the streams). Sets
+        :attr:`last_served`."""
+        parallel = 1 if parallel is None else parallel
+        self.last_served = {}
+        if parallel == 1 and len(self.targets) == 1:
+            everything = files == list(range(len(plan.files)))
+            return write(self.events(request, plan, None if everything else files), files, progress)
+        replicas = self.replicas(plan.fingerprint)
+        served = {t: 0 for t in self.targets}
+
+        def open_stream(i: int) -> ResumingEvents:
+            return self.events(request, plan, [i], replicas=replicas, start=i)
+
+        def count(i: int, stream: Events) -> None:
+            assert isinstance(stream, ResumingEvents)  # open_stream's
+            served[self.targets[stream.replica]] += 1
+
+        written = each_file(open_stream, files, write, parallel, progress, count)
+        self.last_served = served
+        return written
 
     def events(self, request: pb.ModelRequest, plan: pb.PlanResponse, files: Iterable[int] | None = None, *,
                replicas: Replicas | None = None, start: int | None = None) -> ResumingEvents:

@@ -3,19 +3,19 @@
 A source plans a request (one page at a time, as the ``Plan`` RPC), streams a plan's files as
 :mod:`modelinit_wire.events`, and streams chosen tensors or slices of them (``Tensors``). Two implement it: :class:`modelinit.embedded.EmbeddedSource` (the embedded
 engine, in-process) and :class:`modelinit.remote.RemoteSource` (gRPC stubs over one or more
-replicas: retries, replica fingerprint checks, resumed streams). ``Client``, the fan-out and
-``verify`` use sources only through this protocol and the functions here; the fan-out alone
-needs a remote source's replicas.
+replicas: retries, replica fingerprint checks, resumed streams). ``Client`` and ``verify`` use
+sources only through this protocol and the functions here.
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Protocol, runtime_checkable
+from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
 
 import grpc
 from modelinit_wire.events import Event
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .errors import ModelInitError
+from .manifest import FileResult
 
 #: Tensors per Plan page when a caller wants them all (the server allows up to 10,000; 5,000
 #: TensorPlans are ~1 MB).
@@ -30,6 +30,10 @@ class Events(Protocol):
     def close(self) -> None: ...
 
 
+#: Writes one stream's files (indices into the plan) and returns them checked: a destination's sink.
+Write = Callable[[Events, list[int], Callable[[int], None]], list[FileResult]]
+
+
 @runtime_checkable
 class Source(Protocol):
     """What plans a request and streams a plan's files. Errors are ModelInitError (a bad
@@ -38,6 +42,8 @@ class Source(Protocol):
     in_process: bool
     """True when the producer runs in this process: each End's SHA-256 is of the very buffers a
     writer writes, which then records it instead of hashing them again."""
+    last_served: dict[str, int]
+    """How many files each server finished in the last :meth:`stream_files` (empty in-process)."""
 
     def plan(self, request: pb.ModelRequest, page_size: int = 0, page_token: str = "") -> pb.PlanResponse:
         """One page of the plan (``page_size`` tensors from ``page_token`` on; 0: a summary, no
@@ -47,6 +53,13 @@ class Source(Protocol):
     def events(self, request: pb.ModelRequest, plan: pb.PlanResponse, files: Iterable[int] | None = None) -> Events:
         """Every file of ``plan`` (or those of ``files``, indices into its files, in that order),
         as one stream of events."""
+        ...
+
+    def stream_files(self, request: pb.ModelRequest, plan: pb.PlanResponse, files: list[int], write: Write,
+                     parallel: int | None, progress: Callable[[int], None]) -> list[FileResult]:
+        """``files`` (indices into ``plan``, in that order in the result) through ``write`` (a
+        destination's sink), as one stream or ``parallel`` at once (None: the source's choice for
+        this machine), each file checked by the sink."""
         ...
 
     def tensors(self, request: pb.TensorsRequest) -> Iterator[pb.TensorsResponse | memoryview]:

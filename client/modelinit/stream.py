@@ -100,3 +100,4 @@ class StreamCheck:
         if len(self.done) != len(self.indices):
             raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"{self.what}: ended after {len(self.done)} of {len(self.indices)} files")
         return self.done
+

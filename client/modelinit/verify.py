@@ -39,7 +39,7 @@ from .manifest import (
     read_bucket_manifest,
     read_manifest,
 )
-from .progress import progress_bar
+from .progress_bar import progress_bar
 from .source import full_plan
 from .stream import StreamCheck
 

@@ -3,12 +3,11 @@
 :func:`prepare` surveys the folder before writing (keeps a rerun's verified files, clears what an
 earlier run recorded, refuses foreign files); :func:`write_files` writes a stream of events into
 it, each file through a hidden temp file checked by :class:`~modelinit.stream.StreamCheck` and
-renamed into place; :class:`Progress` records each rename (``.modelinit.progress.json``);
+renamed into place; :class:`FolderRecord` records each rename (``.modelinit.progress.json``);
 :func:`atomic_write` writes a small file whole or not at all (the manifest, the record).
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import pathlib
@@ -21,26 +20,31 @@ import grpc
 from modelinit_wire.events import Begin, Data
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from .direct_file import CREATE_FLAGS, DirectFile
+from .destination import Finalized, Survey
+from .direct_file import DirectFile
 from .errors import ModelInitError
+from .folder_lock import FolderLock
+from .local_io import atomic_write, discard, os_error
 from .manifest import (
     MANIFEST_FILE,
     PROGRESS_FILE,
     FileResult,
     loader_file,
+    manifest_bytes,
     progress_bytes,
     read_manifest,
     read_record,
     sha256_file,
 )
+from .parts import Part
 from .source import Events
 from .stream import StreamCheck
 
 log = logging.getLogger("modelinit.client")  # the client's log, whichever module writes it
 
 
-class Progress:
-    """This run's progress record (``PROGRESS_FILE``): rewritten atomically after each file is
+class FolderRecord:
+    """This run's record (``PROGRESS_FILE``, what a rerun resumes from): rewritten atomically after each file is
     renamed into place (``add``, thread-safe: fan-out finishes several files at once)."""
 
     def __init__(self, out: pathlib.Path, plan: pb.PlanResponse, kept: dict[int, FileResult], stale: list[str],
@@ -78,7 +82,7 @@ class Progress:
         atomic_write(self._path, progress_bytes(self._plan, files, self._stale), self._fsync)
 
 
-def prepare(out: pathlib.Path, plan: pb.PlanResponse, overwrite: bool, fsync: bool) -> "tuple[FileResult, ...] | Progress":
+def prepare(out: pathlib.Path, plan: pb.PlanResponse, overwrite: bool, fsync: bool) -> "tuple[FileResult, ...] | FolderRecord":
     """Survey ``out`` before writing ``plan`` into it, and clear what must go.
 
     Ours: the files that ``modelinit.json`` or a progress record lists, and hidden ``.*.partial``
@@ -136,56 +140,13 @@ def prepare(out: pathlib.Path, plan: pb.PlanResponse, overwrite: bool, fsync: bo
         (out / PROGRESS_FILE).unlink(missing_ok=True)
         return tuple(kept[i] for i in range(len(plan.files)))
     out.mkdir(parents=True, exist_ok=True)
-    record = Progress(out, plan, kept, stale, fsync)
+    record = FolderRecord(out, plan, kept, stale, fsync)
     record.save()
     (out / MANIFEST_FILE).unlink(missing_ok=True)  # the folder is incomplete from here on
     for name in stale + temps:
         (out / name).unlink(missing_ok=True)
     record.cleaned()
     return record
-
-
-def os_error(e: OSError, out: pathlib.Path, name: str | None = None) -> ModelInitError:
-    """A failed write into ``out`` as a ModelInitError: RESOURCE_EXHAUSTED for a full disk or
-    quota, PERMISSION_DENIED for a refused write, FAILED_PRECONDITION otherwise."""
-    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG):
-        code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        code = grpc.StatusCode.PERMISSION_DENIED
-    else:
-        code = grpc.StatusCode.FAILED_PRECONDITION
-    what = f"writing {name}" if name else (str(e.filename) if e.filename and str(e.filename) != str(out) else "")
-    return ModelInitError(code, ": ".join(p for p in (str(out), what, e.strerror or str(e)) if p))
-
-
-def _discard(fh: DirectFile, tmp: pathlib.Path) -> None:
-    """Close and delete an unfinished temp file; a failure to (a broken disk) is logged, not
-    raised over the error that brought us here."""
-    try:
-        fh.abort()
-    except OSError as e:
-        log.warning("closing %s: %s", tmp, e)
-    try:
-        tmp.unlink(missing_ok=True)
-    except OSError as e:
-        log.warning("cannot remove the temp file %s: %s", tmp, e)
-
-
-def atomic_write(path: pathlib.Path, data: bytes, fsync: bool) -> None:
-    """``path`` whole or not at all: a hidden temp file (created exclusively, never through a
-    link), renamed into place."""
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.unlink(missing_ok=True)
-    try:
-        with open(os.open(tmp, CREATE_FLAGS, 0o644), "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            if fsync:
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def write_files(source: Events, plan: pb.PlanResponse, out: pathlib.Path, indices: Iterable[int],
@@ -240,5 +201,62 @@ def write_files(source: Events, plan: pb.PlanResponse, out: pathlib.Path, indice
             if hasher is not None:
                 hasher.shutdown()
             if current is not None:  # interrupted mid-file: leave nothing half-written behind
-                _discard(current[1], current[0])
+                discard(current[1], current[0])
     return check.finish()
+
+
+class FolderWriter:
+    """A :class:`~modelinit.destination.Destination` over a local folder that one process writes
+    (one init per folder at a time: :class:`~modelinit.folder_lock.FolderLock`): this module's
+    survey, temp files and renames, the manifest written last. ``hash_here``: hash what passes
+    (False for an in-process producer)."""
+
+    def __init__(self, out: pathlib.Path, *, fsync: bool, direct_io: bool, hash_here: bool = True) -> None:
+        self.out = out
+        self.where: pathlib.Path | str = out
+        self.fsync, self.direct_io, self.hash_here = fsync, direct_io, hash_here
+        self.lock = FolderLock(out)
+        self.record: FolderRecord | None = None
+
+    def prepare(self, plan: pb.PlanResponse, part: Part, overwrite: bool) -> Survey:
+        if not part.whole:
+            raise ValueError("FolderWriter writes whole checkpoints; parts go through bucket_writer.PrefixWriter")
+        self.lock.acquire()  # a second init of this folder fails here, at once
+        try:
+            got = prepare(self.out, plan, overwrite, self.fsync)
+        except OSError as e:
+            raise os_error(e, self.out) from e
+        if isinstance(got, tuple):
+            return Survey(complete=got)
+        self.record = got
+        if got.files:
+            log.info("%s: keeping %d file(s) an interrupted run finished (re-hashed)", self.out, len(got.files))
+        return Survey(kept=dict(got.files))
+
+    def write(self, events: Events, plan: pb.PlanResponse, indices: list[int],
+              progress: Callable[[int], None]) -> list[FileResult]:
+        if self.record is None:
+            raise RuntimeError("FolderWriter.write before prepare")
+        return write_files(events, plan, self.out, indices, progress, self.fsync, self.direct_io,
+                           on_written=self.record.add, hash_here=self.hash_here)
+
+    def finish(self, plan: pb.PlanResponse, part: Part, small: list[tuple[FileResult, bytes]]) -> Finalized:
+        if self.record is None:
+            raise RuntimeError("FolderWriter.finish before prepare")
+        missing = [f.name for i, f in enumerate(plan.files) if i not in self.record.files]
+        if missing:  # the stream wrote every file or raised: only a caller's mistake ends here
+            return Finalized(None, [0], missing)
+        ordered = [self.record.files[i] for i in range(len(plan.files))]
+        try:
+            atomic_write(self.out / MANIFEST_FILE, manifest_bytes(plan, ordered), self.fsync)
+            (self.out / PROGRESS_FILE).unlink(missing_ok=True)  # complete: the manifest says it all
+        except OSError as e:
+            raise os_error(e, self.out) from e
+        return Finalized(ordered, [], [])
+
+    def close(self, failed: bool) -> None:
+        try:
+            if failed and self.record is not None:
+                self.record.drop_if_empty()  # a failed run that finished nothing leaves nothing behind
+        finally:
+            self.lock.release()
