@@ -374,9 +374,9 @@ def test_embedded_rerun_keeps_finished_files(tmp_path, clean, monkeypatch):
     asked = []
     real_events = EmbeddedEngine.events
 
-    def events(self, msg, selected=None):
+    def events(self, plan, selected=None):
         asked.append(None if selected is None else list(selected))
-        return real_events(self, msg, selected)
+        return real_events(self, plan, selected)
 
     monkeypatch.setattr(EmbeddedEngine, "events", events)
 
@@ -443,3 +443,18 @@ def test_a_file_url_is_the_local_folder(server_target, clean, tmp_path):
     with pytest.raises(ModelInitError) as e:
         verify_folder("file://otherhost/x")
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "file:///absolute/path" in e.value.details
+
+
+def test_the_embedded_job_plans_once(tmp_path, monkeypatch):
+    """init_model plans the request, then streams it (one stream, files in flight, or a part and its
+    small files): the engine builds the plan once, the streams take the plan made for that request."""
+    from modelinit_server.service.embedded import EmbeddedEngine
+
+    built = []
+    real = EmbeddedEngine.build
+    monkeypatch.setattr(EmbeddedEngine, "build", lambda self, msg: built.append(1) or real(self, msg))
+    with modelinit.Client() as c:
+        c.init_model(SPEC, out_dir=tmp_path / "one", parallel=1, **SHARDED)
+        c.init_model(SPEC, out_dir=tmp_path / "two", parallel=2, **SHARDED)
+        c.init_model(SPEC, out_dir=tmp_path / "part", part=(0, 2), **SHARDED)
+    assert built == [1, 1, 1]

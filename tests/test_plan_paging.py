@@ -77,7 +77,7 @@ def test_a_huge_plan_pages_through_a_stock_stub(stub):
         assert _without_tensors(p) == summary
 
     # Exactly the in-process plan's tensors, in order, with their shards and offsets.
-    plan = EmbeddedEngine()._build(HUGE_REQUEST)
+    plan = EmbeddedEngine().build(HUGE_REQUEST)
     got = [(t.name, tuple(t.shape), t.shard, t.offset, t.nbytes) for p in pages for t in p.tensors]
     assert got == [(t.spec.name, tuple(t.spec.shape), t.file, t.offset, t.nbytes) for t in plan.tensors]
 
@@ -105,7 +105,7 @@ def test_client_merges_pages_remote_and_embedded(client, monkeypatch):
     assert remote == embedded and not remote.next_page_token
     assert len(remote.tensors) == remote.tensor_count == summary.tensor_count
     assert _without_tensors(remote) == summary
-    plan = EmbeddedEngine()._build(_request())
+    plan = EmbeddedEngine().build(_request())
     assert [(t.name, t.shard, t.offset) for t in remote.tensors] == [(t.spec.name, t.file, t.offset) for t in plan.tensors]
     assert modelinit.Client().plan(TINY["llama"], **kwargs) == summary  # embedded summary: the same
 
@@ -114,7 +114,7 @@ def test_client_merges_pages_remote_and_embedded(client, monkeypatch):
 def test_any_page_size_lists_each_tensor_once(page_size):
     engine = EmbeddedEngine()
     request = _request()
-    full = [t.spec.name for t in engine._build(request).tensors]
+    full = [t.spec.name for t in engine.build(request).tensors]
     pages = _pages(lambda r: engine.plan(r.request, r.page_size, r.page_token), request, page_size)
     assert [t.name for p in pages for t in p.tensors] == full
     assert all(len(p.tensors) == page_size for p in pages[:-1]) and 0 < len(pages[-1].tensors) <= page_size

@@ -9,7 +9,7 @@ import-linter contracts in pyproject.toml allow these imports here and nowhere e
 from __future__ import annotations
 
 import argparse
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import grpc
 from modelinit_wire.v1 import modelinit_pb2 as pb
@@ -43,17 +43,31 @@ class EmbeddedSource:
             self.engine = EmbeddedEngine(device)
         except ValueError as e:
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        self._planned: tuple[pb.ModelRequest, Any] | None = None
+        """The request :meth:`plan` was last given (the object itself), with the engine's plan of it."""
 
     def plan(self, request: pb.ModelRequest, page_size: int = 0, page_token: str = "") -> pb.PlanResponse:
         try:
-            return check_version(request, self.engine.plan(request, page_size, page_token))
+            built = self._built(request)
+            page = check_version(request, self.engine.page(built, request, page_size, page_token))
         except ValueError as e:  # the same field-named message the server sends
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        self._planned = (request, built)  # the next page, and the stream, of this very request reuse it
+        return page
+
+    def _built(self, request: pb.ModelRequest) -> Any:
+        planned = self._planned
+        return planned[1] if planned is not None and planned[0] is request else self.engine.build(request)
 
     def events(self, request: pb.ModelRequest, plan: pb.PlanResponse, files: Iterable[int] | None = None) -> Events:
-        """The engine's events; each End carries the SHA-256 of the very buffers produced (see :attr:`in_process`)."""
+        """The engine's events; each End carries the SHA-256 of the very buffers produced (see
+        :attr:`in_process`). The request :meth:`plan` was just given is not planned again."""
         try:
-            return self.engine.events(request) if files is None else self.engine.events(request, files)
+            built = self._built(request)
+            if built.fingerprint != plan.fingerprint:
+                raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                                     f"plan: fingerprint {plan.fingerprint[:16]} is not this request's ({built.fingerprint[:16]})")
+            return self.engine.events(built, files)
         except ValueError as e:  # e.g. the requested device's engine is unavailable
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
 

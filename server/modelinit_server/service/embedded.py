@@ -26,7 +26,6 @@ class EmbeddedEngine:
             raise ValueError(f"device: {device!r} is not one of {', '.join(DEVICES)}")
         self.device = device
         self._backend: Backend | None = None
-        self._last: tuple[bytes, Plan] | None = None  # init_model plans, then streams the same request
         self._lock = threading.Lock()  # a client's parallel files open their streams from several threads
 
     @property
@@ -53,25 +52,26 @@ class EmbeddedEngine:
             return max(1, min(cpu.threads(), usable_cores()) // 4)
         return 1
 
-    def _build(self, msg: pb.ModelRequest) -> Plan:
-        key = msg.SerializeToString(deterministic=True)
-        with self._lock:
-            if self._last is None or self._last[0] != key:
-                self._last = (key, build_plan(request_from_pb(msg)))
-            return self._last[1]
+    def build(self, msg: pb.ModelRequest) -> Plan:
+        """The plan of a request (ValueError, field-named, for a bad one). A caller that plans and
+        then streams keeps it and hands it to :meth:`events`: planning happens once."""
+        return build_plan(request_from_pb(msg))
 
     def plan(self, msg: pb.ModelRequest, page_size: int = 0, page_token: str = "") -> pb.PlanResponse:
         """One page of the plan, as the server's Plan (0: a summary without tensors)."""
-        check_page_size(page_size)
-        return plan_to_pb(self._build(msg), msg, page_size, page_token)
+        return self.page(self.build(msg), msg, page_size, page_token)
 
-    def events(self, msg: pb.ModelRequest, selected: Sequence[int] | None = None) -> "file_bytes.Prefetch":
-        """Every file's events (or those of ``selected``, indices into the plan's files, in that
+    def page(self, plan: Plan, msg: pb.ModelRequest, page_size: int = 0, page_token: str = "") -> pb.PlanResponse:
+        """One page of ``plan`` (built from ``msg``), as the server's Plan."""
+        check_page_size(page_size)
+        return plan_to_pb(plan, msg, page_size, page_token)
+
+    def events(self, plan: Plan, selected: Sequence[int] | None = None) -> "file_bytes.Prefetch":
+        """Every file's events of ``plan`` (or those of ``selected``, indices into its files, in that
         order), produced on a background thread a couple of segments ahead of the writer. Each End
         carries the file's SHA-256, hashed here beside the generation (the only hash of the bytes:
         the writer, in this process, writes the very buffers hashed). Close the returned iterator
         to stop early."""
-        plan = self._build(msg)
         selected = range(len(plan.files)) if selected is None else list(selected)
         if any(not 0 <= i < len(plan.files) for i in selected):
             raise ValueError(f"files: an index is past the last file ({len(plan.files) - 1})")
@@ -83,7 +83,7 @@ class EmbeddedEngine:
     def tensors(self, request: pb.TensorsRequest) -> Iterator[pb.TensorsResponse]:
         """The Tensors stream of ``request``, as the server's: a TensorBegin per selection, then
         its bytes in chunks. ValueError (field-named) for a bad request, before anything is generated."""
-        plan = self._build(request.request)
+        plan = self.build(request.request)
         tensor_slices.check_chunk(request.chunk_size)
         # checked now, not on the first next()
         tensor_slices.resume(tensor_slices.select(plan, request), request.start, request.offset, plan.request.dtype)
