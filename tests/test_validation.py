@@ -48,3 +48,28 @@ def test_any_request_gets_ok_or_a_clear_invalid_argument(server_target, req):
             assert e.details().startswith(FIELDS), e.details()
         else:
             assert plan.total_params > 0 and plan.files
+
+
+def test_request_options_are_defined_once_frozen_and_checked():
+    """The request's options are one frozen dataclass: checked at construction (the field named),
+    the CLI's request flags are its fields, and its message is what the client sends."""
+    import dataclasses
+
+    import pytest
+
+    from modelinit.cli import REQUEST_FLAGS
+    from modelinit.errors import ModelInitError as Refused
+    from modelinit.request import RequestOptions, model_request
+
+    options = RequestOptions(seed=7, dtype="bfloat16", max_shard_size="1GB", algorithm_version=1, architecture="GPT2Model")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.seed = 8  # type: ignore[misc]
+    for bad, field in (({"seed": -1}, "seed"), ({"seed": True}, "seed"), ({"algorithm_version": 2**32}, "algorithm_version"),
+                       ({"architecture": 3}, "architecture")):
+        with pytest.raises(Refused) as e:
+            RequestOptions(**bad)
+        assert e.value.details.startswith(f"{field}:"), e.value.details
+    assert set(REQUEST_FLAGS) == {f.name for f in dataclasses.fields(RequestOptions)}
+    assert options.request("gpt2") == model_request("gpt2", **options.keywords())
+    msg = options.request("gpt2")
+    assert (msg.seed, msg.dtype, msg.max_shard_size, msg.algorithm_version, msg.spec.architecture) == (7, "bfloat16", "1GB", 1, "GPT2Model")

@@ -6,6 +6,7 @@ Errors print one line (`modelinit: error: ...`) and exit non-zero (2 for bad inp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import atexit
 import json
 import os
@@ -35,11 +36,12 @@ from .errors import ModelInitError
 from .job import add_job_parser, check_parts, parse_bytes, parse_rate, print_parts, run_job
 from .manifest import read_manifest
 from .remote import RetryPolicy
+from .request import RequestOptions
 from .verify import embedded_client, verify_folder
 
-#: The options that make up a request (with --from-manifest the manifest's own are used): dest -> flag.
-REQUEST_FLAGS = {"seed": "--seed", "policy": "--policy", "dtype": "--dtype", "max_shard_size": "--max-shard-size",
-                 "architecture": "--architecture", "algorithm_version": "--algorithm-version"}
+#: The flag of each request option (:class:`~modelinit.request.RequestOptions`; with --from-manifest the
+#: manifest's own are used).
+REQUEST_FLAGS = {f.name: "--" + f.name.replace("_", "-") for f in dataclasses.fields(RequestOptions)}
 
 
 def _add_request_args(p: argparse.ArgumentParser, from_manifest: bool = False) -> None:
@@ -304,8 +306,8 @@ def _main(argv: list[str] | None) -> int:
         return _fail("--parts: prints a table; not with --json", 2)
     try:
         with connect(args) as client:
-            kwargs = dict(seed=args.seed or 0, policy=args.policy, dtype=args.dtype, max_shard_size=args.max_shard_size,
-                          algorithm_version=args.algorithm_version, architecture=args.architecture)
+            kwargs = RequestOptions(seed=args.seed or 0, policy=args.policy, dtype=args.dtype, max_shard_size=args.max_shard_size,
+                                    algorithm_version=args.algorithm_version, architecture=args.architecture).keywords()
             if args.command == "init":
                 write = dict(out_dir=args.out, progress=not args.quiet and sys.stderr.isatty(), fsync=args.fsync,
                              direct_io=not args.buffered_io, parallel=args.parallel, overwrite=args.overwrite, part=args.part)

@@ -39,7 +39,7 @@ from .manifest import (  # noqa: F401 - MANIFEST_FILE, PROGRESS_FILE, check_file
 from .parts import Part, parse_part, part_files, small_files
 from .progress_bar import progress_bar
 from .remote import RETRYABLE, RemoteSource, RetryPolicy, connect_failure, split_targets  # noqa: F401 - also the client's API
-from .request import PolicyArg, Spec, model_policy, model_request, model_spec  # noqa: F401 - also the client's API
+from .request import PolicyArg, RequestOptions, Spec, model_policy, model_request, model_spec  # noqa: F401 - also the client's API
 from .source import Source, full_plan
 from .writer import FolderWriter
 
@@ -231,9 +231,9 @@ class Client:
         page by page: a model of any size, under gRPC's default message limit).
         ``algorithm_version``: None for the newest, 1 to reproduce version-1 weights;
         ``architecture``: a model class overriding the spec's (``"LlamaModel"``)."""
-        request = model_request(spec, seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size,
-                                algorithm_version=algorithm_version, architecture=architecture)
-        return full_plan(self.source, request, tensors)
+        options = RequestOptions(seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size,
+                                 algorithm_version=algorithm_version, architecture=architecture)
+        return full_plan(self.source, options.request(spec), tensors)
 
     def tensors(
         self,
@@ -263,8 +263,8 @@ class Client:
         ``init_model`` does (the client's ``retry``): the call resumes at the byte reached."""
         if as_ not in TENSOR_FORMATS:
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"as_: must be one of {', '.join(TENSOR_FORMATS)}, got {as_!r}")
-        model = model_request(spec, seed=seed, policy=policy, dtype=dtype, algorithm_version=algorithm_version,
-                              architecture=architecture)
+        model = RequestOptions(seed=seed, policy=policy, dtype=dtype, algorithm_version=algorithm_version,
+                               architecture=architecture).request(spec)
         request = pb.TensorsRequest(request=model)
         wanted = list(dict.fromkeys([*(names or ()), *(slices or {})]))
         if (names is not None or slices is not None) and not wanted:
@@ -364,8 +364,8 @@ class Client:
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"parallel: must be None or an integer >= 1, got {parallel!r}")
         share = parse_part(part)
         dest = open_destination(out_dir, share, fsync=fsync, direct_io=direct_io, hash_here=not self.source.in_process)
-        request = model_request(spec, seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size,
-                                algorithm_version=algorithm_version, architecture=architecture)
+        request = RequestOptions(seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size,
+                                 algorithm_version=algorithm_version, architecture=architecture).request(spec)
         plan = full_plan(self.source, request)
         check_plan_names(plan)  # before anything is written
         failed = True

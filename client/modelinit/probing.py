@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import grpc
 
 from .errors import ModelInitError
-from .request import PolicyArg, Spec, model_request
+from .request import PolicyArg, RequestOptions, Spec
 
 
 def policy_label(policy: PolicyArg, index: int) -> str:
@@ -39,6 +39,6 @@ def probe(spec: Spec, *, policies: Sequence[PolicyArg] = ("hf-default",), seed: 
 
     if not policies:
         raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, "policies: give at least one policy to probe")
-    requests = [model_request(spec, seed=seed, policy=p, dtype="float32", architecture=architecture) for p in policies]
+    requests = [RequestOptions(seed=seed, policy=p, dtype="float32", architecture=architecture).request(spec) for p in policies]
     labels = [policy_label(p, i) for i, p in enumerate(policies)]
     return run(requests, labels, batch=batch, seq=seq, memory_budget=memory_budget, proxy=proxy)
