@@ -165,14 +165,14 @@ def test_versions_through_a_real_server(client):
 
 def test_client_refuses_a_plan_of_another_version(monkeypatch, embedded):
     """A server that predates a version ignores the field and plans its own: the client refuses."""
-    real = embedded.source.engine.plan
+    real = embedded.source.service.page
 
-    def old_server(msg, *args, **kwargs):
-        plan = real(msg, *args, **kwargs)
+    def old_server(built, msg, *args, **kwargs):
+        plan = real(built, msg, *args, **kwargs)
         plan.algorithm_version = 1
         return plan
 
-    monkeypatch.setattr(embedded.source.engine, "plan", old_server)
+    monkeypatch.setattr(embedded.source.service, "page", old_server)
     with pytest.raises(ModelInitError) as e:
         embedded.plan(TINY["gpt2"], algorithm_version=2)
     assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "algorithm_version" in e.value.details

@@ -234,10 +234,10 @@ def test_a_writer_that_trusts_the_producer_needs_its_digest():
     from modelinit.errors import ModelInitError
     from modelinit.stream import StreamCheck
 
-    from modelinit_server.service.embedded import EmbeddedEngine
+    from modelinit_server.service.embedded import EmbeddedService
 
     msg = mc.model_request(TINY["gpt2"], seed=3, dtype="bfloat16", max_shard_size="300KB")
-    proto = EmbeddedEngine("reference").plan(msg, 0)
+    proto = EmbeddedService("reference").plan(msg, 0)
     check = StreamCheck(proto, [0], hashed=False)
     f = proto.files[0]
     check.begin(Begin(0, f.name, f.size, 0))

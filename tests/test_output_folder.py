@@ -369,16 +369,16 @@ def test_an_interrupted_run_of_other_weights_is_cleared_not_refused(proxies, cle
 
 def test_embedded_rerun_keeps_finished_files(tmp_path, clean, monkeypatch):
     """The in-process engine produces only the files not kept."""
-    from modelinit_server.service.embedded import EmbeddedEngine
+    from modelinit_server.service.embedded import EmbeddedService
 
     asked = []
-    real_events = EmbeddedEngine.events
+    real_events = EmbeddedService.events
 
     def events(self, plan, selected=None):
         asked.append(None if selected is None else list(selected))
         return real_events(self, plan, selected)
 
-    monkeypatch.setattr(EmbeddedEngine, "events", events)
+    monkeypatch.setattr(EmbeddedService, "events", events)
 
     class Stop(Exception):
         pass
@@ -448,11 +448,11 @@ def test_a_file_url_is_the_local_folder(server_target, clean, tmp_path):
 def test_the_embedded_job_plans_once(tmp_path, monkeypatch):
     """init_model plans the request, then streams it (one stream, files in flight, or a part and its
     small files): the engine builds the plan once, the streams take the plan made for that request."""
-    from modelinit_server.service.embedded import EmbeddedEngine
+    from modelinit_server.service.embedded import EmbeddedService
 
     built = []
-    real = EmbeddedEngine.build
-    monkeypatch.setattr(EmbeddedEngine, "build", lambda self, msg: built.append(1) or real(self, msg))
+    real = EmbeddedService.build
+    monkeypatch.setattr(EmbeddedService, "build", lambda self, msg: built.append(1) or real(self, msg))
     with modelinit.Client() as c:
         c.init_model(SPEC, out_dir=tmp_path / "one", parallel=1, **SHARDED)
         c.init_model(SPEC, out_dir=tmp_path / "two", parallel=2, **SHARDED)

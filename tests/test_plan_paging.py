@@ -11,7 +11,7 @@ import modelinit.source
 import pytest
 from modelinit import ModelInitError
 from modelinit.cli import main as cli_main
-from modelinit_server.service.embedded import EmbeddedEngine
+from modelinit_server.service.embedded import EmbeddedService
 from modelinit_wire.v1 import modelinit_pb2 as pb
 from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 
@@ -77,7 +77,7 @@ def test_a_huge_plan_pages_through_a_stock_stub(stub):
         assert _without_tensors(p) == summary
 
     # Exactly the in-process plan's tensors, in order, with their shards and offsets.
-    plan = EmbeddedEngine().build(HUGE_REQUEST)
+    plan = EmbeddedService().build(HUGE_REQUEST)
     got = [(t.name, tuple(t.shape), t.shard, t.offset, t.nbytes) for p in pages for t in p.tensors]
     assert got == [(t.spec.name, tuple(t.spec.shape), t.file, t.offset, t.nbytes) for t in plan.tensors]
 
@@ -105,14 +105,14 @@ def test_client_merges_pages_remote_and_embedded(client, monkeypatch):
     assert remote == embedded and not remote.next_page_token
     assert len(remote.tensors) == remote.tensor_count == summary.tensor_count
     assert _without_tensors(remote) == summary
-    plan = EmbeddedEngine().build(_request())
+    plan = EmbeddedService().build(_request())
     assert [(t.name, t.shard, t.offset) for t in remote.tensors] == [(t.spec.name, t.file, t.offset) for t in plan.tensors]
     assert modelinit.Client().plan(TINY["llama"], **kwargs) == summary  # embedded summary: the same
 
 
 @pytest.mark.parametrize("page_size", [1, 2, 7, 23, 10_000])
 def test_any_page_size_lists_each_tensor_once(page_size):
-    engine = EmbeddedEngine()
+    engine = EmbeddedService()
     request = _request()
     full = [t.spec.name for t in engine.build(request).tensors]
     pages = _pages(lambda r: engine.plan(r.request, r.page_size, r.page_token), request, page_size)
@@ -124,7 +124,7 @@ def test_page_size_over_the_limit_is_refused(stub):
     details = _invalid(stub, _request(), page_size=10_001)
     assert details.startswith("page_size") and "10000" in details
     with pytest.raises(ValueError, match="^page_size"):
-        EmbeddedEngine().plan(_request(), 10_001)
+        EmbeddedService().plan(_request(), 10_001)
 
 
 def test_a_token_of_another_request_is_refused(stub):
@@ -136,7 +136,7 @@ def test_a_token_of_another_request_is_refused(stub):
         assert details.startswith("page_token") and "same request" in details
     # The embedded engine refuses it alike.
     with pytest.raises(ValueError, match="^page_token"):
-        EmbeddedEngine().plan(_request(seed=2), 3, token)
+        EmbeddedService().plan(_request(seed=2), 3, token)
 
 
 @pytest.mark.parametrize("token", ["garbage", "3", "3.", ".0123456789abcdef", "-3.0123456789abcdef", "0.0123456789abcdef",

@@ -18,7 +18,7 @@ from modelinit_server.engine import backends
 from modelinit_server.engine import usable_cores as quota
 from modelinit_server.engine.usable_cores import usable_cores
 from modelinit_server.service import embedded
-from modelinit_server.service.embedded import EmbeddedEngine
+from modelinit_server.service.embedded import EmbeddedService
 
 from .conftest import TINY, read_folder
 
@@ -89,7 +89,7 @@ def test_numbas_pool_is_the_usable_cores_unless_the_user_sets_it(tmp_path):
     ("reference", 64, 64, 1),
 ])
 def test_files_at_once_by_engine_and_cores(monkeypatch, name, ncores, threads, expected):
-    engine = EmbeddedEngine("reference")
+    engine = EmbeddedService("reference")
     engine._backend = dataclasses.replace(backends.REFERENCE, name=name)
     monkeypatch.setattr(embedded, "usable_cores", lambda: ncores)
     if name == "cpu":

@@ -38,7 +38,7 @@ def __getattr__(name: str):
     """``init_module_`` on first use: it needs torch and the server extra, which ``import
     modelinit`` never loads."""
     if name == "init_module_":
-        from .embedded import init_module_
+        from .server_extra import init_module_
 
         return init_module_()
     raise AttributeError(f"module 'modelinit' has no attribute {name!r}")

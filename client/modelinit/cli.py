@@ -30,7 +30,7 @@ from modelinit_wire.constants import (
 from modelinit_wire.credentials import load_token
 from modelinit_wire.policy_file import looks_like_file, to_dict
 
-from . import embedded
+from . import server_extra
 from .client import Client
 from .errors import ModelInitError
 from .job import add_job_parser, check_parts, parse_bytes, parse_rate, print_parts, run_job
@@ -344,7 +344,7 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _probe(args: argparse.Namespace) -> int:
-    from .embedded import probe_report
+    from .server_extra import probe_report
     from .probing import probe
 
     policies: list[str | None] = [args.policy or "hf-default"]
@@ -407,7 +407,7 @@ def connect(args: argparse.Namespace):
 
 
 def _serve(args: argparse.Namespace) -> int:
-    return embedded.serve(args, _fail)
+    return server_extra.serve(args, _fail)
 
 
 def _finalize(args: argparse.Namespace) -> int:

@@ -1,14 +1,12 @@
-"""The embedded (in-process) mode: the server's engine as a :class:`~modelinit.source.Source`, and
-the rest the client package takes from the server package (the ``serve`` command,
-``modelinit.init_module_``).
+"""The embedded (in-process) mode: the server's planner and producer as a :class:`~modelinit.source.Source`.
 
-This is the one module of the client package that imports ``modelinit_server``, and only inside
-functions, so ``import modelinit`` never needs the server extra (numpy, numba, torch): the
-import-linter contracts in pyproject.toml allow these imports here and nowhere else.
+One of the two modules of the client package that import ``modelinit_server`` (the other is
+:mod:`modelinit.server_extra`), and only inside functions, so ``import modelinit`` never needs the
+server extra (numpy, numba, torch): the import-linter contracts in pyproject.toml allow these
+imports here and there and nowhere else.
 """
 from __future__ import annotations
 
-import argparse
 from typing import Any, Callable, Iterable, Iterator
 
 import grpc
@@ -21,7 +19,7 @@ from .source import Events, Write, check_version
 
 
 class EmbeddedSource:
-    """The server's own planner, engine and file producer (``modelinit_server.service.embedded.EmbeddedEngine``),
+    """The server's own planner, engine and file producer (``modelinit_server.service.embedded.EmbeddedService``),
     in-process, without the gRPC hop: the same bytes. ``device``: ``auto``, ``cpu``, ``cuda``,
     ``reference``. FAILED_PRECONDITION when the server extra is not installed."""
 
@@ -33,14 +31,14 @@ class EmbeddedSource:
 
     def __init__(self, device: str = "auto") -> None:
         try:
-            from modelinit_server.service.embedded import EmbeddedEngine
+            from modelinit_server.service.embedded import EmbeddedService
         except ImportError as e:
             raise ModelInitError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"embedded mode needs the server extra ({e}); pip install 'modelinit[server]' or pass a server target",
             ) from None
         try:
-            self.engine = EmbeddedEngine(device)
+            self.service = EmbeddedService(device)
         except ValueError as e:
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         self._planned: tuple[pb.ModelRequest, Any] | None = None
@@ -49,7 +47,7 @@ class EmbeddedSource:
     def plan(self, request: pb.ModelRequest, page_size: int = 0, page_token: str = "") -> pb.PlanResponse:
         try:
             built = self._built(request)
-            page = check_version(request, self.engine.page(built, request, page_size, page_token))
+            page = check_version(request, self.service.page(built, request, page_size, page_token))
         except ValueError as e:  # the same field-named message the server sends
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         self._planned = (request, built)  # the next page, and the stream, of this very request reuse it
@@ -57,7 +55,7 @@ class EmbeddedSource:
 
     def _built(self, request: pb.ModelRequest) -> Any:
         planned = self._planned
-        return planned[1] if planned is not None and planned[0] is request else self.engine.build(request)
+        return planned[1] if planned is not None and planned[0] is request else self.service.build(request)
 
     def events(self, request: pb.ModelRequest, plan: pb.PlanResponse, files: Iterable[int] | None = None) -> Events:
         """The engine's events; each End carries the SHA-256 of the very buffers produced (see
@@ -67,7 +65,7 @@ class EmbeddedSource:
             if built.fingerprint != plan.fingerprint:
                 raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
                                      f"plan: fingerprint {plan.fingerprint[:16]} is not this request's ({built.fingerprint[:16]})")
-            return self.engine.events(built, files)
+            return self.service.events(built, files)
         except ValueError as e:  # e.g. the requested device's engine is unavailable
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
 
@@ -87,14 +85,14 @@ class EmbeddedSource:
         """Files to produce at once by default on this machine (the engine's choice: several only
         where the generation outruns one file's SHA-256, on GPU nodes and many cores)."""
         try:
-            return self.engine.files_at_once()
+            return self.service.files_at_once()
         except ValueError as e:  # the requested device's engine is unavailable
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
 
     def tensors(self, request: pb.TensorsRequest) -> Iterator[pb.TensorsResponse]:
         """The engine's Tensors stream (the server's own code, in-process)."""
         try:
-            stream = self.engine.tensors(request)
+            stream = self.service.tensors(request)
         except IndexError as e:  # a resume point past the end (slices.OutOfRange), as the server says it
             raise ModelInitError(grpc.StatusCode.OUT_OF_RANGE, str(e)) from None
         except ValueError as e:  # the same field-named message the server sends
@@ -103,46 +101,3 @@ class EmbeddedSource:
 
     def close(self) -> None:
         pass
-
-
-def serve(args: argparse.Namespace, fail: Callable[[str, int], int]) -> int:
-    """``modelinit serve ARGS``; its exit status (``fail(message, code)`` reports an error)."""
-    try:
-        from modelinit_server.service.command import serve as run
-    except ImportError as e:
-        return fail(f"serving needs the server extra ({e}); pip install 'modelinit[server]'", 1)
-    return run(args, fail)
-
-
-def init_module_():
-    """``modelinit_server.training.init_module_`` (needs torch and the server extra), for
-    ``modelinit.init_module_``."""
-    from modelinit_server.training import init_module_ as fill
-
-    return fill
-
-
-def probe(requests: list[pb.ModelRequest], labels: list[str], **options) -> list:
-    """``modelinit_server.probe.probe`` of the requests (needs the server and probe extras)."""
-    try:
-        from modelinit_server.messages import request_from_pb
-        from modelinit_server.probe import probe as run
-    except ImportError as e:
-        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
-                             f"the probe needs the server extra ({e}); pip install 'modelinit[probe]'") from None
-    try:
-        return run([request_from_pb(r) for r in requests], labels, **options)
-    except ValueError as e:  # a spec, policy or batch the probe cannot take: one line naming it
-        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-
-
-def probe_report():
-    """The probe's report module (table, plot) and its JSON writer."""
-    try:
-        import matplotlib  # noqa: F401 - the plot
-        import rich  # noqa: F401 - the table
-        from modelinit_server.probe import report, to_json
-    except ImportError as e:
-        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
-                             f"the probe needs the server extra ({e}); pip install 'modelinit[probe]'") from None
-    return report, to_json

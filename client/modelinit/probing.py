@@ -2,7 +2,7 @@
 
 The probe runs in this process (it builds the model, fills it and runs a forward and backward
 pass), so it needs the server and probe extras: ``pip install 'modelinit[probe]'``. This module
-only builds the requests; ``modelinit.embedded`` runs them.
+only builds the requests; ``modelinit.server_extra`` runs them.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def probe(spec: Spec, *, policies: Sequence[PolicyArg] = ("hf-default",), seed: 
     whole model (refused, with the figures, when it does not fit); F > 1 forces that factor.
     Results print with
     ``modelinit_server.probe.report.render`` and serialize with ``.to_json``."""
-    from .embedded import probe as run
+    from .server_extra import probe as run
 
     if not policies:
         raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, "policies: give at least one policy to probe")

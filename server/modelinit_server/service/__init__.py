@@ -2,7 +2,7 @@
 
     server         lifecycle: build the grpc.aio server, health, serve until SIGTERM; BackgroundServer
     servicer       the ModelInit methods: requests -> core, streams -> messages; errors -> status codes
-    embedded       EmbeddedEngine: the servicer's work in-process, for ``modelinit.Client()``
+    embedded       EmbeddedService: the servicer's work in-process, for ``modelinit.Client()``
     command        ``modelinit serve``: flags -> ServerConfig -> server
     security       TLS/mTLS credentials and the bearer-token interceptor
     limits         the operator's caps on a request's size

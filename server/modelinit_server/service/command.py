@@ -1,5 +1,5 @@
 """``modelinit serve``: the server side of the command line (``modelinit.cli`` parses the
-arguments and hands them here, through ``modelinit.embedded``)."""
+arguments and hands them here, through ``modelinit.server_extra``)."""
 from __future__ import annotations
 
 import argparse

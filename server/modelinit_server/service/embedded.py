@@ -18,7 +18,7 @@ from ..messages import check_page_size, plan_to_pb, request_from_pb
 from ..produce import file_bytes, tensor_slices
 
 
-class EmbeddedEngine:
+class EmbeddedService:
     """Plan and produce files in-process. Bad requests raise ValueError (field-named, as the server's)."""
 
     def __init__(self, device: str = "auto") -> None:

@@ -240,7 +240,7 @@ def serve(config: ServerConfig, ready=print) -> None:
 class BackgroundServer:
     """A real server on a loopback port, on its own thread and event loop, inside this process:
     for tests and for applications that want to serve from their own process. (The embedded
-    ``modelinit.Client()`` needs no server: it uses :class:`modelinit_server.service.embedded.EmbeddedEngine`.)
+    ``modelinit.Client()`` needs no server: it uses :class:`modelinit_server.service.embedded.EmbeddedService`.)
     """
 
     def __init__(self, config: ServerConfig | None = None) -> None:

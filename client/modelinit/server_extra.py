@@ -1,0 +1,59 @@
+"""What the client package takes from the server package besides the embedded mode: the ``serve``
+command, ``modelinit.init_module_`` and the probe (``modelinit.probe``, ``modelinit probe``).
+
+Like :mod:`modelinit.embedded`, it imports ``modelinit_server`` only inside functions, so
+``import modelinit`` never needs the server extra; the import-linter contracts in pyproject.toml
+allow these imports here and nowhere else.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+import grpc
+from modelinit_wire.v1 import modelinit_pb2 as pb
+
+from .errors import ModelInitError
+
+
+def serve(args: argparse.Namespace, fail: Callable[[str, int], int]) -> int:
+    """``modelinit serve ARGS``; its exit status (``fail(message, code)`` reports an error)."""
+    try:
+        from modelinit_server.service.command import serve as run
+    except ImportError as e:
+        return fail(f"serving needs the server extra ({e}); pip install 'modelinit[server]'", 1)
+    return run(args, fail)
+
+
+def init_module_():
+    """``modelinit_server.training.init_module_`` (needs torch and the server extra), for
+    ``modelinit.init_module_``."""
+    from modelinit_server.training import init_module_ as fill
+
+    return fill
+
+
+def probe(requests: list[pb.ModelRequest], labels: list[str], **options) -> list:
+    """``modelinit_server.probe.probe`` of the requests (needs the server and probe extras)."""
+    try:
+        from modelinit_server.messages import request_from_pb
+        from modelinit_server.probe import probe as run
+    except ImportError as e:
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"the probe needs the server extra ({e}); pip install 'modelinit[probe]'") from None
+    try:
+        return run([request_from_pb(r) for r in requests], labels, **options)
+    except ValueError as e:  # a spec, policy or batch the probe cannot take: one line naming it
+        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+
+
+def probe_report():
+    """The probe's report module (table, plot) and its JSON writer."""
+    try:
+        import matplotlib  # noqa: F401 - the plot
+        import rich  # noqa: F401 - the table
+        from modelinit_server.probe import report, to_json
+    except ImportError as e:
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"the probe needs the server extra ({e}); pip install 'modelinit[probe]'") from None
+    return report, to_json
