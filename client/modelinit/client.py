@@ -12,17 +12,14 @@ import logging
 import os
 import pathlib
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import grpc
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from . import bucket_writer
-from .bucket import Bucket, is_bucket_url
-from .destination import Destination, read_files
+from .bucket import is_bucket_url
 from .embedded import EmbeddedSource
 from .errors import ModelInitError
-from .local_prefix import LocalPrefix
 from .manifest import (  # noqa: F401 - MANIFEST_FILE, PROGRESS_FILE, check_file_name, loader_file: also the client's API
     MANIFEST_FILE,
     PROGRESS_FILE,
@@ -41,7 +38,11 @@ from .progress_bar import progress_bar
 from .remote import RETRYABLE, RemoteSource, RetryPolicy, connect_failure, split_targets  # noqa: F401 - also the client's API
 from .request import PolicyArg, RequestOptions, Spec, model_policy, model_request, model_spec  # noqa: F401 - also the client's API
 from .source import Source, full_plan
-from .writer import FolderWriter
+
+if TYPE_CHECKING:  # typing only: the writers' modules load where something is written
+    from .bucket import Bucket
+    from .destination import Destination
+    from .local_prefix import LocalPrefix
 
 log = logging.getLogger("modelinit.client")
 
@@ -368,6 +369,8 @@ class Client:
                                  algorithm_version=algorithm_version, architecture=architecture).request(spec)
         plan = full_plan(self.source, request)
         check_plan_names(plan)  # before anything is written
+        from .destination import read_files
+
         failed = True
         try:
             survey = dest.prepare(plan, share, overwrite)
@@ -414,11 +417,14 @@ class Client:
         step. The request comes from the parts' records and is planned again here (its
         fingerprint must match). ``complete`` is False while a part is missing (nothing written)."""
         prefix = open_prefix(url, "url")
-        request, count = bucket_writer.recorded_request(prefix)
+        from .bucket_writer import PrefixWriter, recorded_request
+        from .destination import read_files
+
+        request, count = recorded_request(prefix)
         plan = full_plan(self.source, request)
         check_plan_names(plan)
         small = read_files(self.source.events(request, plan, small_files(plan)), plan, small_files(plan))
-        writer = bucket_writer.PrefixWriter(prefix)
+        writer = PrefixWriter(prefix)
         done = writer.finish(plan, Part(0, count), small)
         return InitResult(writer.where, plan.fingerprint, tuple(done.files or ()), plan.total_params, plan.total_bytes,
                           plan.algorithm_version, complete=done.files is not None, missing_parts=tuple(done.missing_parts))
@@ -467,20 +473,27 @@ def reproduce(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, client
 
 
 def open_destination(out_dir: str | os.PathLike, part: Part, *, fsync: bool = False, direct_io: bool = True,
-                     hash_here: bool = True, field: str = "out_dir") -> Destination:
+                     hash_here: bool = True, field: str = "out_dir") -> "Destination":
     """The destination ``out_dir`` names, chosen here and nowhere else: an object-store URL is a
     prefix (:class:`~modelinit.bucket_writer.PrefixWriter` over a :class:`~modelinit.bucket.Bucket`);
     a local folder is written by the folder writer (:class:`~modelinit.writer.FolderWriter`), or,
     for a ``part`` of N, shared by the N runs through the prefix protocol on the folder
     (:class:`~modelinit.local_prefix.LocalPrefix`, written as the folder writer writes)."""
     if is_bucket_url(out_dir) or not part.whole:
-        return bucket_writer.PrefixWriter(open_prefix(out_dir, field, fsync=fsync, direct_io=direct_io), hash_here)
+        from .bucket_writer import PrefixWriter  # the writers load where something is written (a fast CLI start)
+
+        return PrefixWriter(open_prefix(out_dir, field, fsync=fsync, direct_io=direct_io), hash_here)
+    from .writer import FolderWriter
+
     return FolderWriter(local_folder(out_dir, field), fsync=fsync, direct_io=direct_io, hash_here=hash_here)
 
 
-def open_prefix(url: str | os.PathLike, field: str, *, fsync: bool = False, direct_io: bool = True) -> bucket_writer.Prefix:
+def open_prefix(url: str | os.PathLike, field: str, *, fsync: bool = False, direct_io: bool = True) -> "Bucket | LocalPrefix":
     """An object-store URL as a :class:`~modelinit.bucket.Bucket`; a local folder (a path or a
     ``file://`` URL) as a :class:`~modelinit.local_prefix.LocalPrefix`."""
+    from .bucket import Bucket
+    from .local_prefix import LocalPrefix
+
     if is_bucket_url(url):
         return Bucket(os.fspath(url), field)
     return LocalPrefix(local_folder(url, field), field, direct_io=direct_io, fsync=fsync)

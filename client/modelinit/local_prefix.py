@@ -22,7 +22,6 @@ from __future__ import annotations
 import errno
 import os
 import pathlib
-import uuid
 from typing import Any, Iterable, Iterator
 
 from .bucket import ObjectInfo
@@ -97,7 +96,7 @@ class LocalPrefix:
 
     def _temp(self, name: str) -> pathlib.Path:
         # One per writer: several processes may create the same name at once.
-        return self._path(f".{name}.{uuid.uuid4().hex[:12]}.partial")
+        return self._path(f".{name}.{os.urandom(6).hex()}.partial")
 
     def put(self, name: str, data: bytes, create: bool = False) -> str:
         """A small file written whole; ``create``: only if no file has the name (FileExistsError
