@@ -535,17 +535,16 @@ def test_a_part_killed_mid_upload_and_rerun_completes_the_checkpoint(store, tmp_
 @pytest.mark.parametrize("kind", [*KINDS, "file"])
 def test_a_written_objects_e_tag_is_the_one_its_listing_reports(kind, request, monkeypatch, tmp_path):
     """The e_tag ``put`` and ``upload`` return is the one ``list`` reports for the object, on every
-    store, and a local folder (``file://``, where ``--part`` writes a shared folder): a rerun keeps
-    a shard only when its recorded e_tag matches the listing's. (Azure quotes an upload's ETag
-    header but not a listing's; S3 quotes both; the local store neither.)"""
-    from modelinit.bucket import Bucket
+    store, and a local folder (``file://``, where ``--part`` writes a shared folder, as the client
+    opens it): a rerun keeps a shard only when its recorded e_tag matches the listing's. (Azure
+    quotes an upload's ETag header but not a listing's; S3 quotes both; a folder's is its own.)"""
+    from modelinit.client import open_prefix
 
     if kind == "file":
-        (tmp_path / "m").mkdir()
         url = (tmp_path / "m").as_uri()
     else:
         url = open_store(request, monkeypatch, kind).new_prefix()
-    bucket = Bucket(url)
+    bucket = open_prefix(url, "out_dir")
     put = bucket.put("small.json", b"{}")
     created = bucket.put("once.json", b"[]", create=True)
     uploaded = bucket.upload("shard.safetensors", [b"a" * 1000, b"b" * 1000])

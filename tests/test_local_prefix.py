@@ -1,0 +1,83 @@
+"""The folder that ``--part K/N`` runs share (:class:`modelinit.local_prefix.LocalPrefix`): the
+object store's interface on a local folder, written the way the folder writer writes.
+
+- A create-once under a race: exactly one writer creates the file, whole; the others are told.
+- An upload whose stream fails leaves no file and no temp file; a killed run's temp file is
+  removed by the next run of that part.
+- An e_tag is the file's identity: replaced by anyone, it changes.
+- Three processes writing their parts at once leave the files of one writer, byte for byte.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+from modelinit.cli import main
+from modelinit.local_prefix import LocalPrefix
+
+from tests.conftest import REPO, TINY, read_folder
+
+
+def test_a_create_once_race_has_one_winner_and_a_whole_file(tmp_path):
+    prefix = LocalPrefix(tmp_path / "shared")
+    data = b"x" * (1 << 20)
+    barrier = threading.Barrier(8)
+    outcomes: list[str] = []
+
+    def create() -> None:
+        barrier.wait()
+        try:
+            prefix.put("modelinit.json", data, create=True)
+            outcomes.append("created")
+        except FileExistsError:
+            outcomes.append("exists")
+
+    threads = [threading.Thread(target=create) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["created"] + ["exists"] * 7
+    assert (tmp_path / "shared" / "modelinit.json").read_bytes() == data
+    assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == ["modelinit.json"]  # no temp file left
+
+
+def test_a_failed_upload_leaves_nothing_and_a_killed_ones_temp_file_is_removed(tmp_path):
+    prefix = LocalPrefix(tmp_path)
+
+    def failing():
+        yield b"a" * 5000
+        raise RuntimeError("the stream broke")
+
+    with pytest.raises(RuntimeError, match="the stream broke"):
+        prefix.upload("model-00001-of-00002.safetensors", failing())
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / ".model-00002-of-00002.safetensors.partial").write_bytes(b"half")  # a killed run's
+    assert prefix.abort_pending(["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_e_tag_changes_when_anyone_replaces_the_file(tmp_path):
+    prefix = LocalPrefix(tmp_path)
+    tag = prefix.upload("shard.safetensors", [b"a" * 100])
+    assert prefix.list()["shard.safetensors"].e_tag == tag
+    (tmp_path / "other").write_bytes(b"a" * 100)
+    os.replace(tmp_path / "other", tmp_path / "shard.safetensors")  # same size, same bytes, another file
+    assert prefix.list()["shard.safetensors"].e_tag != tag
+
+
+def test_parts_written_at_once_by_separate_processes_into_one_folder(tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(TINY["gpt2"]))
+    args = ["init", str(spec), "--seed", "3", "--max-shard-size", "200KB", "--quiet", "--device", "cpu"]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    code = "import sys\nfrom modelinit.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    procs = [subprocess.Popen([sys.executable, "-c", code, *args, "--out", str(tmp_path / "shared"), "--part", f"{k}/3"],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert read_folder(tmp_path / "shared") == read_folder(tmp_path / "one")  # no record, no temp file left
