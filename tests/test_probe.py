@@ -71,9 +71,18 @@ def test_the_same_request_gives_the_same_numbers(bert_results):
     assert again.measures == first.measures and again.findings == first.findings
 
 
-def test_another_seed_gives_other_weights_and_batch(bert_results):
+def test_another_seed_gives_other_weights_and_batch_but_the_same_verdict(bert_results):
+    """Another seed draws other weights and another batch: every layer's measures move (not only
+    the loss), while what the policy is (its findings, the loss near ln(vocab)) stays."""
+    first = bert_results[0]
     other = modelinit.probe(BERT, policies=["hf-default"], seed=4, seq=SEQ)[0]
-    assert other.measures.loss != bert_results[0].measures.loss
+    a, b = first.measures, other.measures
+    assert a.loss != b.loss and a.embedding_std != b.embedding_std
+    assert len(a.layers) == len(b.layers) == BERT["num_hidden_layers"]
+    assert all(x.residual_std != y.residual_std and x.grad_norm != y.grad_norm for x, y in zip(a.layers, b.layers))
+    assert other.findings == first.findings
+    assert a.reference_loss == b.reference_loss == pytest.approx(math.log(BERT["vocab_size"]))
+    assert abs(b.loss - a.loss) < 0.1 * a.reference_loss  # the same regime: both near uniform predictions
 
 
 def test_json_round_trips(bert_results):
@@ -265,3 +274,31 @@ def test_without_the_probe_extra_the_cli_says_what_to_install(capsys, monkeypatc
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # as if it were not installed
     code, out, err = run_cli(["probe", "bert-base-uncased"], capsys)
     assert code == 1 and err.count("\n") == 1 and "pip install 'modelinit[probe]'" in err
+
+
+def test_a_flat_series_gets_an_axis_whose_ticks_say_something():
+    """A Post-LN model's residual std is ~1 at every layer: its log panel is widened so the tick
+    labels differ (they were eight times '1.00002'), and a spread series keeps its own range."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    from modelinit_server.probe import ProbeResult
+    from modelinit_server.probe.measures import LayerMeasures, ModelMeasures
+    from modelinit_server.probe.report import MIN_LOG_SPAN, figure
+
+    layers = tuple(LayerMeasures("", i, residual_std=1.00001 + 1e-5 * (i % 3), update_ratio=10.0 ** -i, grad_norm=1.0,
+                                 hidden_grad_std=1.0) for i in range(8))
+    result = ProbeResult("BertModel (bert)", "hf-default", 0, "4 x 16 tokens", 1000,
+                         ModelMeasures(loss=6.9, reference_loss=6.9, logit_std=1.0, embedding_std=1.0, layers=layers), ())
+    fig = figure([result])
+    try:
+        fig.canvas.draw()
+        residual, update = fig.axes[0], fig.axes[1]
+        low, high = residual.get_ylim()
+        assert high / low == pytest.approx(MIN_LOG_SPAN)
+        shown = [t.get_text() for t in residual.get_yticklabels(minor=False) + residual.get_yticklabels(minor=True)
+                 if low <= t.get_position()[1] <= high and t.get_text()]
+        assert shown and len(shown) == len(set(shown)), shown
+        low, high = update.get_ylim()
+        assert low <= 1e-7 and high >= 1.0  # eight decades: left as they are
+    finally:
+        plt.close(fig)

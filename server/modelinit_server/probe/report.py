@@ -82,6 +82,20 @@ def _summary(r: ProbeResult) -> tuple[float | None, ...]:
 
 def plot(results: list[ProbeResult], path: str) -> None:
     """Per-layer curves of each measure, one line per policy (and stack), written as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(results)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+#: A log panel whose values span less than this factor is widened to it: a flat series (a Post-LN
+#: model's residual std is ~1 at every layer) would otherwise get ticks all labelled alike.
+MIN_LOG_SPAN = 4.0
+
+
+def figure(results: list[ProbeResult]):
+    """The plot's matplotlib figure (2 x 4 panels); the caller saves or closes it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,6 +103,7 @@ def plot(results: list[ProbeResult], path: str) -> None:
 
     fig, axes = plt.subplots(2, 4, figsize=(20, 8))
     for ax, (name, title, log) in zip(axes.flat, PANELS):
+        shown: list[float] = []
         for r in results:
             stacks: dict[str, list] = {}
             for x in r.measures.layers:
@@ -98,17 +113,20 @@ def plot(results: list[ProbeResult], path: str) -> None:
                 if all(y is None for y in ys):
                     continue
                 ys = [float("nan") if y is None or (log and y <= 0) else y for y in ys]
+                shown += [y for y in ys if math.isfinite(y)]
                 label = r.policy + (f" ({stack})" if stack else "")
                 ax.plot([x.index for x in layers], ys, marker="o", label=label)
         ax.set_title(title)
         ax.set_xlabel("layer")
         if log:
             ax.set_yscale("log")
+            if shown and max(shown) / min(shown) < MIN_LOG_SPAN:
+                middle = math.sqrt(max(shown) * min(shown))
+                ax.set_ylim(middle / math.sqrt(MIN_LOG_SPAN), middle * math.sqrt(MIN_LOG_SPAN))
         ax.grid(True, alpha=0.3)
     axes.flat[0].legend(fontsize=8)
     first = results[0]
     proxy = f" — PROXY: {first.proxy}" if first.proxy else ""
     fig.suptitle(f"modelinit probe: {first.model}, seed {first.seed}, {first.batch}{proxy}")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
