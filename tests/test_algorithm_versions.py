@@ -22,7 +22,7 @@ from modelinit_server.messages import request_from_pb
 from modelinit_wire.v1 import modelinit_pb2 as pb
 from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 
-from tests.conftest import TINY
+from tests.support import TINY
 
 # (config, base class, head class, the head class's base_model_prefix); every one a fast-path family.
 PAIRS = {

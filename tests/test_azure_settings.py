@@ -13,8 +13,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from modelinit.cli import main
 
-from tests.azure_server import ACCOUNT, FOREIGN_SETTINGS, KEY
-from tests.conftest import TINY
+from tests.support.azure_server import ACCOUNT, FOREIGN_SETTINGS, KEY
+from tests.support import TINY
 
 pytest.importorskip("obstore")
 pytest.importorskip("azure.storage.blob")

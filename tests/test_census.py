@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests import census
+from tests.support import census
 
 #: Types transformers must build from the shrunk defaults (541 of 628 with a model class, transformers 5.24).
 MIN_BUILDABLE = 500

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.conftest import TINY
+from tests.support import TINY
 
 
 def run(*args, timeout=120):

@@ -10,7 +10,7 @@ tensor of modelinit's output is checked against the tensor transformers' own ``c
 * computed tensors drawn then transformed (Mamba's ``dt_bias``, Qwen3-Next's ``A_log``) by the law
   of the draw: a two-sample Kolmogorov-Smirnov test against transformers' values, and for Mamba's
   ``dt_bias`` the exact law (softplus(dt_bias) log-uniform in [dt_min, dt_max]);
-* every drawn tensor by its moments (tests/test_generic.py's tolerances from the sample size).
+* every drawn tensor by its moments (tests/support/tensor_checks.py's tolerances from the sample size).
 
 A tensor is "a pure function of the config" when two seeds give the same values.
 """
@@ -28,21 +28,13 @@ from modelinit_server.architectures import from_config
 from modelinit_server.core import policies
 from modelinit_server.core.planner import Request, build_plan
 
-from tests.census import candidate
-from tests.test_generic import check_values, moments_of_rule, read_tensors
+from tests.support.census import candidate
+from tests.support.generic_configs import HANDMADE
+from tests.support.tensor_checks import check_values, moments_of_rule, read_tensors
 
 torch.set_num_threads(2)
 
 SEED = 11
-#: Configs the census' shrink cannot make buildable (their widths are tied by validators).
-HANDMADE = {
-    "mamba2": dict(model_type="mamba2", vocab_size=256, hidden_size=64, expand=2, num_heads=8, head_dim=16, state_size=16,
-                   n_groups=1, num_hidden_layers=2, chunk_size=32, architectures=["Mamba2ForCausalLM"]),
-    "nemotron_h": dict(model_type="nemotron_h", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                       hybrid_override_pattern="M-M*", num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                       mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=1,
-                       architectures=["NemotronHForCausalLM"]),
-}
 FAMILIES = ["mamba", "mamba2", "qwen3_next", "jamba", "nemotron_h", "pegasus"]
 
 

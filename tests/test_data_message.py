@@ -23,7 +23,7 @@ from modelinit_wire.events import Begin, Data, End
 from modelinit_wire.v1 import modelinit_pb2 as pb
 from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 
-from .conftest import TINY
+from tests.support import TINY
 
 # Payload sizes at each varint length boundary, 0 to 3 bytes of length.
 EDGES = [0, 1, 127, 128, 16383, 16384, (1 << 20) - 1, 1 << 20]

@@ -16,8 +16,8 @@ import json
 import modelinit
 import pytest
 
-from tests.conftest import TINY
-from tests.s3_server import KEYS
+from tests.support import TINY
+from tests.support.s3_server import KEYS
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")

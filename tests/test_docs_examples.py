@@ -14,7 +14,7 @@ import yaml
 from modelinit_wire import policy_file
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from tests.conftest import REPO, TINY
+from tests.support import REPO, TINY
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # A fenced block, possibly indented (inside a list item): its language and its text.

@@ -24,7 +24,7 @@ from modelinit import cli
 from modelinit.folder_lock import LOCK_FILE, FolderLock
 from modelinit_wire import policy_file
 
-from tests.conftest import TINY
+from tests.support import TINY
 
 
 def run(*args, timeout=120):

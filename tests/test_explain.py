@@ -10,7 +10,7 @@ from modelinit_server.core.explain import distribution_mean, explain
 from modelinit_server.core.planner import Request, build_plan
 from modelinit_server.core.policies import Distribution, Match, Policy, Rule
 
-from tests.conftest import TINY
+from tests.support import TINY
 
 
 def groups_of(model, policy):

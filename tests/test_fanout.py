@@ -13,9 +13,9 @@ import pytest
 from modelinit import ModelInitError
 from modelinit.client import RetryPolicy, split_targets
 
-from .conftest import ServerProcess, read_folder
-from .test_hostile_server import Hostile, hostile  # noqa: F401 - fixture
-from .test_operations import FAST_RETRY, MEDIUM, reference  # noqa: F401 - fixture
+from tests.support import ServerProcess, read_folder
+from tests.support.hostile_server import Hostile
+from tests.support.medium_model import FAST_RETRY, MEDIUM
 
 
 def _files_served(server: ServerProcess) -> float:
@@ -65,7 +65,7 @@ def test_a_replica_killed_mid_run_the_other_finishes(two_servers, tmp_path, refe
     assert served[b.target] >= 3  # b finished what a had been serving
 
 
-def test_a_replica_of_another_version_is_refused(two_servers, hostile, tmp_path):  # noqa: F811
+def test_a_replica_of_another_version_is_refused(two_servers, hostile, tmp_path):
     other = hostile(Hostile())  # plans different weights (another fingerprint)
     with modelinit.Client(f"{two_servers[0].target},{other}", retry=RetryPolicy(deadline=0)) as c:
         with pytest.raises(ModelInitError) as e:

@@ -9,7 +9,7 @@ from modelinit_server.messages import request_from_pb
 from modelinit_server.produce import file_bytes as files
 from modelinit_wire.events import Begin, Data, End
 
-from tests.conftest import TINY
+from tests.support import TINY
 
 
 @pytest.fixture(scope="module")

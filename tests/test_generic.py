@@ -31,13 +31,12 @@ import transformers
 from modelinit.errors import ModelInitError
 from modelinit_server.architectures import FAMILIES, _fields, from_config, from_preset, hf, spec_cache
 from modelinit_server.core import policies
-from modelinit_server.core.tensors import HfInit
 
-from tests.generic_configs import BUILT_IN, CASES, HEADS, TINY
+from tests.support.generic_configs import BUILT_IN, CASES, HEADS, TINY
+from tests.support.tensor_checks import check_values, moments_of_rule, moments_of_sampler, read_tensors
 
 torch.set_num_threads(2)
 
-K = 6.0
 SEED = 7
 CASE_IDS = [c[0] for c in CASES]
 CASE = {c[0]: c for c in CASES}
@@ -63,15 +62,6 @@ def local():
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def read_tensors(folder: pathlib.Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        out.update(load_file(f))
-    return out
-
-
 def raw_tensors(folder: pathlib.Path) -> dict[str, tuple[str, list[int], bytes]]:
     """Each tensor's (dtype, shape, bytes) exactly as the safetensors files hold them."""
     out = {}
@@ -95,66 +85,6 @@ def layout(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[tuple[int, ...],
 def case_spec(case_id: str):
     _, model_type, cls = CASE[case_id]
     return from_config(TINY[model_type], cls)
-
-
-def _phi(x: float) -> float:
-    return 0.0 if math.isinf(x) else math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
-
-
-def _cdf(x: float) -> float:
-    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
-
-
-def moments_of_rule(h: HfInit) -> tuple[float, float, float | None]:
-    """(mean, sigma, constant value or None) of a recorded transformers rule, from its own numbers."""
-    if h.kind == "constant":
-        return h.value, 0.0, h.value
-    if h.kind == "normal":
-        return h.mean, h.std, None
-    if h.kind == "uniform":
-        return (h.low + h.high) / 2, (h.high - h.low) / math.sqrt(12), None
-    a, b = (h.a - h.mean) / h.std, (h.b - h.mean) / h.std  # torch's trunc_normal_ bounds are absolute
-    z = _cdf(b) - _cdf(a)
-    shift = (_phi(a) - _phi(b)) / z
-    xa = 0.0 if math.isinf(a) else a * _phi(a)
-    xb = 0.0 if math.isinf(b) else b * _phi(b)
-    var = 1 + (xa - xb) / z - shift * shift
-    return h.mean + h.std * shift, h.std * math.sqrt(var), None
-
-
-def moments_of_sampler(r: policies.Resolved) -> tuple[float, float, float | None]:
-    s = r.sampler
-    if s.kind == "constant":
-        return s.value, 0.0, s.value
-    if s.kind == "uniform":
-        return (s.low + s.high) / 2, r.effective_std, None
-    if s.kind == "trunc_normal":
-        z = _cdf(s.b) - _cdf(s.a)
-        return s.mean + s.std * (_phi(s.a) - _phi(s.b)) / z, r.effective_std, None
-    return s.mean, r.effective_std, None
-
-
-def check_values(name: str, x: torch.Tensor, mean: float, sigma: float, constant: float | None,
-                 zero_row: int | None, who: str) -> None:
-    """``x`` follows the distribution: constants and the zero row exactly, the rest by its moments."""
-    dtype = x.dtype
-    x = x.detach().double()
-    if zero_row is not None:
-        assert torch.all(x[zero_row] == 0), f"{who}: {name} row {zero_row} is not zero"
-        x = torch.cat([x[:zero_row], x[zero_row + 1:]])
-    x = x.flatten()
-    if constant is not None:
-        want = torch.tensor(constant, dtype=dtype).double()
-        assert torch.all(x == want), f"{who}: {name} is not all {constant}: {x[:4].tolist()}"
-        return
-    n = x.numel()
-    if n < 2:
-        assert abs(x.item() - mean) <= K * sigma, f"{who}: {name} = {x.item()} is far from N({mean}, {sigma})"
-        return
-    m, s = x.mean().item(), x.std().item()
-    assert abs(m - mean) <= K * sigma / math.sqrt(n), f"{who}: {name} mean {m:.6g}, expected {mean:.6g} (sigma {sigma:.6g}, n {n})"
-    tol = K * math.sqrt(1 / (2 * (n - 1)))
-    assert abs(s / sigma - 1) <= tol, f"{who}: {name} std {s:.6g}, expected {sigma:.6g} (n {n}, tolerance {tol:.3g})"
 
 
 # --- generated models and their transformers references, each built once ---------------------

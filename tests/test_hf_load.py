@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 
-from tests.conftest import TINY
+from tests.support import TINY
 
 torch.set_num_threads(2)
 

@@ -204,7 +204,7 @@ def test_nomic_bert_fused_qkv_equals_the_files(tmp_path):
 
 
 def _families():
-    from tests.generic_configs import TINY as GENERIC
+    from tests.support.generic_configs import TINY as GENERIC
 
     extra = {"nomic_bert": dict(model_type="nomic_bert", vocab_size=100, hidden_size=32, intermediate_size=64,
                                 num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64),
@@ -217,8 +217,8 @@ def _families():
                                              num_attention_heads=4, image_size=32, patch_size=8)),
              "dinov2": dict(model_type="dinov2", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                             num_attention_heads=4, image_size=32, patch_size=8)}
-    from tests.census import candidate
-    from tests.test_computed import HANDMADE
+    from tests.support.census import candidate
+    from tests.support.generic_configs import HANDMADE
 
     # computed tensors (SSM, sinusoidal, ±inf bounds), weight norm, GPT-1's Conv1D
     for model_type in ("mamba", "jamba", "qwen3_next", "pegasus", "wav2vec2", "openai-gpt", "gemma4_audio", "rwkv"):

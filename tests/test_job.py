@@ -25,7 +25,7 @@ from modelinit.errors import ModelInitError
 from modelinit.parts import Part, parse_part, split_shards
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from tests.test_deploy import (
+from tests.support.deploy import (
     DEPLOY,
     K8S,
     SCHEMA_VERSIONS,
@@ -47,7 +47,7 @@ BASE = dict(parts=16, out="s3://checkpoints/deepseek-v3-bf16-seed42", seed=42, d
 
 @pytest.fixture(scope="module")
 def rendered() -> list[dict]:
-    from tests.test_deploy import kustomize
+    from tests.support.deploy import kustomize
 
     return kustomize(INIT_JOB)
 

@@ -33,7 +33,7 @@ from modelinit_server.engine import (  # noqa: E402
     tensor_key,
 )
 
-from .test_golden import GOLDEN, GOLDEN_V2  # noqa: E402
+from tests.support.golden import GOLDEN, GOLDEN_V2  # noqa: E402
 
 SERVER_DIR = str(pathlib.Path(cpu.__file__).resolve().parents[2])
 

@@ -35,12 +35,12 @@ from modelinit_server.engine import (  # noqa: E402
 )
 
 try:
-    from .test_golden import GOLDEN
-except ImportError:  # run as a script from elsewhere
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-    from test_golden import GOLDEN  # type: ignore[no-redef]
+    import tests.support  # noqa: F401
+except ImportError:  # run as a script from elsewhere: the repository's root makes `tests` importable
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from tests.support import REPO  # noqa: E402
+from tests.support.golden import GOLDEN  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available() and not cuda.interpreting()
 
 

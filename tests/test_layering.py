@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from .conftest import REPO
+from tests.support import REPO
 
 
 def test_import_contracts_hold(tmp_path):

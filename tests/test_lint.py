@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests.support import REPO
+
 
 
 def _tool(name: str) -> str:
@@ -20,10 +21,10 @@ def _tool(name: str) -> str:
 
 
 def test_ruff():
-    out = subprocess.run([_tool("ruff"), "check", "."], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([_tool("ruff"), "check", "."], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_mypy_client_package():
-    out = subprocess.run([_tool("mypy"), "client/modelinit", "proto/modelinit_wire"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([_tool("mypy"), "client/modelinit", "proto/modelinit_wire"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -19,7 +19,7 @@ import pytest
 from modelinit.cli import main
 from modelinit.local_prefix import LocalPrefix
 
-from tests.conftest import REPO, TINY, read_folder
+from tests.support import REPO, TINY, read_folder
 
 
 def test_a_create_once_race_has_one_winner_and_a_whole_file(tmp_path):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -36,14 +35,13 @@ from modelinit.cli import main
 from modelinit.errors import ModelInitError
 from modelinit.parts import Part, parse_part, split_shards
 
-from tests.conftest import TINY
-from tests.stores import KINDS, open_store
+from tests.support import REPO, TINY
+from tests.support.stores import KINDS, open_store
 
 pytest.importorskip("obstore")
 
 SPEC = TINY["gpt2"]
 SHARDED = {"seed": 3, "max_shard_size": "200KB"}  # 5 shards, the index, config.json
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def local(tmp_path, **request) -> dict[str, bytes]:

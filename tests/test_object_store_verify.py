@@ -17,7 +17,7 @@ from modelinit.errors import ModelInitError
 from modelinit.manifest import read_manifest
 from modelinit.verify import Report, is_complete, verify_folder
 
-from tests.conftest import TINY, read_folder
+from tests.support import TINY, read_folder
 
 GPT2 = TINY["gpt2"]
 REQUEST = dict(seed=5, dtype="bfloat16", max_shard_size="100KB", policy={"preset": "gpt2"})

@@ -22,14 +22,8 @@ from modelinit_server.service.servicer import StreamPolicy
 from modelinit_wire.v1 import modelinit_pb2 as pb
 from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 
-from .conftest import TINY, WAIT, ServerProcess, read_folder, recording_rpcs, recording_sleeps, wait_until
-
-#: ~99 MB of float32 in 16 MB shards: far more than a stream's buffers on both ends (~40 MB of
-#: segments, gRPC windows and socket buffers), so a stream interrupted after 20 MB really is
-#: interrupted; still quick to make.
-MEDIUM = {**TINY["llama"], "vocab_size": 16384, "hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 2,
-          "num_attention_heads": 8, "num_key_value_heads": 4}
-FAST_RETRY = RetryPolicy(deadline=60, initial_backoff=0.05, max_backoff=0.5)
+from tests.support import TINY, WAIT, ServerProcess, read_folder, recording_rpcs, recording_sleeps, wait_until
+from tests.support.medium_model import FAST_RETRY, MEDIUM
 
 
 def health_status(target: str, timeout: float = WAIT) -> int:
@@ -48,14 +42,6 @@ def embedded():
     yield start
     for s in servers:
         s.stop()
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted embedded run every interrupted one must equal, byte for byte."""
-    out = tmp_path_factory.mktemp("ref")
-    modelinit.Client().init_model(MEDIUM, seed=7, out_dir=out, max_shard_size="16MB")
-    return read_folder(out)
 
 
 def test_killed_server_restarted_client_resumes_byte_identical(tmp_path, reference, caplog):
@@ -277,7 +263,7 @@ def test_limits_validate():
 
 
 def test_token_auth_with_tls_round_trip(embedded, tmp_path):
-    from .tls_certs import make_certs
+    from tests.support.tls_certs import make_certs
 
     certs = make_certs(tmp_path / "certs")
     server = embedded(tls_cert=str(certs.server_cert), tls_key=str(certs.server_key), tls_client_ca=str(certs.ca),

@@ -22,8 +22,7 @@ from modelinit.verify import verify_folder
 from modelinit_wire.v1 import modelinit_pb2 as pb
 from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 
-from tests.conftest import TINY
-from tests.test_hostile_server import hostile  # noqa: F401 - fixture, reused below
+from tests.support import TINY
 
 LOCK_FILE = ".modelinit.lock"  # another part of the client may keep it in the folder: not ours to compare
 SPEC = TINY["gpt2"]
@@ -41,7 +40,8 @@ def _client(target: str) -> modelinit.Client:
 
 @pytest.fixture()
 def grpc_server(hostile):
-    """Start a servicer on a free loopback port; stopped after the test (test_hostile_server's fixture)."""
+    """Start a servicer on a free loopback port; stopped after the test (the ``hostile`` fixture of
+    tests/support/hostile_server.py)."""
     return hostile
 
 

@@ -15,7 +15,7 @@ from modelinit_server.service.embedded import EmbeddedService
 from modelinit_wire.v1 import modelinit_pb2 as pb
 from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 
-from tests.conftest import TINY
+from tests.support import TINY
 
 #: 14,403 tensors whose TensorPlans add up to ~4.7 MiB, over gRPC's default receive limit. (Each
 #: carries its rule's name: a long one makes the list as big as a 671B MoE's ~90,000 tensors'

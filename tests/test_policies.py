@@ -5,7 +5,7 @@ import pytest
 from modelinit_server.architectures import from_config, from_preset
 from modelinit_server.core.policies import Distribution, Match, Policy, Rule, resolve, truncated_std_factor
 
-from tests.conftest import TINY
+from tests.support import TINY
 
 
 def by_name(policy, model):

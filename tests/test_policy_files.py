@@ -8,7 +8,7 @@ import modelinit
 import pytest
 from modelinit_wire import policy_file
 
-from tests.conftest import TINY
+from tests.support import TINY
 
 YAML = """
 preset: hf-default

@@ -11,7 +11,7 @@ from modelinit_server.architectures import from_config
 from modelinit_server.core.policies import PRESETS, Policy, resolve
 from modelinit_server.engine import generate_array, tensor_key
 
-from tests.conftest import TINY
+from tests.support import TINY
 
 NEW_PRESETS = ["gpt2", "megatron", "torchtitan-llama3", "xavier", "kaiming", "lecun-normal", "small-init", "torch-trunc-normal"]
 

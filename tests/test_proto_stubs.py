@@ -3,7 +3,7 @@ import importlib.util
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support import REPO
 
 
 def test_committed_stubs_match_proto(tmp_path):

@@ -22,7 +22,7 @@ from modelinit.verify import verify_folder
 from modelinit_wire import policy_file
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from tests.conftest import TINY, read_folder
+from tests.support import TINY, read_folder
 
 # --- to_dict: the inverse of from_dict ---------------------------------------------------------
 

@@ -19,7 +19,7 @@ from modelinit_server.service.security import (
 )
 from modelinit_wire.credentials import BearerToken, channel_credentials, make_channel
 
-from .tls_certs import make_certs
+from tests.support.tls_certs import make_certs
 
 TOKEN = "s3cret-token-0123456789"
 STREAM_COUNT = 5

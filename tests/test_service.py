@@ -14,7 +14,7 @@ from modelinit_wire.v1 import modelinit_pb2 as pb
 from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 from safetensors import safe_open
 
-from tests.conftest import TINY, read_folder
+from tests.support import TINY, read_folder
 
 GPT2 = TINY["gpt2"]
 

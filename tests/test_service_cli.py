@@ -24,8 +24,8 @@ from modelinit_server.service.limits import DEFAULT_MAX_DIM, DEFAULT_MAX_PARAMS,
 from modelinit_server.service.server import BackgroundServer, ServerConfig, metrics_interface
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from .conftest import REPO, TINY, recording_rpcs, recording_sleeps
-from .tls_certs import make_certs
+from tests.support import REPO, TINY, recording_rpcs, recording_sleeps
+from tests.support.tls_certs import make_certs
 
 
 def free_port() -> int:

@@ -13,8 +13,7 @@ from modelinit_wire.v1 import modelinit_pb2 as pb
 from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 from safetensors import safe_open
 
-from tests.conftest import TINY
-from tests.test_hostile_server import hostile  # noqa: F401 - fixture, reused below
+from tests.support import TINY
 
 LLAMA = TINY["llama"]
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -27,7 +27,7 @@ from modelinit.bucket import Bucket
 from modelinit.local_prefix import LocalPrefix
 from modelinit.cli import main
 
-from tests.conftest import TINY
+from tests.support import TINY
 
 pytest.importorskip("obstore")
 

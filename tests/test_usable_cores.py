@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -20,7 +19,7 @@ from modelinit_server.engine.usable_cores import usable_cores
 from modelinit_server.service import embedded
 from modelinit_server.service.embedded import EmbeddedService
 
-from .conftest import TINY, read_folder
+from tests.support import REPO, TINY, read_folder
 
 SPEC = TINY["gpt2"]
 SHARDED = {"seed": 3, "max_shard_size": "200KB"}  # 5 shards
@@ -65,9 +64,8 @@ def test_numbas_pool_is_the_usable_cores_unless_the_user_sets_it(tmp_path):
     (tmp_path / "cpu.max").write_text("100000 100000\n")
     code = ("import pathlib, sys; from modelinit_server.engine import usable_cores as quota; quota.CGROUP = pathlib.Path(sys.argv[1]); "
             "from modelinit_server.engine import cpu; print(cpu.threads() if cpu.available() else 'none')")
-    repo = pathlib.Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"}
-    env["PYTHONPATH"] = os.pathsep.join([str(repo / "server"), str(repo / "client"), str(repo / "proto"), *sys.path])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "server"), str(REPO / "client"), str(REPO / "proto"), *sys.path])
 
     def threads(**extra) -> str:
         proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env={**env, **extra}, capture_output=True,

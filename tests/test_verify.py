@@ -14,7 +14,7 @@ from modelinit.errors import ModelInitError
 from modelinit.manifest import read_manifest
 from modelinit.verify import FileCheck, Report, is_complete, verify_folder
 
-from tests.conftest import TINY
+from tests.support import TINY
 
 GPT2 = TINY["gpt2"]
 SHARD = "model-00002-of-00005.safetensors"

@@ -1,6 +1,6 @@
 """One interface for every object store the tests run against, so that one test runs on all of
-them: S3 (moto's server, tests/s3_server.py) and Azure Blob Storage (Azurite, tests/azure_server.py),
-both real servers on loopback reached through the real libraries.
+them: S3 (moto's server, tests/support/s3_server.py) and Azure Blob Storage (Azurite,
+tests/support/azure_server.py), both real servers on loopback reached through the real libraries.
 
 ``store`` (a fixture, parametrized ``s3`` / ``azure``): this process's environment pointed at that
 store's server, and a :class:`Store` to set up and inspect it: fresh prefixes, the objects under a
@@ -22,8 +22,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from tests.azure_server import FOREIGN_SETTINGS, AzureServer
-from tests.s3_server import S3Server, _foreign_key, proxy
+from tests.support.azure_server import FOREIGN_SETTINGS, AzureServer
+from tests.support.s3_server import S3Server, _foreign_key, proxy
 
 KINDS = ("s3", "azure")
 

@@ -1,4 +1,5 @@
-"""Tiny configs of many transformers families, for tests/test_generic.py.
+"""Tiny configs of many transformers families, for tests/test_generic.py (and ``HANDMADE``, the
+configs the census' shrink cannot make buildable, for the computed tensors' tests).
 
 Small enough to build, write and load in well under a second each, large enough (width 64,
 vocab 256) that every drawn tensor has enough elements for a statistical check of its std.
@@ -63,3 +64,13 @@ HEADS: dict[str, tuple[str, str]] = {
 #: (test id, model_type, class or "" for the config's usual class): every family's usual class,
 #: plus task heads of the built-in families.
 CASES: list[tuple[str, str, str]] = [(mt, mt, "") for mt in TINY] + [(cls, mt, cls) for cls, (mt, _) in HEADS.items()]
+
+#: Configs the census' shrink cannot make buildable (their widths are tied by validators).
+HANDMADE = {
+    "mamba2": dict(model_type="mamba2", vocab_size=256, hidden_size=64, expand=2, num_heads=8, head_dim=16, state_size=16,
+                   n_groups=1, num_hidden_layers=2, chunk_size=32, architectures=["Mamba2ForCausalLM"]),
+    "nemotron_h": dict(model_type="nemotron_h", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                       hybrid_override_pattern="M-M*", num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=1,
+                       architectures=["NemotronHForCausalLM"]),
+}

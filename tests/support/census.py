@@ -9,7 +9,7 @@ skipped and counted. A buildable type *passes* when modelinit plans it, writes i
 ``from_pretrained`` loads the folder with no missing, unexpected or mismatched keys, no NaN where
 transformers' own initialization has none, and every constant equal to transformers' own.
 
-Run it alone for the whole table: ``python -m tests.census [--only TYPE,...] [--json FILE]``.
+Run it alone for the whole table: ``python -m tests.support.census [--only TYPE,...] [--json FILE]``.
 ``tests/test_census.py`` runs it in CI.
 """
 from __future__ import annotations

@@ -32,7 +32,7 @@ ACCOUNT = "devstoreaccount1"
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 """The emulator's well-known account and key (public, the same in every Azurite). With
 ``AZURE_STORAGE_USE_EMULATOR=true`` obstore uses them unless told otherwise."""
-HERE = pathlib.Path(__file__).resolve().parent / "azurite"
+HERE = pathlib.Path(__file__).resolve().parents[1] / "azurite"  # tests/azurite
 BLOB = HERE / "node_modules" / ".bin" / "azurite-blob"
 INSTALL_TIMEOUT = 600.0
 """How long ``npm ci`` may take (a guard against hanging forever; it takes seconds)."""
