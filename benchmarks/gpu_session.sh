@@ -50,10 +50,10 @@ step() {  # step NAME COMMAND...: run it, its output into $OUT/NAME.txt and on t
 case "$stage" in
 tests)
     # The GPU's own tests first; Triton's CPU interpreter tests (minutes) last.
-    step kernel $PY -m pytest -q -rs tests/test_kernel_cuda.py -k "gpu or ptx or one_run"
-    step training $PY -m pytest -q -rs tests/test_init_module.py -k "cuda or equals_files or every_family"
-    step service $PY -m pytest -q -rs tests/test_service.py -k cuda
-    step interpreter $PY -m pytest -q -rs tests/test_kernel_cuda.py -k "not (gpu or ptx or one_run)"
+    step kernel $PY -m pytest -q -rs tests/server/engine/test_kernel_cuda.py -k "gpu or ptx or one_run"
+    step training $PY -m pytest -q -rs tests/server/training/test_init_module.py -k "cuda or equals_files or every_family"
+    step service $PY -m pytest -q -rs tests/server/service/test_service.py -k cuda
+    step interpreter $PY -m pytest -q -rs tests/server/engine/test_kernel_cuda.py -k "not (gpu or ptx or one_run)"
     ;;
 bench)
     step engine_gpu $PY benchmarks/engine_gpu.py

@@ -6,7 +6,7 @@ Prints the wall time of one uncached call for a few typical truncation points (a
 bounds in standard units) and for the deepest tail the function computes (-38.3, where the
 working precision is largest), each the best of ``--repeat`` runs with the caches cleared
 before each run, plus a cached call. Before this script these were pass/fail limits in
-tests/test_engine.py (< 5 ms per typical call, < 100 ms for -38.3 on the development machine);
+tests/server/engine/test_engine.py (< 5 ms per typical call, < 100 ms for -38.3 on the development machine);
 tests now check the caching instead, since speed depends on the machine.
 This is a measurement, not a test: nothing is asserted.
 """

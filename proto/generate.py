@@ -3,7 +3,7 @@
     python proto/generate.py            # writes proto/modelinit_wire/v1/*_pb2*.py(i)
     python proto/generate.py OUT_DIR    # writes OUT_DIR/modelinit_wire/v1/... (the stub test uses this)
 
-The stubs are committed so the client installs without grpcio-tools; tests/test_proto_stubs.py
+The stubs are committed so the client installs without grpcio-tools; tests/wire/test_proto_stubs.py
 regenerates them with the pinned grpcio-tools and fails if they differ from the committed ones.
 
 They live in the shared wire package ``modelinit_wire.v1`` while the proto keeps its path,

@@ -10,7 +10,7 @@ skipped and counted. A buildable type *passes* when modelinit plans it, writes i
 transformers' own initialization has none, and every constant equal to transformers' own.
 
 Run it alone for the whole table: ``python -m tests.support.census [--only TYPE,...] [--json FILE]``.
-``tests/test_census.py`` runs it in CI.
+``tests/server/architectures/test_census.py`` runs it in CI.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tiny configs of many transformers families, for tests/test_generic.py (and ``HANDMADE``, the
+"""Tiny configs of many transformers families, for tests/server/architectures/test_generic.py (and ``HANDMADE``, the
 configs the census' shrink cannot make buildable, for the computed tensors' tests).
 
 Small enough to build, write and load in well under a second each, large enough (width 64,

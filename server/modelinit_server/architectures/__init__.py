@@ -93,7 +93,7 @@ def from_config(config: Mapping[str, Any] | str, architecture: str = "") -> Mode
     # cross-attention layers are left to transformers (the built-in families do not write them out)
     fast = family is not None and document.get("add_cross_attention") is not True
     if fast and (not well_formed or names[0] in family.architectures):
-        # the built-in fast path: no transformers import (tests/test_generic.py proves it equal)
+        # the built-in fast path: no transformers import (tests/server/architectures/test_generic.py proves it equal)
         architecture = _architecture(document, family)
         document["architectures"] = [architecture]
         return family.build(document, architecture)

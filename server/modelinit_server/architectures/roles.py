@@ -4,7 +4,7 @@ The kind comes from the in-memory module that owns the tensor (its torch type or
 per-family classes, its class name); the role from the name on disk, read as a path
 (``model.layers.3.self_attn.o_proj.weight``: inside a block, in attention, the output
 projection). docs/policies.md ("Kinds and roles") lists the mapping. The built-in families'
-hand-written specs give the same answers (tests/test_generic.py checks it).
+hand-written specs give the same answers (tests/server/architectures/test_generic.py checks it).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ A resolved :class:`ModelSpec` is a pure function of (config document, class, tra
 version, the code that resolves it), so it is stored under the SHA-256 of exactly those, as JSON,
 and read back instead of importing transformers. Any change of transformers or of the resolving
 code (its source files are hashed) gives a new key; a file that cannot be read or parsed is
-ignored and rebuilt. tests/test_generic.py proves a cached spec equal to a fresh one.
+ignored and rebuilt. tests/server/architectures/test_generic.py proves a cached spec equal to a fresh one.
 
 Location: ``$MODELINIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/modelinit``, else ``~/.cache/modelinit``;
 ``MODELINIT_CACHE_DIR=off`` disables it (a read-only home does too, silently).

@@ -315,8 +315,8 @@ if available():
     # (numpy, the reference), scalar.py (plain Python, the line-by-line model), here (numba: central formula
     # for every element, then the listed tails) and cuda.py (Triton: branch-free, coefficients selected per
     # element). The constants come from special.py. Proved equal to the reference by the bytes: the golden
-    # vectors (tests/test_golden.py, through this kernel in tests/test_kernel_cpu.py::test_golden) and the
-    # randomized table of tests/test_kernel_cpu.py (test_random_table: both AS241 tail branches, deep
+    # vectors (tests/support/golden.py, through this kernel in tests/server/engine/test_kernel_cpu.py::test_golden) and the
+    # randomized table of tests/server/engine/test_kernel_cpu.py (test_random_table: both AS241 tail branches, deep
     # reflected tails; test_portable_code_for_a_generic_cpu without AVX).
     @_helper()
     def _horner8(c, r):

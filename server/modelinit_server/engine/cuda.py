@@ -220,7 +220,7 @@ if triton is not None:
     # normal_ppf (AS241) and log_ieee: one of the four deliberate copies of this code, each in the form its
     # compiler needs: special.py (numpy, the reference), scalar.py (plain Python, the line-by-line model),
     # cpu.py (numba) and here (Triton: branch-free, the coefficient set selected per element). The constants
-    # come from special.py. tests/test_kernel_cuda.py proves this copy equal to the reference under the
+    # come from special.py. tests/server/engine/test_kernel_cuda.py proves this copy equal to the reference under the
     # Triton interpreter: test_interpreter_building_blocks (_normal_ppf against special.normal_ppf, with and
     # without the far tail, deep tails included), test_interpreter_golden / test_interpreter_random_table
     # (the bytes), and test_ptx_constants_are_exact_float64 (the constants in the compiled code).

@@ -8,7 +8,7 @@ arithmetic the spec prescribes. Far too slow for real use (about 10 microseconds
 
 ``log_ieee`` / ``normal_ppf`` here are one of four deliberate copies (see ``special.py``'s docstring):
 ``special.py`` (numpy, the reference), this one, ``cpu.py`` (numba) and ``cuda.py`` (Triton), with the
-constants of ``special.py`` only. ``tests/test_engine.py`` proves this copy equal to the reference
+constants of ``special.py`` only. ``tests/server/engine/test_engine.py`` proves this copy equal to the reference
 (``test_scalar_tail_branches_agree``: both functions, deep tails; ``test_vectorized_equals_scalar_transcription``:
 whole elements, every kind and dtype).
 """

@@ -10,10 +10,10 @@ host, in exact decimal arithmetic, so it has no libm in it either.
 
 ``log_ieee`` and ``normal_ppf`` exist in four deliberate copies, one per compiler, all tested equal to
 the ones here: this module (numpy, vectorized: the reference), ``scalar.py`` (plain Python floats, one
-element at a time: ``tests/test_engine.py::test_scalar_tail_branches_agree``), ``cpu.py`` (numba:
-``tests/test_kernel_cpu.py``, through the kernel's bytes) and ``cuda.py`` (Triton:
-``tests/test_kernel_cuda.py::test_interpreter_building_blocks``, under the Triton interpreter). The
-constants below are the only ones: every copy imports them from here (``tests/test_golden.py``
+element at a time: ``tests/server/engine/test_engine.py::test_scalar_tail_branches_agree``), ``cpu.py`` (numba:
+``tests/server/engine/test_kernel_cpu.py``, through the kernel's bytes) and ``cuda.py`` (Triton:
+``tests/server/engine/test_kernel_cuda.py::test_interpreter_building_blocks``, under the Triton interpreter). The
+constants below are the only ones: every copy imports them from here (``tests/server/engine/test_golden.py``
 pins their bits).
 """
 from __future__ import annotations

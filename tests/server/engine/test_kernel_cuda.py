@@ -37,7 +37,7 @@ from modelinit_server.engine import (  # noqa: E402
 try:
     import tests.support  # noqa: F401
 except ImportError:  # run as a script from elsewhere: the repository's root makes `tests` importable
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))
 from tests.support import REPO  # noqa: E402
 from tests.support.golden import GOLDEN  # noqa: E402
 
@@ -442,7 +442,7 @@ def _check_threads(device: str) -> list[str]:
 
 def _interp(mode: str) -> dict:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
-    proc = subprocess.run([sys.executable, "-m", "tests.test_kernel_cuda", mode], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "tests.server.engine.test_kernel_cuda", mode], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"interpreter worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])

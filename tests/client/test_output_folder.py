@@ -415,7 +415,7 @@ def test_verify_reports_what_init_calls_foreign(client, tmp_path):
 @pytest.mark.parametrize("url", ["hf://org/model", "http://host/prefix", "ftp://host/p"])
 def test_a_url_of_no_supported_store_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys, url):
     """`--out s3://...` used to create a local folder named `s3:` and report success; s3://, gs://
-    and az:// are object stores now (tests/test_object_store.py), any other scheme is refused."""
+    and az:// are object stores now (tests/client/test_object_store.py), any other scheme is refused."""
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(SPEC))

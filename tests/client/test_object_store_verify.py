@@ -2,7 +2,7 @@
 object-store prefix: the same checks as a local folder (sizes, SHA-256, safetensors headers, index,
 leftovers, regeneration), each object streamed once from the store; and
 `init --from-manifest URL/modelinit.json` reproducing the upload byte for byte. Each case runs on
-every store the ``store`` fixture offers (tests/stores.py): S3 (moto's server) and Azure Blob
+every store the ``store`` fixture offers (tests/support/stores.py): S3 (moto's server) and Azure Blob
 Storage (Azurite), real servers on loopback."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Writing to object storage and splitting one checkpoint into parts.
-Each case runs on every store the ``store`` fixture offers (tests/stores.py): S3 (moto's server,
-tests/s3_server.py) and Azure Blob Storage (Azurite, tests/azure_server.py), real servers on
+Each case runs on every store the ``store`` fixture offers (tests/support/stores.py): S3 (moto's server,
+tests/support/s3_server.py) and Azure Blob Storage (Azurite, tests/support/azure_server.py), real servers on
 loopback reached through the real libraries.
 
 - A prefix written embedded, through a server and fanned out holds exactly the bytes of the

@@ -1,5 +1,5 @@
 """torch DCP's ``HuggingFaceStorageReader`` loading a checkpoint modelinit uploaded to S3, read
-over fsspec (s3fs) from a real S3 server on loopback (tests/s3_server.py), single process on
+over fsspec (s3fs) from a real S3 server on loopback (tests/support/s3_server.py), single process on
 CPU, no process group; the tensors equal ``safetensors.torch.load_file`` of a local folder
 written with the same request.
 

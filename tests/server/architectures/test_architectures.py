@@ -93,7 +93,7 @@ def check_metadata(model, spec) -> None:
 # ---------------------------------------------------------------- presets (meta device)
 
 
-#: Presets on the built-in fast path (the others go through transformers: tests/test_generic.py).
+#: Presets on the built-in fast path (the others go through transformers: tests/server/architectures/test_generic.py).
 FAST_PRESETS = [n for n in preset_names() if architectures.PRESETS[n]["model_type"] in FAMILIES]
 
 

@@ -1,5 +1,5 @@
 """The architecture census in CI: every model type transformers knows, shrunk, initialized by
-modelinit and loaded back by transformers (tests/census.py says how). It prints the count and every
+modelinit and loaded back by transformers (tests/support/census.py says how). It prints the count and every
 refusal with its reason, and fails if a single buildable type does not pass (the README's claim:
 all of them, 541 with transformers 5.24), or if the shrink stops making most types buildable (the
 census would then prove little)."""

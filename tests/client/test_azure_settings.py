@@ -1,5 +1,5 @@
 """The Azure settings and URL forms docs/object_storage.md says work, each tried against Azurite
-(tests/azure_server.py) through the CLI and the real libraries: an account key and a SAS token
+(tests/support/azure_server.py) through the CLI and the real libraries: an account key and a SAS token
 with an explicit endpoint (as for a sovereign cloud or a private endpoint; no emulator flag), the
 ``abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/PREFIX`` form, and what is refused: a SAS
 without write permission, an expired SAS (one line naming the settings, never the token), a URL
