@@ -20,7 +20,9 @@ The package, top to bottom (pyproject.toml's ``server-training-layers`` contract
 
     __init__     init_module_ and InitSummary: the policy, the plan (``core.planner.resolve_request``), the loop
     hf_layout    a transformers model's spec, and where each stored tensor sits in its in-memory tensors
+    torchtitan_layout   where the tensors of a torchtitan model's Hugging Face spec sit in its parameters
     plain        any other module's spec, from its own tensors
+    probes       a stored tensor's place in an in-memory one, read off probes (views, index probes)
     fill         Box / Piece, and Filler: boxes of stored tensors into (local shards of) module tensors
     dtensor      a DTensor's local shard and the global indices it holds (dtensor_index_sets)
     modules      unwrapping wrappers, refusing sharded FSDP1, the module's named tensors, dtype names
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.planner import Request, resolve_request
+from ..core.tensors import ModelSpec
 from ..core.policies import Policy, Resolved
 from ..engine import ALGORITHM_VERSION
 from .dtensor import dtensor_index_sets, local_and_index_sets, local_tensor
@@ -41,6 +44,7 @@ from .fill import Filler
 from .hf_layout import hf_model, hf_spec
 from .modules import TORCH_DTYPES, dtype_name, module_tensors, refuse_sharded_fsdp1, strip_wrappers, unwrap
 from .plain import plain_spec
+from .torchtitan_layout import is_torchtitan_model, torchtitan_spec
 
 __all__ = ["InitSummary", "dtensor_index_sets", "init_module_", "strip_wrappers", "unwrap"]
 
@@ -71,7 +75,8 @@ class InitSummary:
 
 
 def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = None,
-                 algorithm_version: int | None = None, device: str = "auto", partial: bool = False) -> InitSummary:
+                 algorithm_version: int | None = None, device: str = "auto", partial: bool = False,
+                 spec: Any = None) -> InitSummary:
     """Fill every parameter and persistent floating-point buffer of ``module`` in place.
 
     ``policy``: None (``hf-default``), a preset name, a policy dict (``{"preset": ..., "rules":
@@ -83,6 +88,9 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     ``partial``: the module is part of a transformers model (a pipeline stage: some layers, the
     embedding or the head left out, the others under their original names); the tensors it
     has are filled, those it lacks are counted in ``summary.missing`` instead of refused.
+    ``spec``: for a model of a training stack with its own module tree (torchtitan), the Hugging
+    Face config it corresponds to (a preset name, a config.json path, or the config as a dict):
+    the model is filled with exactly the bytes of the folder ``modelinit init`` writes for it.
     Raises ValueError for a module on the meta device, an unmatched parameter, a dtype mismatch,
     or a tensor the architecture does not have.
     """
@@ -112,17 +120,26 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
         if dtype is not None and td != dtype:
             raise ValueError(f"dtype: {name!r} is {td}, not {dtype}; cast the module or leave dtype unset")
 
+    shapes = {n: tuple(t.shape) for n, t in named}
     hf = hf_model(module)
-    if hf is not None:
-        spec, pieces, missing = hf_spec(hf, {n: tuple(t.shape) for n, t in named}, partial)
+    if is_torchtitan_model(module):
+        if spec is None:
+            raise ValueError("spec: a torchtitan model is filled with the bytes of the Hugging Face model it corresponds to; "
+                             "give its config: init_module_(model, spec='llama-3-8b' (a preset), a config.json path or a dict, ...)")
+        model_spec, pieces, missing = torchtitan_spec(getattr(module, "_orig_mod", module), spec_of(spec), shapes, partial)
+    elif spec is not None:
+        raise ValueError(f"spec: {type(module).__name__} is not a model of a training stack modelinit maps (torchtitan); "
+                         "a transformers model carries its own config, any other module is its own spec: leave spec unset")
+    elif hf is not None:
+        model_spec, pieces, missing = hf_spec(hf, shapes, partial)
     else:
         missing = 0
-        spec, pieces = plain_spec(module, named, real)
+        model_spec, pieces = plain_spec(module, named, real)
 
     dtypes = sorted({dtype_name(t) for _, t in named})
     plans: dict[str, tuple[list[Resolved], list[tuple[int, int]], str]] = {}
     for dt in dtypes:  # each tensor in its own dtype: the plan of a request for that dtype
-        request = Request(model=spec, policy=core_policy, seed=seed, dtype=dt, algorithm_version=version)
+        request = Request(model=model_spec, policy=core_policy, seed=seed, dtype=dt, algorithm_version=version)
         plans[dt] = resolve_request(request)
 
     filler = Filler(device)
@@ -137,7 +154,7 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
             resolved, keys, _ = plans[dt]
             local, sets = local_and_index_sets(t, name)
             for ti, *box in pieces[name]:
-                filler.fill_piece(local, sets, spec.tensors[ti], resolved[ti].sampler, keys[ti], dt, *box)
+                filler.fill_piece(local, sets, model_spec.tensors[ti], resolved[ti].sampler, keys[ti], dt, *box)
             count += 1
             elements += local.numel()
             total += t.numel()
@@ -145,7 +162,33 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
         fp = plans[dtypes[0]][2]
     else:
         fp = hashlib.sha256(",".join(f"{d}:{plans[d][2]}" for d in dtypes).encode()).hexdigest()
-    return InitSummary(count, elements, total, fp, version, tuple(dtypes), spec.architecture, skipped, missing)
+    return InitSummary(count, elements, total, fp, version, tuple(dtypes), model_spec.architecture, skipped, missing)
+
+
+def spec_of(spec: Any) -> ModelSpec:
+    """The architecture spec of what a caller gives: a preset name, a path to a config.json (or a
+    folder holding one), a config dict, or a core ModelSpec."""
+    import os
+    import pathlib
+    from collections.abc import Mapping
+
+    from .. import architectures
+
+    if isinstance(spec, ModelSpec):
+        return spec
+    if isinstance(spec, Mapping):
+        return architectures.from_config(dict(spec))
+    if isinstance(spec, (str, os.PathLike)):
+        path = pathlib.Path(spec)
+        if isinstance(spec, os.PathLike) or path.suffix == ".json" or path.exists():
+            if path.is_dir():
+                path = path / "config.json"
+            try:
+                return architectures.from_config(path.read_text(encoding="utf-8"))
+            except OSError as e:
+                raise ValueError(f"spec: cannot read config file {str(path)!r}: {e}") from None
+        return architectures.from_preset(str(spec))
+    raise ValueError(f"spec: give a preset name, a config.json path or a config dict, got {type(spec).__name__}")
 
 
 def _core_policy(policy: Any) -> Policy:

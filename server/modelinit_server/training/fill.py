@@ -20,10 +20,12 @@ from ..engine.runs import box_runs
 
 #: Where a stored tensor's elements sit in an in-memory tensor: a box of one in the other.
 #: (start per in-memory dim, in-memory dim of each disk dim or -1 for a unit one, start per disk
-#: dim, length per disk dim)
-Box = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+#: dim, length per disk dim). A start may be an index array instead of an int: the in-memory
+#: indices, in disk order, that the box's elements along the disk dim mapped there go to (a
+#: permutation of rows, as a stack's RoPE layout or fused, head-grouped projection makes).
+Box = tuple[tuple["int | np.ndarray", ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 #: (index into spec.tensors, *Box)
-Piece = tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+Piece = tuple[int, tuple["int | np.ndarray", ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 
 class Filler:
@@ -58,6 +60,9 @@ class Filler:
         disk_shape = tspec.shape
         disk_start = disk_start or (0,) * len(disk_shape)
         length = length or tuple(disk_shape)
+        if any(isinstance(s, np.ndarray) for s in start):
+            self._fill_indexed(local, sets, disk_shape, sampler, key, dtype, start, disk_to_src, disk_start, length)
+            return
         ndim = local.dim()
         # per module dim: the box, the global indices held, the local positions of those in the box
         ext = [1] * ndim
@@ -125,6 +130,48 @@ class Filler:
                 for d, p in enumerate(pos)
             )
             local[index] = vals
+
+    def _fill_indexed(self, local, sets, disk_shape, sampler, key, dtype: str, start, disk_to_src: tuple[int, ...],
+                      disk_start: tuple[int, ...], length: tuple[int, ...]) -> None:
+        """:meth:`fill_piece` of a box whose starts include index arrays: the elements the local
+        shard holds are generated in disk order and scattered to their in-memory places."""
+        import torch
+
+        ndim = local.dim()
+        k_of = {d: k for k, d in enumerate(disk_to_src) if d >= 0}
+        pos: list[np.ndarray] = []  # per module dim: local positions written
+        rel: list[np.ndarray] = []  # per module dim: the box-relative (disk-order) indices of those
+        for d in range(ndim):
+            s = start[d]
+            if d in k_of:
+                want = np.asarray(s, np.int64) if isinstance(s, np.ndarray) else np.arange(s, s + length[k_of[d]], dtype=np.int64)
+            else:
+                want = np.array([int(s)], np.int64)
+            held = sets[d]
+            if held is None:
+                r, p = np.arange(want.size, dtype=np.int64), want
+            else:
+                i = np.searchsorted(held, want)
+                ok = (i < len(held)) & (held[np.minimum(i, len(held) - 1)] == want)
+                r, p = np.nonzero(ok)[0], i[ok]
+            if r.size == 0:
+                return
+            pos.append(p)
+            rel.append(r)
+        krel = [np.array([disk_start[k]], np.int64) if d < 0 else rel[d] + disk_start[k] for k, d in enumerate(disk_to_src)]
+        sizes = [len(x) for x in krel]
+        buf = torch.empty(sizes, dtype=local.dtype, device=local.device)
+        self._runs(buf.reshape(-1).view(torch.uint8), disk_shape, krel, sampler, key, dtype)
+        mapped = [(d, k) for k, d in enumerate(disk_to_src) if d >= 0]
+        vals = buf.reshape([sizes[k] for _, k in mapped]) if mapped else buf.reshape([])
+        if mapped:
+            vals = vals.permute(sorted(range(len(mapped)), key=lambda i: mapped[i][0]))
+        shape = [1] * ndim
+        for d, k in mapped:
+            shape[d] = sizes[k]
+        index = tuple(torch.from_numpy(p).to(local.device).view([-1 if j == d else 1 for j in range(ndim)])
+                      for d, p in enumerate(pos))
+        local[index] = vals.reshape(shape)
 
     def _runs(self, flat_u8, disk_shape, krel, sampler, key, dtype: str) -> None:
         """Generate the product of ``krel`` (per disk dim: indices, None for all) in row-major

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..core.tensors import ModelSpec
 from .fill import Box, Piece
+from .probes import all_views, pair_box, view_box
 
 #: The probe that locates a fused parameter's pieces holds one int64 per element; refuse beyond this.
 MAX_PROBE_ELEMENTS = 2**28
@@ -168,8 +169,8 @@ def _locate(converter, target: str, inputs: list[tuple[str, str]], shapes: dict[
         src, shape = inputs[0][0], shapes[inputs[0][0]]
         meta = torch.empty(shape, dtype=torch.int64, device="meta")
         outputs = run([meta], _NoCopies())
-        if _all_views(outputs, meta):
-            return {k: [(src, _view_box(t, shape, k, src))] for k, t in outputs.items()}
+        if all_views(outputs, meta):
+            return {k: [(src, view_box(t, shape, k, src))] for k, t in outputs.items()}
     sizes = [math.prod(shapes[src]) for src, _ in inputs]
     if sum(sizes) > MAX_PROBE_ELEMENTS:
         raise ValueError(f"module: {inputs[0][0]!r} is too large to locate its stored tensors ({sum(sizes)} elements)")
@@ -184,71 +185,9 @@ def _locate(converter, target: str, inputs: list[tuple[str, str]], shapes: dict[
         for (src, _), o, n in zip(inputs, offsets, sizes):
             where = np.nonzero((vals >= o) & (vals < o + n))[0]
             if where.size:
-                parts.append((src, _pair_box(where, vals[where] - o, tuple(t.shape), shapes[src], name, src)))
+                parts.append((src, pair_box(where, vals[where] - o, tuple(t.shape), shapes[src], name, src)))
         if sum(math.prod(box[3]) for _, box in parts) != vals.size:
             raise ValueError(f"module: the stored tensor {name!r} holds values that no in-memory tensor has; "
                              "this conversion is not supported")
         located[name] = parts
     return located
-
-
-def _all_views(outputs: dict[str, Any], probe) -> bool:
-    return all(t is probe or t._base is probe for t in outputs.values())
-
-
-def _view_box(view, src_shape: tuple[int, ...], out_name: str, src: str) -> Box:
-    """A view of a contiguous tensor of ``src_shape`` as a box of it: each dimension of the view
-    that is longer than 1 steps one source dimension (the one with that stride), from the start
-    its storage offset gives, without running past that dimension's end."""
-    strides = [math.prod(src_shape[d + 1:]) for d in range(len(src_shape))]
-    off = view.storage_offset()
-    start = [int(s) for s in np.unravel_index(off, src_shape)] if src_shape else []
-    d2s, used = [], set()
-    for n, st in zip(view.shape, view.stride()):
-        if n == 1:
-            d2s.append(-1)
-            continue
-        cands = [d for d in range(len(src_shape)) if strides[d] == st and src_shape[d] > 1 and d not in used]
-        if not cands or start[cands[0]] + n > src_shape[cands[0]]:
-            raise ValueError(f"module: the stored tensor {out_name!r} is not a block of {src!r}; this conversion is not supported")
-        used.add(cands[0])
-        d2s.append(cands[0])
-    shape = tuple(int(n) for n in view.shape)
-    return tuple(start), tuple(d2s), (0,) * len(shape), shape
-
-
-def _pair_box(where: np.ndarray, values: np.ndarray, out_shape: tuple[int, ...], src_shape: tuple[int, ...],
-              out_name: str, src: str) -> Box:
-    """The elements of output ``out_name`` at flat positions ``where`` (ascending) hold source
-    elements ``values``: both must be boxes, the output's dims running along distinct source
-    dims (ValueError naming both otherwise)."""
-    bad = ValueError(f"module: the stored tensor {out_name!r} is not made of blocks of {src!r}; this conversion is not supported")
-    m = where.size
-    oc = np.stack(np.unravel_index(where, out_shape)) if out_shape else np.zeros((0, m), np.int64)
-    sc = np.stack(np.unravel_index(values, src_shape)) if src_shape else np.zeros((0, m), np.int64)
-    o0, olen = oc.min(axis=1), oc.max(axis=1) - oc.min(axis=1) + 1
-    s0, slen = sc.min(axis=1), sc.max(axis=1) - sc.min(axis=1) + 1
-    if math.prod(olen.tolist()) != m or math.prod(slen.tolist()) != m:
-        raise bad
-    d2s, used = [], set()
-    for k in range(len(out_shape)):
-        if olen[k] == 1:
-            d2s.append(-1)
-            continue
-        j = math.prod(olen[k + 1:].tolist())  # the box's element one step along dim k (where is row-major)
-        diff = sc[:, j] - sc[:, 0]
-        nz = np.nonzero(diff)[0]
-        if nz.size != 1 or diff[nz[0]] != 1 or int(nz[0]) in used or slen[nz[0]] != olen[k]:
-            raise bad
-        used.add(int(nz[0]))
-        d2s.append(int(nz[0]))
-    if any(slen[d] > 1 and d not in used for d in range(len(src_shape))):
-        raise bad
-    expect = np.repeat(s0[:, None], m, axis=1)
-    grid = np.indices(olen.tolist()).reshape(len(out_shape), -1) if out_shape else np.zeros((0, m), np.int64)
-    for k, d in enumerate(d2s):
-        if d >= 0:
-            expect[d] += grid[k]
-    if not np.array_equal(np.ravel_multi_index(expect, src_shape) if src_shape else np.zeros(m, np.int64), values):
-        raise bad
-    return (tuple(int(v) for v in s0), tuple(d2s), tuple(int(v) for v in o0), tuple(int(v) for v in olen))

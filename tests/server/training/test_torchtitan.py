@@ -1,0 +1,179 @@
+"""``init_module_`` on a torchtitan model (issue 33, first step: Llama 3): filled in place with the
+bytes of the Hugging Face folder ``modelinit init`` writes for the config it corresponds to, at
+every layout, without communicating.
+
+The reference is that folder read back through torchtitan's own ``StateDictAdapter.from_hf`` (q/k
+rows permuted for RoPE) and the model's own load hook (``wq``/``wk``/``wv`` fused into ``wqkv``,
+grouped per KV head): what torchtitan itself loads from a Hugging Face checkpoint. Layouts: one
+device (float32, bfloat16, two policies), FSDP2 and tensor parallel over 2 ranks, FSDP x TP on a
+2x2 mesh (``_StridedShard``), each rank filling only its shards. Bad input: no spec, a spec the
+model does not match, a spec for a model that has its own.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+import modelinit  # noqa: E402
+
+from tests.support.distributed import no_collectives, same_bytes  # noqa: E402
+from tests.support.stacks import install_torchtitan  # noqa: E402
+
+SEED = 7
+#: torchtitan's llama3 "debugmodel" flavor (dim 256, 6 layers, 16 heads, FFN 768, vocabulary 2048), made
+#: smaller where the test's speed asks (2 layers, 4 KV heads: grouped-query attention).
+HF = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_layers": 2,
+      "num_attention_heads": 16, "num_key_value_heads": 4, "intermediate_size": 768, "vocab_size": 2048,
+      "tie_word_embeddings": False, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def torchtitan():
+    return install_torchtitan()
+
+
+def _config():
+    """The debugmodel's config with the test's sizes (2 layers, 4 KV heads)."""
+    import dataclasses
+
+    from torchtitan.models.llama3 import model_registry
+
+    config = model_registry("debugmodel", attn_backend="flex").model
+    layers = [dataclasses.replace(layer, attention=_with_kv_heads(layer.attention, 4)) for layer in config.layers[:2]]
+    return dataclasses.replace(config, layers=layers)
+
+
+def _with_kv_heads(attention, n_kv_heads: int):
+    import dataclasses
+
+    qkv = attention.qkv_linear
+    fused = dataclasses.replace(qkv.wqkv, out_features=(attention.n_heads + 2 * n_kv_heads) * (qkv.head_dim or 16))
+    return dataclasses.replace(attention, n_kv_heads=n_kv_heads,
+                               qkv_linear=dataclasses.replace(qkv, n_kv_heads=n_kv_heads, wqkv=fused))
+
+
+def _meta_model():
+    with torch.device("meta"):
+        return _config().build()
+
+
+def _reference(tmp_path: pathlib.Path, dtype: str, policy=None) -> dict:
+    """The folder of (HF, SEED, policy) in ``dtype``, loaded the way torchtitan loads a Hugging Face
+    checkpoint: its adapter's ``from_hf``, then the model's own load hooks: the parameters."""
+    from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+
+    out = tmp_path / f"hf-{dtype}-{policy}"
+    with modelinit.Client() as c:
+        c.init_model(HF, seed=SEED, out_dir=out, dtype=dtype, policy=policy)
+    files = {}
+    for f in out.glob("*.safetensors"):
+        files.update(safetensors_torch.load_file(f))
+    model = _meta_model().to_empty(device="cpu").to(getattr(torch, dtype))
+    model.load_state_dict(Llama3StateDictAdapter(model.config, None).from_hf(files))
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _dtype_of(model, dtype: str):
+    return model.to(getattr(torch, dtype)) if dtype != "float32" else model
+
+
+@pytest.mark.parametrize("dtype, policy", [("float32", None), ("bfloat16", None), ("float32", "torchtitan-llama3")])
+def test_one_device_equals_the_hugging_face_folder_as_torchtitan_loads_it(tmp_path, dtype, policy):
+    model = _dtype_of(_meta_model().to_empty(device="cpu"), dtype)
+    summary = modelinit.init_module_(model, seed=SEED, spec=HF, policy=policy)
+    ref = _reference(tmp_path, dtype, policy)
+    got = dict(model.named_parameters())
+    assert sorted(got) == sorted(ref)
+    assert [n for n in ref if not same_bytes(got[n].detach(), ref[n])] == []
+    assert summary.architecture == "LlamaForCausalLM" and summary.missing == 0
+    assert summary.global_elements == sum(p.numel() for p in got.values())
+
+
+def _build(layout: str, world: int):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    model = _meta_model()
+    tp_plan = {"attention.qkv_linear.wqkv": ColwiseParallel(), "attention.wo": RowwiseParallel(),
+               "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+               "feed_forward.w2": RowwiseParallel()}
+    if layout == "fsdp":
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in model.layers.values():
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    elif layout == "tp":
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in model.layers.values():
+            parallelize_module(layer, mesh, tp_plan)
+    elif layout == "fsdp_tp":
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+        for layer in model.layers.values():
+            parallelize_module(layer, mesh["tp"], tp_plan)
+            fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    return model.to_empty(device="cpu")
+
+
+def _worker(rank: int, world: int, init_file: str, layouts: list, ref_path: str):
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        ref = torch.load(ref_path)
+        for layout in layouts:
+            model = _build(layout, world)
+            with no_collectives():
+                summary = modelinit.init_module_(model, seed=SEED, spec=HF)
+            assert summary.elements < summary.global_elements  # each rank wrote its shards only
+            params = dict(model.named_parameters())
+            assert any(isinstance(p, DTensor) for p in params.values())
+            if layout == "fsdp_tp":
+                assert any(isinstance(pl, _StridedShard) for p in params.values() if isinstance(p, DTensor)
+                           for pl in p.placements)
+            full = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach() for n, p in params.items()}
+            if rank == 0:
+                bad = [n for n in ref if not same_bytes(full[n], ref[n])]
+                assert bad == [], (layout, bad)
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(world: int, layouts: list, ref_path: str, tmp_path: pathlib.Path) -> None:
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_worker, args=(world, str(tmp_path / "pg"), layouts, ref_path), nprocs=world, join=True)
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo is not available")
+@pytest.mark.parametrize("world, layouts", [(2, ["fsdp", "tp"]), (4, ["fsdp_tp"])], ids=["2-ranks", "2x2-mesh"])
+def test_sharded_layouts_equal_one_device(tmp_path, world, layouts):
+    """FSDP2 and TP over 2 ranks (wqkv's rows, grouped per KV head, split between them), FSDP x TP on
+    a 2x2 mesh (``_StridedShard``): the gathered parameters are the one-device bytes."""
+    ref_path = str(tmp_path / "ref.pt")
+    torch.save(_reference(tmp_path, "float32"), ref_path)
+    _spawn(world, layouts, ref_path, tmp_path)
+
+
+def test_a_torchtitan_model_needs_its_spec_and_must_match_it():
+    model = _meta_model().to_empty(device="cpu")
+    with pytest.raises(ValueError, match=r"^spec: a torchtitan model is filled with the bytes of the Hugging Face model"):
+        modelinit.init_module_(model, seed=SEED)
+    with pytest.raises(ValueError, match=r"stores 'model\.layers\.0\.mlp\.gate_proj\.weight' as \[768, 256\], the spec has "
+                                         r"\[512, 256\]: the model does not match the spec"):
+        modelinit.init_module_(model, seed=SEED, spec={**HF, "intermediate_size": 512})
+    with pytest.raises(ValueError, match=r"torchtitan stores a tensor 'model\.layers\.1\.self_attn\.q_proj\.weight' that "
+                                         r"the spec \(LlamaForCausalLM\) does not have"):
+        modelinit.init_module_(model, seed=SEED, spec={**HF, "num_hidden_layers": 1})
+    with pytest.raises(ValueError, match=r"^spec: Linear is not a model of a training stack"):
+        modelinit.init_module_(torch.nn.Linear(4, 4), seed=SEED, spec=HF)

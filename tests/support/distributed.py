@@ -1,0 +1,37 @@
+"""What the sharded-model tests share: the collectives a filling rank must never call, refused
+while ``init_module_`` runs (:func:`no_collectives`), and the byte comparison of tensors."""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+#: torch.distributed's communicating calls.
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
+               "scatter", "barrier", "send", "recv", "all_to_all", "all_to_all_single")
+
+
+@contextlib.contextmanager
+def no_collectives() -> Iterator[None]:
+    """While inside, any collective of torch.distributed raises (init_module_ must not communicate)."""
+    import torch.distributed as d
+
+    saved = {n: getattr(d, n) for n in COLLECTIVES if hasattr(d, n)}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("init_module_ must not communicate")
+
+    for n in saved:
+        setattr(d, n, refuse)
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(d, n, f)
+
+
+def same_bytes(a, b) -> bool:
+    """Same dtype, shape and bytes (NaN payloads included)."""
+    import torch
+
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))

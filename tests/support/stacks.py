@@ -1,0 +1,52 @@
+"""The training stacks ``init_module_`` maps (torchtitan), installed by the tests themselves.
+
+torchtitan's distribution asks for its whole training environment (datasets, wandb, tensorboard),
+and datasets caps fsspec below what s3fs here needs, so the ``test`` extra cannot hold it. What
+importing its models and state-dict adapters needs is small: the extra holds ``tyro`` and
+``spmd_types``, and :func:`torchtitan` installs the pinned torchtitan itself, without its
+dependencies, into ``tests/.stacks`` (once, under a file lock) and puts it on the path: the
+subprocesses of distributed tests inherit it (``PYTHONPATH``). It skips only when pip cannot
+reach a package index and no copy is there.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+TORCHTITAN = "torchtitan==0.3.0"
+"""The release the tests run against (what docs/training.md names)."""
+HERE = pathlib.Path(__file__).resolve().parents[1] / ".stacks"
+
+
+def _on_path() -> None:
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+def install_torchtitan():
+    """The torchtitan module, installed into tests/.stacks first when it is not importable."""
+    try:
+        import torchtitan  # noqa: F401 - installed by the caller's environment
+        return sys.modules["torchtitan"]
+    except ImportError:
+        pass
+    pytest.importorskip("triton", reason="torchtitan imports triton (the test extra holds it on Linux)")
+    pytest.importorskip("tyro", reason="torchtitan's config imports tyro (the test extra holds it)")
+    HERE.mkdir(exist_ok=True)
+    with open(HERE / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be installing it: wait for it
+        if not (HERE / "torchtitan").is_dir():
+            done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(HERE),
+                                   TORCHTITAN], capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                pytest.skip(f"cannot install {TORCHTITAN}: {(done.stdout + done.stderr)[-500:]}")
+    _on_path()
+    import torchtitan
+
+    return torchtitan
