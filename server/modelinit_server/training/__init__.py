@@ -44,7 +44,7 @@ from .fill import Filler
 from .hf_layout import hf_model, hf_spec
 from .modules import TORCH_DTYPES, dtype_name, module_tensors, refuse_sharded_fsdp1, strip_wrappers, unwrap
 from .plain import plain_spec
-from .torchtitan_layout import is_torchtitan_model, torchtitan_spec
+from .torchtitan_layout import init_stack_buffers, is_torchtitan_model, torchtitan_spec
 
 __all__ = ["InitSummary", "dtensor_index_sets", "init_module_", "strip_wrappers", "unwrap"]
 
@@ -72,6 +72,10 @@ class InitSummary:
     missing: int = 0
     """Stored tensors of the architecture this module does not hold (``partial=True``: a pipeline
     stage's other stages hold them)."""
+    stack_buffers: tuple[str, ...] = ()
+    """Persistent buffers a training stack's own code initialized, which are not weights and draw
+    nothing (torchtitan: an MoE's load-balancing bias); its non-persistent ones (RoPE tables, token
+    counters) were initialized the same way."""
 
 
 def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = None,
@@ -97,6 +101,7 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     import torch
 
     version = ALGORITHM_VERSION if algorithm_version in (None, 0) else algorithm_version
+    titan = is_torchtitan_model(module)
     if dtype is not None and dtype not in TORCH_DTYPES:
         raise ValueError(f"dtype: {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
     refuse_sharded_fsdp1(module)
@@ -106,6 +111,14 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
         raise ValueError("module: it has no parameters or persistent buffers to fill")
     core_policy = _core_policy(policy)
 
+    stack_buffers: tuple[str, ...] = ()
+    if titan and spec is None:
+        raise ValueError("spec: a torchtitan model is filled with the bytes of the Hugging Face model it corresponds to; "
+                         "give its config: init_module_(model, spec='llama-3-8b' (a preset), a config.json path or a dict, ...)")
+    if titan:  # its buffers are its own runtime state, not weights: its own code sets them
+        stack_buffers = init_stack_buffers(getattr(module, "_orig_mod", module))
+        own = set(stack_buffers)
+        named = [x for x in named if x[0] not in own]
     skipped = tuple(n for n, _, t in named if not t.is_floating_point())
     real = {n: r for n, r, _ in named}
     named = [(n, t) for n, _, t in named if t.is_floating_point()]
@@ -122,10 +135,7 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
 
     shapes = {n: tuple(t.shape) for n, t in named}
     hf = hf_model(module)
-    if is_torchtitan_model(module):
-        if spec is None:
-            raise ValueError("spec: a torchtitan model is filled with the bytes of the Hugging Face model it corresponds to; "
-                             "give its config: init_module_(model, spec='llama-3-8b' (a preset), a config.json path or a dict, ...)")
+    if titan:
         model_spec, pieces, missing = torchtitan_spec(getattr(module, "_orig_mod", module), spec_of(spec), shapes, partial)
     elif spec is not None:
         raise ValueError(f"spec: {type(module).__name__} is not a model of a training stack modelinit maps (torchtitan); "
@@ -162,7 +172,8 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
         fp = plans[dtypes[0]][2]
     else:
         fp = hashlib.sha256(",".join(f"{d}:{plans[d][2]}" for d in dtypes).encode()).hexdigest()
-    return InitSummary(count, elements, total, fp, version, tuple(dtypes), model_spec.architecture, skipped, missing)
+    return InitSummary(count, elements, total, fp, version, tuple(dtypes), model_spec.architecture, skipped, missing,
+                       stack_buffers)
 
 
 def spec_of(spec: Any) -> ModelSpec:

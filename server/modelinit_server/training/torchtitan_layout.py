@@ -45,6 +45,32 @@ def is_torchtitan_model(module) -> bool:
     return any(c.__module__.startswith("torchtitan.models.") for c in type(inner).__mro__)
 
 
+def init_stack_buffers(model) -> tuple[str, ...]:
+    """torchtitan's own init of its buffers, which are not weights and draw nothing (RoPE tables,
+    an MoE's load-balancing bias and token counters): each module's ``_init_self_buffers`` on the
+    device its buffers are on, as ``init_states`` runs it, without its parameters' init. The
+    persistent ones' names. A DTensor buffer (re-distributing it would communicate) is refused."""
+    from torch.distributed.tensor import DTensor
+    from torchtitan.protocols.module import Module
+
+    persistent: list[str] = []
+    for prefix, m in model.named_modules():
+        if not isinstance(m, Module) or type(m)._init_self_buffers is Module._init_self_buffers:
+            continue
+        buffers = {n: b for n, b in m._buffers.items() if b is not None}
+        for n, b in buffers.items():
+            if isinstance(b, DTensor):
+                raise ValueError(f"module: {prefix}.{n} is a DTensor buffer; call the model's init_states() first, "
+                                 "then init_module_ (it overwrites the parameters only)")
+        if not buffers:
+            continue
+        with m._preserve_buffer_spmd_types():
+            m._init_self_buffers(buffer_device=next(iter(buffers.values())).device)
+        persistent += [f"{prefix}.{n}" if prefix else n for n in m._buffers if n not in m._non_persistent_buffers_set
+                       and m._buffers[n] is not None]
+    return tuple(persistent)
+
+
 def _adapter(model) -> Any:
     """torchtitan's ``StateDictAdapter`` for ``model``'s family (``torchtitan.models.<family>``)."""
     from torchtitan.protocols.state_dict_adapter import StateDictAdapter
@@ -97,7 +123,10 @@ def torchtitan_spec(model, spec: ModelSpec, shapes: dict[str, tuple[int, ...]],
     (``partial``: a pipeline stage; otherwise any is refused)."""
     adapter = _adapter(model)
     twin = _twin(model)
-    params = dict(twin.named_parameters())
+    params = dict(twin.named_parameters(remove_duplicate=False))  # tied ones under each name
+    aliases: dict[int, list[str]] = {}
+    for n, p in params.items():
+        aliases.setdefault(id(p), []).append(n)
     for name, shape in shapes.items():
         if name not in params:
             raise ValueError(f"module: {name!r} is not a parameter of {type(model).__name__} built from its config")
@@ -130,8 +159,9 @@ def torchtitan_spec(model, spec: ModelSpec, shapes: dict[str, tuple[int, ...]],
     covered: dict[str, int] = {}
     for hf_name, (src, box) in located.items():
         covered[hf_name] = covered.get(hf_name, 0) + 1
-        if src in pieces:
-            pieces[src].append((by_name[hf_name], *box))
+        for name in aliases[id(params[src])]:  # a tied parameter takes its bytes under each of its names
+            if name in pieces:
+                pieces[name].append((by_name[hf_name], *box))
     missing = [t.name for t in spec.tensors if t.name not in covered]
     if missing:
         raise ValueError(f"module: the spec's {missing[0]!r} (and {len(missing) - 1} more) is in no parameter of "
@@ -141,7 +171,7 @@ def torchtitan_spec(model, spec: ModelSpec, shapes: dict[str, tuple[int, ...]],
     unfilled = [n for n, ps in pieces.items() if sum(math.prod(p[4]) for p in ps) != math.prod(shapes[n])]
     if unfilled:
         raise ValueError(f"module: {unfilled[0]!r} is not wholly made of the spec's tensors; this layout is not supported")
-    held = {by_name[h] for h, (src, _) in located.items() if src in shapes}
+    held = {by_name[h] for h, (src, _) in located.items() if any(n in shapes for n in aliases[id(params[src])])}
     lacking = len(spec.tensors) - len(held)
     if lacking and not partial:
         absent = next(t.name for i, t in enumerate(spec.tensors) if i not in held)

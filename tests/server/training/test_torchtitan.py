@@ -1,4 +1,4 @@
-"""``init_module_`` on a torchtitan model (issue 33, first step: Llama 3): filled in place with the
+"""``init_module_`` on a torchtitan model (issue 33, first step: Llama 3, Qwen3 dense and MoE): filled in place with the
 bytes of the Hugging Face folder ``modelinit init`` writes for the config it corresponds to, at
 every layout, without communicating.
 
@@ -83,6 +83,54 @@ def _dtype_of(model, dtype: str):
     return model.to(getattr(torch, dtype)) if dtype != "float32" else model
 
 
+#: Qwen3 dense (tied embeddings, q/k norms, head_dim 128 over a 256 model) and MoE (GroupedExperts' stacked
+#: w1_EFD/w2_EDF/w3_EFD, a router), torchtitan's debug flavors cut to 2 layers.
+QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 256, "head_dim": 128,
+         "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 8, "intermediate_size": 3072,
+         "vocab_size": 2048, "tie_word_embeddings": True, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6}
+QWEN3_MOE = {**QWEN3, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "tie_word_embeddings": False,
+             "intermediate_size": 768, "moe_intermediate_size": 768, "num_experts": 64, "num_experts_per_tok": 8,
+             "decoder_sparse_step": 1, "mlp_only_layers": []}
+
+
+def _qwen3(flavor: str):
+    import dataclasses
+
+    from torchtitan.models.qwen3 import model_registry
+
+    config = model_registry(flavor, attn_backend="flex").model
+    config = dataclasses.replace(config, layers=config.layers[:2])
+    with torch.device("meta"):
+        return config.build()
+
+
+def _loaded(model_meta, files: dict):
+    """``files`` (a Hugging Face state dict) as torchtitan loads them into a model like ``model_meta``."""
+    from modelinit_server.training.torchtitan_layout import _adapter
+
+    model = model_meta.to_empty(device="cpu")
+    model.load_state_dict(_adapter(model).from_hf(files), strict=False)  # the MoE's expert bias is not in the files
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("flavor, hf", [("debugmodel", QWEN3), ("debugmodel_moe", QWEN3_MOE)], ids=["qwen3", "qwen3-moe"])
+def test_qwen3_dense_and_moe_equal_their_folders(tmp_path, flavor, hf):
+    model = _qwen3(flavor).to_empty(device="cpu")
+    summary = modelinit.init_module_(model, seed=SEED, spec=hf)
+    out = tmp_path / "hf"
+    with modelinit.Client() as c:
+        c.init_model(hf, seed=SEED, out_dir=out)
+    files = {}
+    for f in out.glob("*.safetensors"):
+        files.update(safetensors_torch.load_file(f))
+    ref = _loaded(_qwen3(flavor), files)
+    got = dict(model.named_parameters())
+    assert [n for n in ref if not same_bytes(got[n].detach(), ref[n])] == []
+    if flavor == "debugmodel_moe":  # torchtitan's own runtime state, set by its own code: zeros
+        assert summary.stack_buffers == ("layers.0.moe.expert_bias_E", "layers.1.moe.expert_bias_E")
+        assert all(not b.any() for n, b in model.named_buffers() if "expert" in n)
+
+
 @pytest.mark.parametrize("dtype, policy", [("float32", None), ("bfloat16", None), ("float32", "torchtitan-llama3")])
 def test_one_device_equals_the_hugging_face_folder_as_torchtitan_loads_it(tmp_path, dtype, policy):
     model = _dtype_of(_meta_model().to_empty(device="cpu"), dtype)
@@ -93,6 +141,9 @@ def test_one_device_equals_the_hugging_face_folder_as_torchtitan_loads_it(tmp_pa
     assert [n for n in ref if not same_bytes(got[n].detach(), ref[n])] == []
     assert summary.architecture == "LlamaForCausalLM" and summary.missing == 0
     assert summary.global_elements == sum(p.numel() for p in got.values())
+    # The RoPE tables (buffers, not weights) are torchtitan's own, as its init_states computes them.
+    fresh = _config().build()  # computed by torchtitan, in its dtypes (complex RoPE tables stay complex)
+    assert all(torch.equal(b, dict(fresh.named_buffers())[n]) for n, b in model.named_buffers())
 
 
 def _build(layout: str, world: int):
