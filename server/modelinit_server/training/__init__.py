@@ -115,10 +115,8 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     if titan and spec is None:
         raise ValueError("spec: a torchtitan model is filled with the bytes of the Hugging Face model it corresponds to; "
                          "give its config: init_module_(model, spec='llama-3-8b' (a preset), a config.json path or a dict, ...)")
-    if titan:  # its buffers are its own runtime state, not weights: its own code sets them
+    if titan:  # its buffers are its own code's (those the Hugging Face layout stores are then filled as weights)
         stack_buffers = init_stack_buffers(getattr(module, "_orig_mod", module))
-        own = set(stack_buffers)
-        named = [x for x in named if x[0] not in own]
     skipped = tuple(n for n, _, t in named if not t.is_floating_point())
     real = {n: r for n, r, _ in named}
     named = [(n, t) for n, _, t in named if t.is_floating_point()]
@@ -137,6 +135,8 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     hf = hf_model(module)
     if titan:
         model_spec, pieces, missing = torchtitan_spec(getattr(module, "_orig_mod", module), spec_of(spec), shapes, partial)
+        named = [(n, t) for n, t in named if pieces[n]]  # the stack's own buffers are set already
+        stack_buffers = tuple(n for n in stack_buffers if not pieces.get(n))
     elif spec is not None:
         raise ValueError(f"spec: {type(module).__name__} is not a model of a training stack modelinit maps (torchtitan); "
                          "a transformers model carries its own config, any other module is its own spec: leave spec unset")

@@ -116,14 +116,30 @@ def _in_layer(name: str, layer: str, other: str) -> str:
     return _LAYER.sub(lambda m: f"layers.{other}." if m.group(1) == layer else m.group(0), name, count=1)
 
 
+def _buffers_of(twin, name: str) -> dict:
+    owner = name.rpartition(".")[0]
+    return (twin.get_submodule(owner) if owner else twin)._buffers
+
+
+def _slots(twin, name: str) -> tuple[dict, str]:
+    """The dict of ``name``'s module that holds it (its parameters or its buffers), and its leaf name."""
+    owner, _, leaf = name.rpartition(".")
+    module = twin.get_submodule(owner) if owner else twin
+    return (module._parameters if leaf in module._parameters else module._buffers), leaf
+
+
 def torchtitan_spec(model, spec: ModelSpec, shapes: dict[str, tuple[int, ...]],
                     partial: bool = False) -> tuple[ModelSpec, dict[str, list[Piece]], int]:
     """Where each of ``model``'s tensors (``shapes``: name -> the global shape it holds) gets its
     bytes from, as pieces of ``spec``'s tensors, and how many of the spec's tensors the model lacks
-    (``partial``: a pipeline stage; otherwise any is refused)."""
+    (``partial``: a pipeline stage; otherwise any is refused). A persistent buffer the Hugging Face
+    layout leaves out gets no pieces: it is the stack's own state (:func:`init_stack_buffers`)."""
     adapter = _adapter(model)
     twin = _twin(model)
     params = dict(twin.named_parameters(remove_duplicate=False))  # tied ones under each name
+    buffers = {n: b for n, b in twin.named_buffers() if n.rpartition(".")[2] not in
+               twin.get_submodule(n.rpartition(".")[0])._non_persistent_buffers_set}
+    params.update(buffers)  # a persistent buffer the Hugging Face layout stores (DeepSeek-V3's expert bias) is a weight
     aliases: dict[int, list[str]] = {}
     for n, p in params.items():
         aliases.setdefault(id(p), []).append(n)
@@ -168,7 +184,8 @@ def torchtitan_spec(model, spec: ModelSpec, shapes: dict[str, tuple[int, ...]],
                          f"{type(model).__name__}: the model does not match the spec" if len(missing) > 1 else
                          f"module: the spec's {missing[0]!r} is in no parameter of {type(model).__name__}: the model "
                          "does not match the spec")
-    unfilled = [n for n, ps in pieces.items() if sum(math.prod(p[4]) for p in ps) != math.prod(shapes[n])]
+    unfilled = [n for n, ps in pieces.items() if sum(math.prod(p[4]) for p in ps) != math.prod(shapes[n])
+                and not (n in buffers and not ps)]  # a buffer to_hf leaves out is the stack's own state
     if unfilled:
         raise ValueError(f"module: {unfilled[0]!r} is not wholly made of the spec's tensors; this layout is not supported")
     held = {by_name[h] for h, (src, _) in located.items() if any(n in shapes for n in aliases[id(params[src])])}
@@ -206,17 +223,16 @@ def _probe_copies(twin, adapter, params: dict[str, Any], copies: list[str], loca
         saved = {}
         try:
             for n, o, size in zip(names, offsets, sizes):
-                owner, _, leaf = n.rpartition(".")
-                module = twin.get_submodule(owner) if owner else twin
-                saved[n] = module._parameters[leaf]
+                slots, leaf = _slots(twin, n)
+                saved[n] = slots[leaf]
                 probe = torch.arange(int(o), int(o) + size, dtype=torch.int64).view(tuple(params[n].shape))
-                module._parameters[leaf] = torch.nn.Parameter(probe, requires_grad=False)
+                slots[leaf] = torch.nn.Parameter(probe, requires_grad=False) if slots is not _buffers_of(twin, n) else probe
             with torch.no_grad():
                 probed = _to_hf(twin, adapter)
         finally:
             for n, p in saved.items():
-                owner, _, leaf = n.rpartition(".")
-                (twin.get_submodule(owner) if owner else twin)._parameters[leaf] = p
+                slots, leaf = _slots(twin, n)
+                slots[leaf] = p
         for hf_name, t in probed.items():
             if hf_name not in copies or t.device.type == "meta":
                 continue

@@ -1,6 +1,6 @@
-"""``init_module_`` on a torchtitan model (issue 33, first step: Llama 3, Qwen3 dense and MoE): filled in place with the
-bytes of the Hugging Face folder ``modelinit init`` writes for the config it corresponds to, at
-every layout, without communicating.
+"""``init_module_`` on a torchtitan model (issue 33, first step: Llama 3, Qwen3 dense and MoE,
+DeepSeek-V3): filled in place with the bytes of the Hugging Face folder ``modelinit init`` writes
+for the config it corresponds to, at every layout, without communicating.
 
 The reference is that folder read back through torchtitan's own ``StateDictAdapter.from_hf`` (q/k
 rows permuted for RoPE) and the model's own load hook (``wq``/``wk``/``wv`` fused into ``wqkv``,
@@ -92,14 +92,29 @@ QWEN3_MOE = {**QWEN3, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForC
              "intermediate_size": 768, "moe_intermediate_size": 768, "num_experts": 64, "num_experts_per_tok": 8,
              "decoder_sparse_step": 1, "mlp_only_layers": []}
 
+#: DeepSeek-V3's debug flavor cut to 3 layers: MLA (kv_lora_rank 512, no q LoRA), a dense first layer, then MoE
+#: layers with 2 shared experts and a router whose bias the Hugging Face layout stores (e_score_correction_bias).
+DEEPSEEK_V3 = {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 256,
+               "num_hidden_layers": 3, "num_attention_heads": 16, "num_key_value_heads": 16, "q_lora_rank": None,
+               "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+               "intermediate_size": 1024, "moe_intermediate_size": 256, "n_routed_experts": 8, "n_shared_experts": 2,
+               "num_experts_per_tok": 3, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "vocab_size": 2048,
+               "tie_word_embeddings": False, "max_position_embeddings": 16384, "rms_norm_eps": 1e-5}
+
 
 def _qwen3(flavor: str):
     import dataclasses
 
-    from torchtitan.models.qwen3 import model_registry
+    if flavor == "deepseek_v3":
+        from torchtitan.models.deepseek_v3 import model_registry
 
-    config = model_registry(flavor, attn_backend="flex").model
-    config = dataclasses.replace(config, layers=config.layers[:2])
+        config = model_registry("debugmodel", attn_backend="flex").model
+        config = dataclasses.replace(config, layers=config.layers[:3])
+    else:
+        from torchtitan.models.qwen3 import model_registry
+
+        config = model_registry(flavor, attn_backend="flex").model
+        config = dataclasses.replace(config, layers=config.layers[:2])
     with torch.device("meta"):
         return config.build()
 
@@ -113,8 +128,9 @@ def _loaded(model_meta, files: dict):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("flavor, hf", [("debugmodel", QWEN3), ("debugmodel_moe", QWEN3_MOE)], ids=["qwen3", "qwen3-moe"])
-def test_qwen3_dense_and_moe_equal_their_folders(tmp_path, flavor, hf):
+@pytest.mark.parametrize("flavor, hf", [("debugmodel", QWEN3), ("debugmodel_moe", QWEN3_MOE), ("deepseek_v3", DEEPSEEK_V3)],
+                         ids=["qwen3", "qwen3-moe", "deepseek-v3"])
+def test_qwen3_and_deepseek_v3_equal_their_folders(tmp_path, flavor, hf):
     model = _qwen3(flavor).to_empty(device="cpu")
     summary = modelinit.init_module_(model, seed=SEED, spec=hf)
     out = tmp_path / "hf"
@@ -129,6 +145,8 @@ def test_qwen3_dense_and_moe_equal_their_folders(tmp_path, flavor, hf):
     if flavor == "debugmodel_moe":  # torchtitan's own runtime state, set by its own code: zeros
         assert summary.stack_buffers == ("layers.0.moe.expert_bias_E", "layers.1.moe.expert_bias_E")
         assert all(not b.any() for n, b in model.named_buffers() if "expert" in n)
+    if flavor == "deepseek_v3":  # its router bias is in the Hugging Face layout: filled as a weight, not the stack's
+        assert summary.stack_buffers == ()
 
 
 @pytest.mark.parametrize("dtype, policy", [("float32", None), ("bfloat16", None), ("float32", "torchtitan-llama3")])
