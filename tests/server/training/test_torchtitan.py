@@ -182,6 +182,18 @@ def _build(layout: str, world: int):
         mesh = init_device_mesh("cpu", (world,))
         for layer in model.layers.values():
             parallelize_module(layer, mesh, tp_plan)
+    elif layout == "titan_fsdp":  # torchtitan's own parallelize function, as its trainer calls it
+        import torchtitan.distributed.parallel_dims as parallel_dims
+        from torchtitan.config.configs import CompileConfig, ParallelismConfig, TrainingConfig
+        from torchtitan.models.llama3 import parallelize_llama
+
+        parallel_dims.device_type = "cpu"  # it takes the machine's accelerator otherwise
+        # partial_dtensor: the default backend (spmd_types) and full_dtensor refuse this model on CPU under
+        # torch 2.13 ("all parameters must be DTensors on the full SPMD mesh"), before any init; with
+        # partial_dtensor, tensor_parallel_degree=2 left every parameter whole (no TP applied) here
+        par = ParallelismConfig(data_parallel_shard_degree=-1, spmd_backend="partial_dtensor")
+        parallelize_llama(model, parallel_dims=parallel_dims.ParallelDims.from_config(par, world), training=TrainingConfig(),
+                          parallelism=par, compile_config=CompileConfig(), ac_config=None, dump_folder="")
     elif layout == "fsdp_tp":
         mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
         for layer in model.layers.values():
@@ -202,7 +214,7 @@ def _worker(rank: int, world: int, init_file: str, layouts: list, ref_path: str)
             model = _build(layout, world)
             with no_collectives():
                 summary = modelinit.init_module_(model, seed=SEED, spec=HF)
-            assert summary.elements < summary.global_elements  # each rank wrote its shards only
+            assert summary.elements < summary.global_elements, (layout, summary)  # each rank wrote its shards only
             params = dict(model.named_parameters())
             assert any(isinstance(p, DTensor) for p in params.values())
             if layout == "fsdp_tp":
@@ -225,10 +237,12 @@ def _spawn(world: int, layouts: list, ref_path: str, tmp_path: pathlib.Path) -> 
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo is not available")
-@pytest.mark.parametrize("world, layouts", [(2, ["fsdp", "tp"]), (4, ["fsdp_tp"])], ids=["2-ranks", "2x2-mesh"])
+@pytest.mark.parametrize("world, layouts", [(2, ["fsdp", "tp", "titan_fsdp"]), (4, ["fsdp_tp"])],
+                         ids=["2-ranks", "2x2-mesh"])
 def test_sharded_layouts_equal_one_device(tmp_path, world, layouts):
-    """FSDP2 and TP over 2 ranks (wqkv's rows, grouped per KV head, split between them), FSDP x TP on
-    a 2x2 mesh (``_StridedShard``): the gathered parameters are the one-device bytes."""
+    """FSDP2 and TP over 2 ranks (wqkv's rows, grouped per KV head, split between them), FSDP2
+    through torchtitan's own ``parallelize_llama``, FSDP x TP on a 2x2 mesh (``_StridedShard``): the
+    gathered parameters are the one-device bytes."""
     ref_path = str(tmp_path / "ref.pt")
     torch.save(_reference(tmp_path, "float32"), ref_path)
     _spawn(world, layouts, ref_path, tmp_path)
