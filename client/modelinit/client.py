@@ -33,7 +33,7 @@ from .manifest import (  # noqa: F401 - MANIFEST_FILE, PROGRESS_FILE, check_file
     plan_differences,
     read_manifest,
 )
-from .parts import Part, parse_part, part_files, small_files
+from .parts import Part, parse_part, part_files
 from .progress_bar import progress_bar
 from .remote import RETRYABLE, RemoteSource, RetryPolicy, connect_failure, split_targets  # noqa: F401 - also the client's API
 from .request import PolicyArg, RequestOptions, Spec, model_policy, model_request, model_spec  # noqa: F401 - also the client's API
@@ -369,7 +369,7 @@ class Client:
                                  algorithm_version=algorithm_version, architecture=architecture).request(spec)
         plan = full_plan(self.source, request)
         check_plan_names(plan)  # before anything is written
-        from .destination import read_files
+        from .destination import read_small_files
 
         failed = True
         try:
@@ -390,7 +390,7 @@ class Client:
             finally:
                 bar(None)
             # A part hands the index and config.json to the one that finalizes; a whole run wrote them.
-            small = [] if share.whole else read_files(self.source.events(request, plan, small_files(plan)), plan, small_files(plan))
+            small = [] if share.whole else read_small_files(self.source, request, plan)
             try:
                 done = dest.finish(plan, share, small)
             except ModelInitError as e:  # the shards are in, the checkpoint is not: say both
@@ -418,12 +418,12 @@ class Client:
         fingerprint must match). ``complete`` is False while a part is missing (nothing written)."""
         prefix = open_prefix(url, "url")
         from .bucket_writer import PrefixWriter, recorded_request
-        from .destination import read_files
+        from .destination import read_small_files
 
         request, count = recorded_request(prefix)
         plan = full_plan(self.source, request)
         check_plan_names(plan)
-        small = read_files(self.source.events(request, plan, small_files(plan)), plan, small_files(plan))
+        small = read_small_files(self.source, request, plan)
         writer = PrefixWriter(prefix)
         done = writer.finish(plan, Part(0, count), small)
         return InitResult(writer.where, plan.fingerprint, tuple(done.files or ()), plan.total_params, plan.total_bytes,

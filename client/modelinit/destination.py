@@ -25,8 +25,8 @@ from modelinit_wire.events import Begin, Data
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .manifest import FileResult
-from .parts import Part
-from .source import Events
+from .parts import Part, small_files
+from .source import Events, Source
 from .stream import StreamCheck
 
 
@@ -80,14 +80,16 @@ class Destination(Protocol):
         ...
 
 
-def read_files(source: Events, plan: pb.PlanResponse, indices: list[int]) -> list[tuple[FileResult, bytes]]:
-    """The files ``indices`` of ``source``'s stream whole in memory (small ones: the index,
-    config.json, handed to :meth:`Destination.finish`), each checked (order, size, SHA-256). Closes ``source``."""
+def read_small_files(source: Source, request: pb.ModelRequest, plan: pb.PlanResponse) -> list[tuple[FileResult, bytes]]:
+    """The plan's files that are not shards (the index, config.json) whole in memory, each checked
+    (order, size, SHA-256): what a part hands to :meth:`Destination.finish`."""
+    indices = small_files(plan)
+    events = source.events(request, plan, indices)
     check = StreamCheck(plan, indices)
     out: list[tuple[FileResult, bytes]] = []
     buf = bytearray()
     try:
-        for event in source:
+        for event in events:
             if isinstance(event, Begin):
                 check.begin(event)
                 buf = bytearray()
@@ -98,6 +100,6 @@ def read_files(source: Events, plan: pb.PlanResponse, indices: list[int]) -> lis
             else:
                 out.append((check.end(event), bytes(buf)))
     finally:
-        source.close()
+        events.close()
     check.finish()
     return out

@@ -19,7 +19,6 @@ OS errors become one ModelInitError naming the folder (:func:`~modelinit.local_i
 """
 from __future__ import annotations
 
-import errno
 import os
 import pathlib
 from typing import Any, Iterable, Iterator
@@ -159,6 +158,5 @@ class LocalPrefix:
             except FileNotFoundError:
                 pass
             except OSError as e:
-                if e.errno != errno.ENOENT:
-                    raise os_error(e, self.folder, name) from e
+                raise os_error(e, self.folder, name) from e
         return removed

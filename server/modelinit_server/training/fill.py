@@ -111,15 +111,7 @@ class Filler:
         self._runs(flat, disk_shape, krel, sampler, key, dtype)
         if direct:
             return
-        # disk order -> module order: drop unit disk dims, permute, add the module's unit dims
-        mapped = [(d, k) for k, d in enumerate(disk_to_src) if d >= 0]
-        vals = buf.reshape([sizes[k] for _, k in mapped]) if mapped else buf.reshape([])
-        order = sorted(range(len(mapped)), key=lambda i: mapped[i][0])
-        vals = vals.permute(order) if mapped else vals
-        shape = [1] * ndim
-        for d, k in mapped:
-            shape[d] = sizes[k]
-        vals = vals.reshape(shape)
+        vals = _in_module_order(buf, sizes, disk_to_src, ndim)
         if all(p is None or _is_range(p) for p in pos):
             index = tuple(slice(None) if p is None else slice(int(p[0]), int(p[-1]) + 1) for p in pos)
             local[index] = vals
@@ -162,16 +154,9 @@ class Filler:
         sizes = [len(x) for x in krel]
         buf = torch.empty(sizes, dtype=local.dtype, device=local.device)
         self._runs(buf.reshape(-1).view(torch.uint8), disk_shape, krel, sampler, key, dtype)
-        mapped = [(d, k) for k, d in enumerate(disk_to_src) if d >= 0]
-        vals = buf.reshape([sizes[k] for _, k in mapped]) if mapped else buf.reshape([])
-        if mapped:
-            vals = vals.permute(sorted(range(len(mapped)), key=lambda i: mapped[i][0]))
-        shape = [1] * ndim
-        for d, k in mapped:
-            shape[d] = sizes[k]
         index = tuple(torch.from_numpy(p).to(local.device).view([-1 if j == d else 1 for j in range(ndim)])
                       for d, p in enumerate(pos))
-        local[index] = vals.reshape(shape)
+        local[index] = _in_module_order(buf, sizes, disk_to_src, ndim)
 
     def _runs(self, flat_u8, disk_shape, krel, sampler, key, dtype: str) -> None:
         """Generate the product of ``krel`` (per disk dim: indices, None for all) in row-major
@@ -182,6 +167,19 @@ class Filler:
             n = int(counts.sum()) * item
             self._gen_runs(flat_u8[pos:pos + n], sampler, key, starts, counts, dtype)
             pos += n
+
+
+def _in_module_order(buf, sizes: list[int], disk_to_src: tuple[int, ...], ndim: int):
+    """Generated values (``sizes`` per disk dim, disk order) as the module tensor's dims hold them:
+    unit disk dims dropped, the others permuted into module order, the module's unit dims added."""
+    mapped = [(d, k) for k, d in enumerate(disk_to_src) if d >= 0]
+    vals = buf.reshape([sizes[k] for _, k in mapped]) if mapped else buf.reshape([])
+    if mapped:
+        vals = vals.permute(sorted(range(len(mapped)), key=lambda i: mapped[i][0]))
+    shape = [1] * ndim
+    for d, k in mapped:
+        shape[d] = sizes[k]
+    return vals.reshape(shape)
 
 
 def _is_range(p: np.ndarray) -> bool:

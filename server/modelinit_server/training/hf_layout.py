@@ -22,10 +22,8 @@ import numpy as np
 
 from ..core.tensors import ModelSpec
 from .fill import Box, Piece
-from .probes import all_views, pair_box, view_box
+from .probes import MAX_PROBE_ELEMENTS, all_views, pair_box, view_box
 
-#: The probe that locates a fused parameter's pieces holds one int64 per element; refuse beyond this.
-MAX_PROBE_ELEMENTS = 2**28
 
 
 def hf_model(module):

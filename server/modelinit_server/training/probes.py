@@ -19,6 +19,9 @@ import numpy as np
 
 from .fill import Box
 
+#: An index probe holds one int64 per element; locating refuses more than this at once (2 GiB).
+MAX_PROBE_ELEMENTS = 2**28
+
 
 def all_views(outputs: dict[str, Any], probe) -> bool:
     return all(t is probe or t._base is probe for t in outputs.values())

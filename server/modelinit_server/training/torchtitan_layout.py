@@ -32,10 +32,8 @@ import numpy as np
 
 from ..core.tensors import ModelSpec
 from .fill import Box, Piece
-from .probes import indexed_box, view_box
+from .probes import MAX_PROBE_ELEMENTS, indexed_box, view_box
 
-#: The index probes of one layer's copied parameters hold one int64 per element; refuse beyond this.
-MAX_PROBE_ELEMENTS = 2**28
 _LAYER = re.compile(r"(?<![A-Za-z0-9_])layers\.(\d+)\.")
 
 
@@ -116,16 +114,13 @@ def _in_layer(name: str, layer: str, other: str) -> str:
     return _LAYER.sub(lambda m: f"layers.{other}." if m.group(1) == layer else m.group(0), name, count=1)
 
 
-def _buffers_of(twin, name: str) -> dict:
-    owner = name.rpartition(".")[0]
-    return (twin.get_submodule(owner) if owner else twin)._buffers
-
-
-def _slots(twin, name: str) -> tuple[dict, str]:
-    """The dict of ``name``'s module that holds it (its parameters or its buffers), and its leaf name."""
+def _slots(twin, name: str) -> tuple[dict, str, bool]:
+    """The dict of ``name``'s module that holds it (its parameters or its buffers), its leaf name,
+    and whether it is a parameter."""
     owner, _, leaf = name.rpartition(".")
     module = twin.get_submodule(owner) if owner else twin
-    return (module._parameters if leaf in module._parameters else module._buffers), leaf
+    is_param = leaf in module._parameters
+    return (module._parameters if is_param else module._buffers), leaf, is_param
 
 
 def torchtitan_spec(model, spec: ModelSpec, shapes: dict[str, tuple[int, ...]],
@@ -180,10 +175,9 @@ def torchtitan_spec(model, spec: ModelSpec, shapes: dict[str, tuple[int, ...]],
                 pieces[name].append((by_name[hf_name], *box))
     missing = [t.name for t in spec.tensors if t.name not in covered]
     if missing:
-        raise ValueError(f"module: the spec's {missing[0]!r} (and {len(missing) - 1} more) is in no parameter of "
-                         f"{type(model).__name__}: the model does not match the spec" if len(missing) > 1 else
-                         f"module: the spec's {missing[0]!r} is in no parameter of {type(model).__name__}: the model "
-                         "does not match the spec")
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ValueError(f"module: the spec's {missing[0]!r}{more} is in no parameter of {type(model).__name__}: "
+                         "the model does not match the spec")
     unfilled = [n for n, ps in pieces.items() if sum(math.prod(p[4]) for p in ps) != math.prod(shapes[n])
                 and not (n in buffers and not ps)]  # a buffer to_hf leaves out is the stack's own state
     if unfilled:
@@ -223,15 +217,15 @@ def _probe_copies(twin, adapter, params: dict[str, Any], copies: list[str], loca
         saved = {}
         try:
             for n, o, size in zip(names, offsets, sizes):
-                slots, leaf = _slots(twin, n)
+                slots, leaf, is_param = _slots(twin, n)
                 saved[n] = slots[leaf]
                 probe = torch.arange(int(o), int(o) + size, dtype=torch.int64).view(tuple(params[n].shape))
-                slots[leaf] = torch.nn.Parameter(probe, requires_grad=False) if slots is not _buffers_of(twin, n) else probe
+                slots[leaf] = torch.nn.Parameter(probe, requires_grad=False) if is_param else probe
             with torch.no_grad():
                 probed = _to_hf(twin, adapter)
         finally:
             for n, p in saved.items():
-                slots, leaf = _slots(twin, n)
+                slots, leaf, _ = _slots(twin, n)
                 slots[leaf] = p
         for hf_name, t in probed.items():
             if hf_name not in copies or t.device.type == "meta":
