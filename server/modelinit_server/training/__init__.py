@@ -21,6 +21,7 @@ The package, top to bottom (pyproject.toml's ``server-training-layers`` contract
     __init__     init_module_ and InitSummary: the policy, the plan (``core.planner.resolve_request``), the loop
     hf_layout    a transformers model's spec, and where each stored tensor sits in its in-memory tensors
     torchtitan_layout   where the tensors of a torchtitan model's Hugging Face spec sit in its parameters
+    megatron_layout     where they sit in a Megatron-Core model's local parameters (its sharded_state_dict)
     plain        any other module's spec, from its own tensors
     probes       a stored tensor's place in an in-memory one, read off probes (views, index probes)
     fill         Box / Piece, and Filler: boxes of stored tensors into (local shards of) module tensors
@@ -32,6 +33,7 @@ May import the server layers below it (messages, architectures, core, engine), n
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +46,7 @@ from .fill import Filler
 from .hf_layout import hf_model, hf_spec
 from .modules import TORCH_DTYPES, dtype_name, module_tensors, refuse_sharded_fsdp1, strip_wrappers, unwrap
 from .plain import plain_spec
+from .megatron_layout import is_megatron_model, megatron_spec
 from .torchtitan_layout import init_stack_buffers, is_torchtitan_model, torchtitan_spec
 
 __all__ = ["InitSummary", "dtensor_index_sets", "init_module_", "strip_wrappers", "unwrap"]
@@ -102,6 +105,7 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
 
     version = ALGORITHM_VERSION if algorithm_version in (None, 0) else algorithm_version
     titan = is_torchtitan_model(module)
+    megatron = not titan and is_megatron_model(unwrap(module))
     if dtype is not None and dtype not in TORCH_DTYPES:
         raise ValueError(f"dtype: {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
     refuse_sharded_fsdp1(module)
@@ -112,9 +116,10 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     core_policy = _core_policy(policy)
 
     stack_buffers: tuple[str, ...] = ()
-    if titan and spec is None:
-        raise ValueError("spec: a torchtitan model is filled with the bytes of the Hugging Face model it corresponds to; "
-                         "give its config: init_module_(model, spec='llama-3-8b' (a preset), a config.json path or a dict, ...)")
+    if (titan or megatron) and spec is None:
+        raise ValueError(f"spec: a {'torchtitan' if titan else 'Megatron-Core'} model is filled with the bytes of the Hugging "
+                         "Face model it corresponds to; give its config: init_module_(model, spec='llama-3-8b' (a preset), "
+                         "a config.json path or a dict, ...)")
     if titan:  # its buffers are its own code's (those the Hugging Face layout stores are then filled as weights)
         stack_buffers = init_stack_buffers(getattr(module, "_orig_mod", module))
     skipped = tuple(n for n, _, t in named if not t.is_floating_point())
@@ -133,12 +138,16 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
 
     shapes = {n: tuple(t.shape) for n, t in named}
     hf = hf_model(module)
+    index_sets: dict[str, tuple] = {}  # a Megatron tensor's global shape, and its indices in it (not a DTensor)
     if titan:
         model_spec, pieces, missing = torchtitan_spec(getattr(module, "_orig_mod", module), spec_of(spec), shapes, partial)
         named = [(n, t) for n, t in named if pieces[n]]  # the stack's own buffers are set already
         stack_buffers = tuple(n for n in stack_buffers if not pieces.get(n))
+    elif megatron:
+        model_spec, pieces, index_sets, missing = megatron_spec(module, spec_of(spec), {n: t for n, t in named}, partial)
     elif spec is not None:
-        raise ValueError(f"spec: {type(module).__name__} is not a model of a training stack modelinit maps (torchtitan); "
+        raise ValueError(f"spec: {type(module).__name__} is not a model of a training stack modelinit maps (torchtitan, "
+                         "Megatron-Core); "
                          "a transformers model carries its own config, any other module is its own spec: leave spec unset")
     elif hf is not None:
         model_spec, pieces, missing = hf_spec(hf, shapes, partial)
@@ -162,12 +171,18 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
             seen.add(id(t))
             dt = dtype_name(t)
             resolved, keys, _ = plans[dt]
-            local, sets = local_and_index_sets(t, name)
+            if name in index_sets:
+                (whole, sets), local = index_sets[name], t
+            else:
+                (local, sets), whole = local_and_index_sets(t, name), t.shape
             for ti, *box in pieces[name]:
+                if box[2] and box[2][0] >= model_spec.tensors[ti].shape[0] and resolved[ti].sampler.kind == "computed":
+                    raise ValueError(f"module: {name!r} has rows past {model_spec.tensors[ti].name!r}'s end (a padded "
+                                     "vocabulary), whose values are computed, not drawn: pad the vocabulary to the spec's")
                 filler.fill_piece(local, sets, model_spec.tensors[ti], resolved[ti].sampler, keys[ti], dt, *box)
             count += 1
             elements += local.numel()
-            total += t.numel()
+            total += math.prod(whole)
     if len(dtypes) == 1:
         fp = plans[dtypes[0]][2]
     else:

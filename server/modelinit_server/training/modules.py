@@ -16,11 +16,12 @@ from typing import Any
 #: torch.compile, activation checkpointing, FSDP1.
 WRAPPER_COMPONENTS = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
 
-#: Wrappers around a whole model, and the attribute that holds the model: DDP, FSDP1, torch.compile,
-#: activation checkpointing (by class name: none of them needs importing to be recognized).
+#: Wrappers around a whole model, and the attribute that holds the model: DDP (torch's and Megatron's),
+#: FSDP1, torch.compile, activation checkpointing, Megatron's Float16Module (by class name: none of
+#: them needs importing to be recognized).
 ROOT_WRAPPERS = {"DistributedDataParallel": "module", "FullyShardedDataParallel": "_fsdp_wrapped_module",
                  "OptimizedModule": "_orig_mod", "CheckpointWrapper": "_checkpoint_wrapped_module",
-                 "OffloadWrapper": "_checkpoint_wrapped_module"}
+                 "OffloadWrapper": "_checkpoint_wrapped_module", "Float16Module": "module"}
 
 #: The torch dtypes the engine generates.
 TORCH_DTYPES = ("float32", "bfloat16", "float16")

@@ -1,0 +1,290 @@
+"""A Megatron-Core ``GPTModel``: where each tensor of the Hugging Face spec it corresponds to sits
+in the rank's local (tensor- and pipeline-parallel) parameters.
+
+Two steps, the first read off Megatron's own code:
+
+1. ``model.sharded_state_dict()`` (Megatron's distributed checkpoint) says, for every local
+   parameter, which global tensor it is a piece of (the key; a decoder's layers stacked on a
+   leading axis), that tensor's global shape, and the offset of the local piece in it (the
+   tensor-parallel rank's rows or columns; the pipeline stage's layer offset). The SwiGLU
+   ``linear_fc1`` is a factory of two pieces, gate and up, each at its own offset (at TP > 1 a
+   rank holds ``[gate_r; up_r]``: partition stride 2). It runs on the model itself and only wraps
+   views of its local tensors: no copy, no communication. The local parameter is then a shard of
+   the global per-layer tensor, holding the global indices :func:`megatron_spec` returns.
+2. Megatron-Core ships no Hugging Face conversion. Its checkpoint keys map to Hugging Face names by
+   :data:`_NAMES` (the rows of Megatron-Bridge's Llama/Qwen mappings); the one layout that is not
+   a block, the grouped QKV, is :func:`qkv_rows`.
+
+A vocabulary padded by Megatron (to a multiple of ``make_vocab_size_divisible_by`` x TP) has rows
+past the spec's vocabulary in the embedding and output layer: row ``r >= vocab`` holds elements
+``r * hidden ...`` of the same tensor's stream, drawn by the same rule, as if the Hugging Face
+tensor had those rows. Every row is then the same at every TP size and every padding.
+
+megatron is imported only here, only when such a model is passed.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from ..core.tensors import ModelSpec
+from .fill import Box, Piece
+
+#: Megatron checkpoint key -> Hugging Face name (``{}``: the global layer index). The keys are those
+#: of ``sharded_state_dict()``, which names the local spec's norms as Transformer Engine fuses them
+#: (``input_layernorm`` as ``self_attention.linear_qkv.layer_norm_weight``).
+_NAMES = {
+    "embedding.word_embeddings.weight": "model.embed_tokens.weight",
+    "decoder.final_layernorm.weight": "model.norm.weight",
+    "decoder.final_layernorm.bias": "model.norm.bias",
+    "output_layer.weight": "lm_head.weight",
+    "decoder.layers.self_attention.linear_qkv.layer_norm_weight": "model.layers.{}.input_layernorm.weight",
+    "decoder.layers.self_attention.linear_qkv.layer_norm_bias": "model.layers.{}.input_layernorm.bias",
+    "decoder.layers.self_attention.linear_proj.weight": "model.layers.{}.self_attn.o_proj.weight",
+    "decoder.layers.self_attention.linear_proj.bias": "model.layers.{}.self_attn.o_proj.bias",
+    "decoder.layers.self_attention.q_layernorm.weight": "model.layers.{}.self_attn.q_norm.weight",
+    "decoder.layers.self_attention.k_layernorm.weight": "model.layers.{}.self_attn.k_norm.weight",
+    "decoder.layers.mlp.linear_fc1.layer_norm_weight": "model.layers.{}.post_attention_layernorm.weight",
+    "decoder.layers.mlp.linear_fc1.layer_norm_bias": "model.layers.{}.post_attention_layernorm.bias",
+}
+#: The MLP's names, by the spec's naming: gated (SwiGLU: ``linear_fc1`` holds [gate; up]), or not.
+_MLP = {True: ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"), False: (None, "mlp.c_fc", "mlp.c_proj")}
+_QKV = "decoder.layers.self_attention.linear_qkv."
+_FC1 = "decoder.layers.mlp.linear_fc1."
+_FC2 = "decoder.layers.mlp.linear_fc2."
+_PADDED = ("embedding.word_embeddings.weight", "output_layer.weight")
+_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def is_megatron_model(module) -> bool:
+    """Whether ``module`` is a Megatron-Core model (its class is defined in ``megatron.core``)."""
+    inner = getattr(module, "_orig_mod", module)
+    return any(c.__module__.startswith("megatron.core.") for c in type(inner).__mro__)
+
+
+def qkv_rows(n_heads: int, n_groups: int, head_dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of Megatron's fused ``linear_qkv`` (weight or bias) that hold the rows of the
+    Hugging Face ``q_proj``, ``k_proj`` and ``v_proj``, in their order.
+
+    Megatron groups the rows per query group (``SelfAttention.get_query_key_value_tensors`` views
+    them as ``[groups, (heads/groups + 2) * head_dim]`` and splits each group into its queries,
+    then its key, then its value): group ``g`` holds query heads ``g*h .. (g+1)*h - 1`` (``h =
+    heads/groups``), then key head ``g``, then value head ``g``. A tensor-parallel rank holds
+    whole groups."""
+    if n_groups <= 0 or n_heads % n_groups:
+        raise ValueError(f"module: {n_heads} attention heads do not divide into {n_groups} query groups")
+    per = n_heads // n_groups
+    block = (per + 2) * head_dim
+    g = np.arange(n_groups, dtype=np.int64)[:, None] * block
+    d = np.arange(head_dim, dtype=np.int64)[None, :]
+    q = (g[:, None, :] + np.arange(per, dtype=np.int64)[None, :, None] * head_dim + d[:, None, :]).reshape(-1)
+    k = (g + per * head_dim + d).reshape(-1)
+    v = (g + (per + 1) * head_dim + d).reshape(-1)
+    return q, k, v
+
+
+def _pieces_of(model) -> dict[int, list[Any]]:
+    """Megatron's ShardedTensors of the model, per local tensor (by identity): the tensor itself or,
+    for a factory (``linear_fc1``), the views of it that its build function makes."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    try:
+        state = model.sharded_state_dict()
+    except Exception as e:  # noqa: BLE001 - Megatron's own error, said as ours with the fix
+        raise ValueError(f"module: Megatron's sharded_state_dict() failed ({type(e).__name__}: {e}); modelinit reads "
+                         "each parameter's global place from it: call init_module_ after initialize_model_parallel") from None
+    out: dict[int, list[Any]] = {}
+
+    def add(owner, sharded) -> None:
+        out.setdefault(id(owner), []).append(sharded)
+
+    for value in _leaves(state):
+        if isinstance(value, ShardedTensorFactory):
+            for built in _leaves(value.build_fn(value.key, value.data, value.replica_id, value.flattened_range)):
+                if isinstance(built, ShardedTensor):
+                    add(value.data, built)
+        elif isinstance(value, ShardedTensor) and value.data is not None:
+            add(value.data, value)
+    return out
+
+
+def _leaves(tree):
+    if isinstance(tree, dict):
+        for v in tree.values():
+            yield from _leaves(tree=v)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            yield from _leaves(v)
+    else:
+        yield tree
+
+
+def _global_place(name: str, t, sharded: list[Any]) -> tuple[str, tuple[int, ...], tuple[int, ...], list]:
+    """``t``'s key, the global tensor's prepended offsets (layer, ...), its per-layer shape, and the
+    global indices ``t`` holds per dim (None: all of it), from its ShardedTensors. Each one is a
+    block of ``t``'s rows (a factory's chunk) at its own offset."""
+    keys = {s.key for s in sharded}
+    if len(keys) != 1:
+        raise ValueError(f"module: Megatron saves {name!r} as several tensors ({sorted(keys)}); this layout is not supported")
+    lead = {tuple(s.global_offset[:s.prepend_axis_num]) for s in sharded}
+    shapes = {tuple(s.global_shape[s.prepend_axis_num:]) for s in sharded}
+    if len(lead) != 1 or len(shapes) != 1:
+        raise ValueError(f"module: Megatron saves {name!r} in pieces of several layers; this layout is not supported")
+    shape = shapes.pop()
+    if any(s.flattened_range is not None for s in sharded):
+        raise ValueError(f"module: Megatron saves {name!r} flattened (a distributed optimizer's shard); call init_module_ "
+                         "on the model's parameters, not the optimizer's")
+    if len(shape) != t.dim():
+        raise ValueError(f"module: {name!r} is {list(t.shape)}, Megatron saves it as {list(shape)}")
+    rows: list[tuple[int, np.ndarray]] = []  # (first local row, global rows) per piece
+    other: list[np.ndarray | None] = [None] * t.dim()
+    row_stride = t.stride(0) if t.dim() else 1
+    for s in sharded:
+        local = tuple(s.local_shape)
+        offset = tuple(s.global_offset[s.prepend_axis_num:])
+        at = s.data.storage_offset() - t.storage_offset()
+        if s.data.untyped_storage().data_ptr() != t.untyped_storage().data_ptr() or at % max(row_stride, 1) \
+                or tuple(s.data.shape) != local or local[1:] != tuple(t.shape[1:]):
+            raise ValueError(f"module: Megatron's piece of {name!r} is not a block of its rows; this layout is not supported")
+        rows.append((at // max(row_stride, 1), np.arange(offset[0], offset[0] + local[0], dtype=np.int64) if local else None))
+        for d in range(1, t.dim()):
+            held = np.arange(offset[d], offset[d] + local[d], dtype=np.int64)
+            if other[d] is not None and not np.array_equal(other[d], held):
+                raise ValueError(f"module: Megatron's pieces of {name!r} differ in dim {d}; this layout is not supported")
+            other[d] = held
+    sets: list[np.ndarray | None] = list(other)
+    if t.dim():
+        rows.sort(key=lambda r: r[0])
+        held = np.concatenate([r[1] for r in rows])
+        firsts = [r[0] for r in rows]
+        if firsts != list(np.cumsum([0] + [len(r[1]) for r in rows[:-1]])) or held.size != t.shape[0] \
+                or np.any(np.diff(held) <= 0):
+            raise ValueError(f"module: Megatron's pieces of {name!r} do not tile it in order; this layout is not supported")
+        sets[0] = held
+    sets = [None if s is not None and s.size == n and s[0] == 0 and s[-1] == n - 1 else s
+            for s, n in zip(sets, shape)]
+    return keys.pop(), lead.pop(), shape, sets
+
+
+def _whole(shape: tuple[int, ...]) -> Box:
+    return (0,) * len(shape), tuple(range(len(shape))), (0,) * len(shape), tuple(shape)
+
+
+def _hf_boxes(key: str, layer: int | None, shape: tuple[int, ...], config, gated: bool) -> list[tuple[str, Box]]:
+    """The Hugging Face tensors (name, box of them in Megatron's per-layer tensor ``key`` of ``shape``)
+    the tensor holds; their shapes are checked against the spec by the caller."""
+    def hf(name: str) -> str:
+        return name.format(layer) if "{}" in name else name
+
+    if key in _NAMES:
+        return [(hf(_NAMES[key]), _whole(shape))]
+    leaf = key.rpartition(".")[2]
+    if key.startswith(_QKV) and leaf in ("weight", "bias"):
+        head_dim = config.kv_channels or config.hidden_size // config.num_attention_heads
+        groups = config.num_query_groups or config.num_attention_heads
+        out = []
+        for proj, idx in zip("qkv", qkv_rows(config.num_attention_heads, groups, head_dim)):
+            if int(idx.max()) >= shape[0]:
+                raise ValueError(f"module: Megatron's {key!r} has {shape[0]} rows, fewer than {config.num_attention_heads} "
+                                 f"heads in {groups} groups of {head_dim} need")
+            consecutive = np.array_equal(idx, np.arange(idx[0], idx[0] + idx.size))
+            start = (int(idx[0]) if consecutive else idx, *([0] * (len(shape) - 1)))
+            box = (start, tuple(range(len(shape))), (0,) * len(shape), (idx.size, *shape[1:]))
+            out.append((f"model.layers.{layer}.self_attn.{proj}_proj.{leaf}", box))
+        return out
+    gate, up, down = _MLP[gated]
+    if key.startswith(_FC1) and leaf in ("weight", "bias"):
+        if not gated:
+            return [(f"model.layers.{layer}.{up}.{leaf}", _whole(shape))]
+        half = shape[0] // 2
+        rest = (0,) * (len(shape) - 1)
+        dims = tuple(range(len(shape)))
+        return [(f"model.layers.{layer}.{gate}.{leaf}", ((0, *rest), dims, (0,) * len(shape), (half, *shape[1:]))),
+                (f"model.layers.{layer}.{up}.{leaf}", ((half, *rest), dims, (0,) * len(shape), (half, *shape[1:])))]
+    if key.startswith(_FC2) and leaf in ("weight", "bias"):
+        return [(f"model.layers.{layer}.{down}.{leaf}", _whole(shape))]
+    raise ValueError(f"module: Megatron's {key!r} has no Hugging Face counterpart modelinit knows; GPTModel with the "
+                     "local or Transformer Engine layer spec (dense, GQA, SwiGLU or GELU MLP) is supported")
+
+
+def _check_config(model) -> Any:
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "num_attention_heads"):
+        raise ValueError(f"module: {type(model).__name__} is not a Megatron-Core GPTModel (it has no TransformerConfig); "
+                         "modelinit maps GPTModel")
+    for flag, why in (("multi_latent_attention", "multi-latent attention"), ("rotary_interleaved", "interleaved RoPE"),
+                      ("num_moe_experts", "mixture of experts")):
+        if getattr(config, flag, None):
+            raise ValueError(f"module: a Megatron model with {why} ({flag}) is not supported yet; GPTModel with "
+                             "grouped-query attention and a dense MLP is")
+    return config
+
+
+def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool = False
+                  ) -> tuple[ModelSpec, dict[str, list[Piece]], dict[str, tuple[tuple[int, ...], list]], int]:
+    """Where each of ``model``'s local tensors (``tensors``: name -> tensor) gets its bytes from,
+    as pieces of ``spec``'s tensors in Megatron's global per-layer tensor; that tensor's shape and
+    the global indices the local tensor holds per dim (its shard of it); and how many of the spec's tensors the
+    model lacks. A pipeline stage (Megatron's ``pre_process``/``post_process``, a layer range)
+    lacks the other stages' tensors whether or not ``partial`` is set: Megatron's own offsets say
+    which layers it holds; a model that is no stage and lacks any is refused."""
+    config = _check_config(model)
+    by_name = {t.name: i for i, t in enumerate(spec.tensors)}
+    gated = bool(getattr(config, "gated_linear_unit", False))
+    found = _pieces_of(model)
+    layers = sum(1 for t in spec.tensors if t.name.endswith(".input_layernorm.weight") and _HF_LAYER.match(t.name))
+    if layers and layers != config.num_layers:
+        raise ValueError(f"module: the Megatron model has {config.num_layers} layers (num_layers), the spec "
+                         f"({spec.architecture}) has {layers}: the model does not match the spec")
+    pieces: dict[str, list[Piece]] = {}
+    sets: dict[str, tuple[tuple[int, ...], list]] = {}
+    held: set[int] = set()
+    for name, t in tensors.items():
+        if type(t).__name__ == "DTensor":
+            raise ValueError(f"module: {name!r} is a DTensor; a Megatron model is filled as Megatron shards it "
+                             "(tensor and pipeline parallel, DDP): Megatron FSDP is not supported")
+        sharded = found.get(id(t))
+        if sharded is None:
+            raise ValueError(f"module: Megatron's sharded_state_dict() does not save {name!r}; modelinit has no bytes for it")
+        key, lead, shape, held_idx = _global_place(name, t, sharded)
+        layer = lead[0] if lead else None
+        sets[name] = (shape, held_idx)
+        pieces[name] = []
+        for hf_name, box in _hf_boxes(key, layer, shape, config, gated):
+            ti = by_name.get(hf_name)
+            if ti is None:
+                raise ValueError(f"module: Megatron's {name!r} holds {hf_name!r}, which the spec ({spec.architecture}) does not "
+                                 "have: give the Hugging Face config this model corresponds to (spec=...), with "
+                                 "tie_word_embeddings as the model shares its output layer")
+            want = tuple(spec.tensors[ti].shape)
+            length = box[3]
+            if key in _PADDED and length[0] >= want[0] and length[1:] == want[1:]:
+                pieces[name] += _padded(ti, want, length)
+            elif tuple(length) != want:
+                raise ValueError(f"module: Megatron's {name!r} holds {hf_name!r} as {list(length)}, the spec has "
+                                 f"{list(want)}: the model does not match the spec (check hidden size, heads, query "
+                                 "groups, kv_channels, ffn_hidden_size, vocabulary)")
+            else:
+                pieces[name].append((ti, *box))
+            held.add(ti)
+    lacking = len(spec.tensors) - len(held)
+    stage = not (getattr(model, "pre_process", True) and getattr(model, "post_process", True)) or \
+        len(getattr(getattr(model, "decoder", None), "layers", ())) < config.num_layers
+    if lacking and not (partial or stage):
+        absent = next(t.name for i, t in enumerate(spec.tensors) if i not in held)
+        raise ValueError(f"module: it lacks {lacking} tensor(s) of the spec, e.g. {absent!r}: the model does not match "
+                         "the spec")
+    return spec, pieces, sets, lacking
+
+
+def _padded(ti: int, want: tuple[int, ...], length: tuple[int, ...]) -> list[Piece]:
+    """The spec's rows, then Megatron's padding rows as the same stream's next rows."""
+    whole = (ti, (0,) * len(want), tuple(range(len(want))), (0,) * len(want), tuple(want))
+    extra = length[0] - want[0]
+    if not extra:
+        return [whole]
+    rest = (0,) * (len(want) - 1)
+    return [whole, (ti, (want[0], *rest), tuple(range(len(want))), (want[0], *rest), (extra, *want[1:]))]
+

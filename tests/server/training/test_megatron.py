@@ -1,0 +1,238 @@
+"""``init_module_`` on a Megatron-Core ``GPTModel`` (issue 33, second step): filled in place with the
+bytes of the Hugging Face folder ``modelinit init`` writes for the config it corresponds to, at
+every tensor- and pipeline-parallel layout, without communicating.
+
+The model is Megatron's local layer spec (no Transformer Engine) built on CPU as Megatron allows
+it (``use_cpu_initialization=True``, ``perform_initialization=False``) under gloo. The reference
+is the Hugging Face folder put into Megatron's layout by this test's own conversion (q/k/v
+concatenated per query group, gate and up stacked into ``linear_fc1``, as Megatron-Bridge does),
+with the padded vocabulary's rows taken from the folder of the padded vocabulary. A sharded
+layout's full tensors are put together by the test from what each rank holds, by Megatron's rules
+(column-parallel rows, row-parallel columns, SwiGLU's [gate_r; up_r], a stage's layers from its
+first layer's number), not by ``init_module_``'s own map. (Megatron's distributed checkpoint would
+do it, but its writer waits for CUDA.)
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+pytest.importorskip("megatron.core", reason="megatron-core is in the test extra")
+
+import modelinit  # noqa: E402
+
+from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
+
+SEED = 11
+VOCAB, PADDED = 1000, 1024
+#: A Qwen3-style model (q/k norms, grouped-query attention: 8 heads in 2 groups, head_dim 8 over a
+#: 64-wide model, SwiGLU), cut small for speed.
+HF = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "head_dim": 8,
+      "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 96,
+      "vocab_size": VOCAB, "tie_word_embeddings": False, "max_position_embeddings": 128, "rms_norm_eps": 1e-6}
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Megatron warns that Apex/TE are absent
+
+
+def _gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = False, vocab: int = PADDED, **over):
+    """A GPTModel matching HF on this rank of a (tp, pp) layout (parallel_state set up by the caller)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    dt = getattr(torch, dtype)
+    fields = dict(num_layers=4, hidden_size=64, num_attention_heads=8, num_query_groups=2, kv_channels=8,
+                  ffn_hidden_size=96, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                  use_cpu_initialization=True, perform_initialization=False, gated_linear_unit=True,
+                  activation_func=torch.nn.functional.silu, normalization="RMSNorm", add_bias_linear=False,
+                  qk_layernorm=True, params_dtype=dt, pipeline_dtype=dt, bf16=dtype == "bfloat16")
+    fields.update(over)
+    config = TransformerConfig(**fields)
+    spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization=config.normalization)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return GPTModel(config, spec, vocab_size=vocab, max_sequence_length=128, position_embedding_type="rope",
+                        share_embeddings_and_output_weights=tied, pre_process=ps.is_pipeline_first_stage(),
+                        post_process=ps.is_pipeline_last_stage())
+
+
+def _files(out: pathlib.Path) -> dict:
+    files = {}
+    for f in out.glob("*.safetensors"):
+        files.update(safetensors_torch.load_file(f))
+    return files
+
+
+def _reference(tmp_path: pathlib.Path, dtype: str = "float32", tied: bool = False, policy=None) -> dict:
+    """The Hugging Face folder of (HF, SEED, policy) in Megatron's layout, under a one-process
+    model's parameter names: q, k, v concatenated per query group, [gate; up], and the padded
+    vocabulary's rows from the folder of the padded vocabulary (its first rows are the same)."""
+    hf = {**HF, "tie_word_embeddings": tied}
+    out, padded = tmp_path / f"hf-{dtype}-{tied}-{policy}", tmp_path / f"hf-padded-{dtype}-{tied}-{policy}"
+    with modelinit.Client() as c:
+        c.init_model(hf, seed=SEED, out_dir=out, dtype=dtype, policy=policy)
+        c.init_model({**hf, "vocab_size": PADDED}, seed=SEED, out_dir=padded, dtype=dtype, policy=policy)
+    files, more = _files(out), _files(padded)
+    groups, head_dim, hidden = HF["num_key_value_heads"], HF["head_dim"], HF["hidden_size"]
+    ref = {}
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in files:
+            assert torch.equal(more[name][:VOCAB], files[name])  # a padded row never moves the others
+            ref[name] = torch.cat([files[name], more[name][VOCAB:]])
+    ref = {"embedding.word_embeddings.weight": ref["model.embed_tokens.weight"],
+           **({} if tied else {"output_layer.weight": ref["lm_head.weight"]}),
+           "decoder.final_layernorm.weight": files["model.norm.weight"]}
+    for i in range(HF["num_hidden_layers"]):
+        hf_layer, layer = f"model.layers.{i}.", f"decoder.layers.{i}."
+        q, k, v = (files[f"{hf_layer}self_attn.{p}_proj.weight"] for p in "qkv")
+        ref[layer + "self_attention.linear_qkv.weight"] = torch.cat(
+            [q.view(groups, -1, hidden), k.view(groups, head_dim, hidden), v.view(groups, head_dim, hidden)], dim=1
+        ).reshape(-1, hidden)
+        ref[layer + "self_attention.linear_proj.weight"] = files[f"{hf_layer}self_attn.o_proj.weight"]
+        ref[layer + "self_attention.q_layernorm.weight"] = files[f"{hf_layer}self_attn.q_norm.weight"]
+        ref[layer + "self_attention.k_layernorm.weight"] = files[f"{hf_layer}self_attn.k_norm.weight"]
+        ref[layer + "input_layernorm.weight"] = files[f"{hf_layer}input_layernorm.weight"]
+        ref[layer + "pre_mlp_layernorm.weight"] = files[f"{hf_layer}post_attention_layernorm.weight"]
+        ref[layer + "mlp.linear_fc1.weight"] = torch.cat([files[f"{hf_layer}mlp.gate_proj.weight"],
+                                                          files[f"{hf_layer}mlp.up_proj.weight"]])
+        ref[layer + "mlp.linear_fc2.weight"] = files[f"{hf_layer}mlp.down_proj.weight"]
+    return ref
+
+
+def _init_group(rank: int, world: int, init_file: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+
+
+def _one_process(init_file: str, body, *args) -> None:
+    """``body(*args)`` in a spawned process of its own, a gloo group of one and Megatron's parallel state."""
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_one, args=(init_file, body, args), nprocs=1, join=True)
+
+
+def _one(rank: int, init_file: str, body, args) -> None:
+    from megatron.core import parallel_state as ps
+
+    _init_group(0, 1, init_file)
+    ps.initialize_model_parallel()
+    body(*args)
+    exit_rank()
+
+
+def _check_one_device(ref_paths: dict, dtype: str, tied: bool, policy) -> None:
+    refs = {d: torch.load(p) for d, p in ref_paths.items()}
+    ref = refs[dtype]
+    model = _gpt(dtype=dtype, tied=tied)
+    with no_collectives():
+        summary = modelinit.init_module_(model, seed=SEED, spec={**HF, "tie_word_embeddings": tied}, policy=policy)
+    got = {n: p.detach() for n, p in model.named_parameters()}
+    assert sorted(got) == sorted(ref)
+    # Megatron keeps its norms in float32 under params_dtype=bfloat16: each tensor has its own dtype's bytes
+    bad = [n for n in ref if not same_bytes(got[n], refs[str(got[n].dtype).removeprefix("torch.")][n])]
+    assert bad == []
+    assert any(p.dtype == torch.float32 for p in got.values())
+    assert summary.dtypes == tuple(sorted({dtype, "float32"}))
+    assert summary.architecture == "Qwen3ForCausalLM" and summary.missing == 0
+    assert summary.elements == summary.global_elements == sum(p.numel() for p in got.values())
+
+
+@pytest.mark.parametrize("dtype, tied, policy", [("float32", False, None), ("bfloat16", False, None),
+                                                 ("float32", True, None), ("float32", False, "megatron")],
+                         ids=["float32", "bfloat16", "tied", "megatron-policy"])
+def test_one_device_equals_the_hugging_face_folder_in_megatrons_layout(tmp_path, dtype, tied, policy):
+    """TP=1, PP=1: every parameter, the padded vocabulary's rows included, is the folder's bytes in
+    Megatron's layout; a tied model shares the embedding (no output layer of its own)."""
+    ref_paths = {}
+    for d in sorted({dtype, "float32"}):
+        ref_paths[d] = str(tmp_path / f"ref-{d}.pt")
+        torch.save(_reference(tmp_path, d, tied, policy), ref_paths[d])
+    _one_process(str(tmp_path / "pg"), _check_one_device, ref_paths, dtype, tied, policy)
+
+
+def _fill_layout(rank: int, world: int, init_file: str, tp: int, pp: int, tied: bool, out: str, ref_path: str) -> None:
+    """This rank's share of a (tp, pp) model, filled, saved as it holds it (with its place) for the test to put together."""
+    from megatron.core import parallel_state as ps
+
+    _init_group(rank, world, init_file)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    cuda = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *a, **k: self  # a tied model's last stage moves its copy to CUDA to all-reduce it
+    try:
+        model = _gpt(tp, pp, tied=tied)
+    finally:
+        torch.Tensor.cuda = cuda
+    with no_collectives():
+        summary = modelinit.init_module_(model, seed=SEED, spec={**HF, "tie_word_embeddings": tied})
+    assert summary.elements == sum(p.numel() for p in model.parameters())
+    assert summary.elements < summary.global_elements if tp > 1 else summary.elements == summary.global_elements
+    assert (summary.missing > 0) == (pp > 1), summary  # a stage lacks the other stages' tensors
+    state = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.save({"tp": ps.get_tensor_model_parallel_rank(), "pp": ps.get_pipeline_model_parallel_rank(),
+                "first": [layer.layer_number - 1 for layer in model.decoder.layers][:1], "state": state},
+               f"{out}/rank{rank}.pt")
+    exit_rank()
+
+
+#: How a TP=2 model's tensors are split (Megatron's column- and row-parallel linears, its vocabulary-
+#: parallel embedding and output layer); the others (norms) are whole on every rank.
+_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight", "linear_qkv.weight")
+_COLUMNS = ("linear_proj.weight", "linear_fc2.weight")
+
+
+def _put_together(out: pathlib.Path, world: int) -> dict:
+    """The one-process model's tensors from the ranks' shares: TP shards concatenated (linear_fc1's
+    [gate_r; up_r] as all gates then all ups), PP stages' layers renumbered from their first."""
+    shares = [torch.load(out / f"rank{r}.pt") for r in range(world)]
+    by_stage: dict[int, list] = {}
+    for share in sorted(shares, key=lambda s: s["tp"]):
+        by_stage.setdefault(share["pp"], []).append(share)
+    whole = {}
+    for ranks in by_stage.values():
+        first = ranks[0]["first"][0]
+        for name in ranks[0]["state"]:
+            parts = [r["state"][name] for r in ranks]
+            if name.endswith(_ROWS):
+                t = torch.cat(parts)
+            elif name.endswith(_COLUMNS):
+                t = torch.cat(parts, dim=1)
+            elif name.endswith("linear_fc1.weight"):
+                t = torch.cat([p.chunk(2)[0] for p in parts] + [p.chunk(2)[1] for p in parts])
+            else:
+                assert all(torch.equal(p, parts[0]) for p in parts), name
+                t = parts[0]
+            if name.startswith("decoder.layers."):
+                i, _, rest = name.removeprefix("decoder.layers.").partition(".")
+                name = f"decoder.layers.{first + int(i)}.{rest}"
+            whole.setdefault(name, []).append(t)
+    return whole
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo is not available")
+@pytest.mark.parametrize("tp, pp, tied", [(2, 1, False), (1, 2, False), (1, 2, True)], ids=["tp2", "pp2", "pp2-tied"])
+def test_parallel_layouts_equal_one_device(tmp_path, tp, pp, tied):
+    """TP=2 (each rank's query groups, [gate_r; up_r], half the padded vocabulary, half of
+    linear_proj's and linear_fc2's columns) and PP=2 (each stage its layers, numbered from 0; a
+    tied model's last stage its own copy of the embedding): each rank fills its own share, and
+    the shares put together are the one-device model's bytes."""
+    import torch.multiprocessing as mp
+
+    ref = _reference(tmp_path, tied=tied)
+    ref_path, out = str(tmp_path / "ref.pt"), tmp_path / "shares"
+    out.mkdir()
+    torch.save(ref, ref_path)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_fill_layout, args=(tp * pp, str(tmp_path / "pg"), tp, pp, tied, str(out), ref_path), nprocs=tp * pp,
+             join=True)
+    whole = _put_together(out, tp * pp)
+    if tied:  # the last stage's copy of the embedding is the embedding
+        assert [same_bytes(t, ref["embedding.word_embeddings.weight"]) for t in whole.pop("output_layer.weight")] == [True]
+    assert sorted(whole) == sorted(ref)
+    assert [n for n, ts in whole.items() if len(ts) != 1 or not same_bytes(ts[0], ref[n])] == []
