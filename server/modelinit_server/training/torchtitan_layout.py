@@ -47,8 +47,11 @@ def init_stack_buffers(model) -> tuple[str, ...]:
     """torchtitan's own init of its buffers, which are not weights and draw nothing (RoPE tables,
     an MoE's load-balancing bias and token counters): each module's ``_init_self_buffers`` on the
     device its buffers are on, as ``init_states`` runs it, without its parameters' init. The
-    persistent ones' names. A DTensor buffer (re-distributing it would communicate) is refused."""
-    from torch.distributed.tensor import DTensor
+    persistent ones' names. A DTensor buffer (torchtitan's own parallelize makes the RoPE table
+    one under TP) is computed whole and put back in its placements as ``init_states`` does, each
+    rank keeping its own part (``src_data_rank=None``: every rank computed the same, so nothing
+    is broadcast)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
     from torchtitan.protocols.module import Module
 
     persistent: list[str] = []
@@ -56,14 +59,19 @@ def init_stack_buffers(model) -> tuple[str, ...]:
         if not isinstance(m, Module) or type(m)._init_self_buffers is Module._init_self_buffers:
             continue
         buffers = {n: b for n, b in m._buffers.items() if b is not None}
-        for n, b in buffers.items():
-            if isinstance(b, DTensor):
-                raise ValueError(f"module: {prefix}.{n} is a DTensor buffer; call the model's init_states() first, "
-                                 "then init_module_ (it overwrites the parameters only)")
         if not buffers:
             continue
+        placed = {n: (b.device_mesh, b.placements) for n, b in buffers.items() if isinstance(b, DTensor)}
         with m._preserve_buffer_spmd_types():
             m._init_self_buffers(buffer_device=next(iter(buffers.values())).device)
+        for n, (mesh, placements) in placed.items():
+            new = m._buffers.get(n)
+            if new is None or isinstance(new, DTensor):  # not recomputed whole: its values would be the old ones
+                raise ValueError(f"module: {prefix}.{n} is a DTensor buffer torchtitan's _init_self_buffers does not "
+                                 "recompute; call the model's init_states() first, then init_module_ (it overwrites "
+                                 "the parameters only)")
+            m.register_buffer(n, distribute_tensor(new, mesh, list(placements), src_data_rank=None),
+                              persistent=n not in m._non_persistent_buffers_set)
         persistent += [f"{prefix}.{n}" if prefix else n for n in m._buffers if n not in m._non_persistent_buffers_set
                        and m._buffers[n] is not None]
     return tuple(persistent)

@@ -102,7 +102,8 @@ DEEPSEEK_V3 = {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCaus
                "tie_word_embeddings": False, "max_position_embeddings": 16384, "rms_norm_eps": 1e-5}
 
 
-def _qwen3(flavor: str):
+def _qwen3(flavor: str, built: bool = True):
+    """The flavor's model on the meta device (its config when ``built`` is False)."""
     import dataclasses
 
     if flavor == "deepseek_v3":
@@ -115,6 +116,8 @@ def _qwen3(flavor: str):
 
         config = model_registry(flavor, attn_backend="flex").model
         config = dataclasses.replace(config, layers=config.layers[:2])
+    if not built:
+        return config
     with torch.device("meta"):
         return config.build()
 
@@ -128,18 +131,30 @@ def _loaded(model_meta, files: dict):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+_FOLDERS: dict[str, str] = {}
+
+
+def _folder_reference(tmp_path_factory, flavor: str, hf: dict) -> str:
+    """The folder of (hf, SEED) as torchtitan loads it into the flavor's model, saved once per session
+    (the one-device and the expert-parallel tests share it): the path of the saved parameters."""
+    if flavor not in _FOLDERS:
+        out = tmp_path_factory.mktemp(f"hf-{flavor}")
+        with modelinit.Client() as c:
+            c.init_model(hf, seed=SEED, out_dir=out / "hf")
+        files = {}
+        for f in (out / "hf").glob("*.safetensors"):
+            files.update(safetensors_torch.load_file(f))
+        torch.save(_loaded(_qwen3(flavor), files), out / "ref.pt")
+        _FOLDERS[flavor] = str(out / "ref.pt")
+    return _FOLDERS[flavor]
+
+
 @pytest.mark.parametrize("flavor, hf", [("debugmodel", QWEN3), ("debugmodel_moe", QWEN3_MOE), ("deepseek_v3", DEEPSEEK_V3)],
                          ids=["qwen3", "qwen3-moe", "deepseek-v3"])
-def test_qwen3_and_deepseek_v3_equal_their_folders(tmp_path, flavor, hf):
+def test_qwen3_and_deepseek_v3_equal_their_folders(tmp_path_factory, flavor, hf):
     model = _qwen3(flavor).to_empty(device="cpu")
     summary = modelinit.init_module_(model, seed=SEED, spec=hf)
-    out = tmp_path / "hf"
-    with modelinit.Client() as c:
-        c.init_model(hf, seed=SEED, out_dir=out)
-    files = {}
-    for f in out.glob("*.safetensors"):
-        files.update(safetensors_torch.load_file(f))
-    ref = _loaded(_qwen3(flavor), files)
+    ref = torch.load(_folder_reference(tmp_path_factory, flavor, hf))
     got = dict(model.named_parameters())
     assert [n for n in ref if not same_bytes(got[n].detach(), ref[n])] == []
     if flavor == "debugmodel_moe":  # torchtitan's own runtime state, set by its own code: zeros
@@ -164,11 +179,51 @@ def test_one_device_equals_the_hugging_face_folder_as_torchtitan_loads_it(tmp_pa
     assert all(torch.equal(b, dict(fresh.named_buffers())[n]) for n, b in model.named_buffers())
 
 
+#: torchtitan's own parallelize function and sharding-config setter per model family.
+TITAN = {"llama3": ("parallelize_llama", "set_llama3_sharding_config"),
+         "qwen3": ("parallelize_qwen3", "set_qwen3_sharding_config"),
+         "deepseek_v3": ("parallelize_deepseekv3", "set_deepseek_v3_sharding_config")}
+
+
+def _titan_parallelized(config, world: int, backend: str = "partial_dtensor", **degrees):
+    """A model of ``config`` built on meta and parallelized by its family's own parallelize function,
+    as torchtitan's trainer does: ``degrees`` are ParallelismConfig's (tensor_parallel_degree=2, ...).
+    The trainer first calls ``config.update_from_config``, which sets each module's sharding config
+    (without one, ``Module.parallelize`` shards nothing: no TP, no EP); that method imports torchtitan's
+    Trainer (torchdata, not installed here), so the two calls it makes are made here."""
+    import importlib
+
+    import torchtitan.distributed.parallel_dims as parallel_dims
+    from torchtitan.config.configs import CompileConfig, ParallelismConfig, TrainingConfig
+
+    family = ".".join(type(config).__module__.split(".")[:3])  # torchtitan.models.<family>
+    parallelize, set_sharding = TITAN[family.rpartition(".")[2]]
+    par = ParallelismConfig(data_parallel_shard_degree=-1, spmd_backend=backend, **degrees)
+    ep = {} if family.endswith("llama3") else {"enable_ep": par.expert_parallel_degree > 1}
+    getattr(importlib.import_module(f"{family}.sharding"), set_sharding)(
+        config, enable_sp=par.enable_sequence_parallel, **ep)
+    with torch.device("meta"):
+        model = config.build()
+    parallel_dims.device_type = "cpu"  # it takes the machine's accelerator otherwise
+    getattr(importlib.import_module(family), parallelize)(
+        model, parallel_dims=parallel_dims.ParallelDims.from_config(par, world), training=TrainingConfig(),
+        parallelism=par, compile_config=CompileConfig(), ac_config=None, dump_folder="")
+    return model
+
+
 def _build(layout: str, world: int):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+    titan = {"titan_fsdp": {}, "titan_tp": {"tensor_parallel_degree": 2},
+             "titan_tp_full": {"tensor_parallel_degree": 2, "backend": "full_dtensor"},
+             "titan_fsdp_tp": {"tensor_parallel_degree": 2},
+             "titan_ep_qwen3_moe": {"expert_parallel_degree": 2}, "titan_ep_deepseek_v3": {"expert_parallel_degree": 2}}
+    if layout in titan:  # torchtitan's own parallelize function, as its trainer calls it
+        moe = {"titan_ep_qwen3_moe": "debugmodel_moe", "titan_ep_deepseek_v3": "deepseek_v3"}
+        config = _qwen3(moe[layout], built=False) if layout in moe else _config()
+        return _titan_parallelized(config, world, **titan[layout]).to_empty(device="cpu")
     model = _meta_model()
     tp_plan = {"attention.qkv_linear.wqkv": ColwiseParallel(), "attention.wo": RowwiseParallel(),
                "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
@@ -182,18 +237,6 @@ def _build(layout: str, world: int):
         mesh = init_device_mesh("cpu", (world,))
         for layer in model.layers.values():
             parallelize_module(layer, mesh, tp_plan)
-    elif layout == "titan_fsdp":  # torchtitan's own parallelize function, as its trainer calls it
-        import torchtitan.distributed.parallel_dims as parallel_dims
-        from torchtitan.config.configs import CompileConfig, ParallelismConfig, TrainingConfig
-        from torchtitan.models.llama3 import parallelize_llama
-
-        parallel_dims.device_type = "cpu"  # it takes the machine's accelerator otherwise
-        # partial_dtensor: the default backend (spmd_types) and full_dtensor refuse this model on CPU under
-        # torch 2.13 ("all parameters must be DTensors on the full SPMD mesh"), before any init; with
-        # partial_dtensor, tensor_parallel_degree=2 left every parameter whole (no TP applied) here
-        par = ParallelismConfig(data_parallel_shard_degree=-1, spmd_backend="partial_dtensor")
-        parallelize_llama(model, parallel_dims=parallel_dims.ParallelDims.from_config(par, world), training=TrainingConfig(),
-                          parallelism=par, compile_config=CompileConfig(), ac_config=None, dump_folder="")
     elif layout == "fsdp_tp":
         mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
         for layer in model.layers.values():
@@ -203,23 +246,37 @@ def _build(layout: str, world: int):
     return model.to_empty(device="cpu")
 
 
-def _worker(rank: int, world: int, init_file: str, layouts: list, ref_path: str):
-    from torch.distributed.tensor import DTensor
+#: The spec each layout's model corresponds to.
+SPECS = {"titan_ep_qwen3_moe": QWEN3_MOE, "titan_ep_deepseek_v3": DEEPSEEK_V3}
+
+
+def _worker(rank: int, world: int, init_file: str, layouts: list, refs: dict):
+    from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        ref = torch.load(ref_path)
         for layout in layouts:
+            ref = torch.load(refs[layout])
             model = _build(layout, world)
             with no_collectives():
-                summary = modelinit.init_module_(model, seed=SEED, spec=HF)
+                summary = modelinit.init_module_(model, seed=SEED, spec=SPECS.get(layout, HF))
             assert summary.elements < summary.global_elements, (layout, summary)  # each rank wrote its shards only
             params = dict(model.named_parameters())
             assert any(isinstance(p, DTensor) for p in params.values())
             if layout == "fsdp_tp":
                 assert any(isinstance(pl, _StridedShard) for p in params.values() if isinstance(p, DTensor)
                            for pl in p.placements)
+            if layout.startswith("titan_tp") or layout == "titan_fsdp_tp":  # torchtitan's own TP did shard
+                wqkv = params["layers.0.attention.qkv_linear.wqkv.weight"]
+                assert Shard(0) in wqkv.placements[wqkv.device_mesh.mesh_dim_names.index("tp"):], (layout, wqkv.placements)
+                cache = model.layers["0"].attention.rope.cache  # a DTensor buffer, set by torchtitan's own code
+                assert isinstance(cache, DTensor) and torch.equal(cache.to_local(), _fresh_rope_cache())
+            if layout.startswith("titan_ep"):  # the routed experts, sharded along the expert dim by torchtitan's EP
+                for name in ("w1_EFD", "w2_EDF", "w3_EFD"):
+                    w = params[f"layers.1.moe.routed_experts.inner_experts.{name}"]
+                    ep = w.device_mesh.mesh_dim_names.index("ep")
+                    assert w.placements[ep] == Shard(0) and w.to_local().shape[0] == w.shape[0] // 2, (layout, w.placements)
             full = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach() for n, p in params.items()}
             if rank == 0:
                 bad = [n for n in ref if not same_bytes(full[n], ref[n])]
@@ -230,23 +287,49 @@ def _worker(rank: int, world: int, init_file: str, layouts: list, ref_path: str)
         dist.destroy_process_group()
 
 
-def _spawn(world: int, layouts: list, ref_path: str, tmp_path: pathlib.Path) -> None:
+def _fresh_rope_cache():
+    """The RoPE table of layer 0 as torchtitan computes it for the unsharded model."""
+    with torch.device("meta"):
+        model = _config().build()
+    rope = model.layers["0"].attention.rope
+    rope.to_empty(device="cpu")
+    rope.init_states()
+    return rope.cache
+
+
+def _spawn(world: int, layouts: list, refs: dict, tmp_path: pathlib.Path) -> None:
     import torch.multiprocessing as mp
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_worker, args=(world, str(tmp_path / "pg"), layouts, ref_path), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, str(tmp_path / "pg"), layouts, refs), nprocs=world, join=True)
 
 
-@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo is not available")
-@pytest.mark.parametrize("world, layouts", [(2, ["fsdp", "tp", "titan_fsdp"]), (4, ["fsdp_tp"])],
-                         ids=["2-ranks", "2x2-mesh"])
+gloo = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                          reason="torch.distributed with gloo is not available")
+
+
+@gloo
+@pytest.mark.parametrize("world, layouts", [(2, ["fsdp", "tp", "titan_fsdp", "titan_tp", "titan_tp_full"]),
+                                            (4, ["fsdp_tp", "titan_fsdp_tp"])], ids=["2-ranks", "2x2-mesh"])
 def test_sharded_layouts_equal_one_device(tmp_path, world, layouts):
-    """FSDP2 and TP over 2 ranks (wqkv's rows, grouped per KV head, split between them), FSDP2
-    through torchtitan's own ``parallelize_llama``, FSDP x TP on a 2x2 mesh (``_StridedShard``): the
-    gathered parameters are the one-device bytes."""
+    """FSDP2 and TP over 2 ranks (wqkv's rows, grouped per KV head, split between them), FSDP2 and TP
+    through torchtitan's own ``parallelize_llama`` (both DTensor backends; its RoPE tables become
+    DTensor buffers), FSDP x TP on a 2x2 mesh (``_StridedShard``), by hand and by ``parallelize_llama``:
+    the gathered parameters are the one-device bytes."""
     ref_path = str(tmp_path / "ref.pt")
     torch.save(_reference(tmp_path, "float32"), ref_path)
-    _spawn(world, layouts, ref_path, tmp_path)
+    _spawn(world, layouts, dict.fromkeys(layouts, ref_path), tmp_path)
+
+
+@gloo
+def test_expert_parallel_through_torchtitans_own_parallelize_equals_one_device(tmp_path, tmp_path_factory):
+    """Expert parallel over 2 ranks, by torchtitan's own ``parallelize_qwen3`` and
+    ``parallelize_deepseekv3`` (``expert_parallel_degree=2``): each rank holds half of every
+    ``GroupedExperts`` tensor (``Shard(0)`` on the ``ep`` mesh dim) and fills only those experts; the
+    gathered parameters are the folder's bytes as torchtitan loads them on one device."""
+    refs = {"titan_ep_qwen3_moe": _folder_reference(tmp_path_factory, "debugmodel_moe", QWEN3_MOE),
+            "titan_ep_deepseek_v3": _folder_reference(tmp_path_factory, "deepseek_v3", DEEPSEEK_V3)}
+    _spawn(2, list(refs), refs, tmp_path)
 
 
 def test_a_torchtitan_model_needs_its_spec_and_must_match_it():
