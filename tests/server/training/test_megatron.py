@@ -236,3 +236,58 @@ def test_parallel_layouts_equal_one_device(tmp_path, tp, pp, tied):
         assert [same_bytes(t, ref["embedding.word_embeddings.weight"]) for t in whole.pop("output_layer.weight")] == [True]
     assert sorted(whole) == sorted(ref)
     assert [n for n, ts in whole.items() if len(ts) != 1 or not same_bytes(ts[0], ref[n])] == []
+
+
+def _check_qkv_rows() -> None:
+    from modelinit_server.training.megatron_layout import qkv_rows
+
+    for groups in (2, 8, 1):  # grouped-query, multi-head, multi-query attention
+        model = _gpt(num_query_groups=groups, qk_layernorm=False)  # no norm between the rows and the output
+        attention = model.decoder.layers[0].self_attention
+        weight = attention.linear_qkv.weight
+        with torch.no_grad():  # row r maps the first input feature to r: the output says which row each value came from
+            weight.zero_()
+            weight[:, 0] = torch.arange(weight.shape[0], dtype=weight.dtype)
+        hidden = torch.zeros(1, 1, HF["hidden_size"])
+        hidden[..., 0] = 1
+        with torch.no_grad():
+            q, k, v = attention.get_query_key_value_tensors(hidden)[:3]
+        for got, want in zip((q, k, v), qkv_rows(8, groups, 8)):  # [sq, b, heads, head_dim]: Hugging Face's row order
+            assert got.reshape(-1).to(torch.int64).tolist() == want.tolist(), groups
+
+
+def test_qkv_rows_are_megatrons_own_split(tmp_path):
+    """:func:`qkv_rows` against Megatron's own ``get_query_key_value_tensors`` on a probe weight,
+    for grouped-query, multi-head and multi-query attention."""
+    _one_process(str(tmp_path / "pg"), _check_qkv_rows)
+
+
+def _check_refusals() -> None:
+    model = _gpt()
+    with pytest.raises(ValueError, match=r"^spec: a Megatron-Core model is filled with the bytes of the Hugging Face model"):
+        modelinit.init_module_(model, seed=SEED)
+    cases = [
+        ({**HF, "intermediate_size": 128}, r"^module: Megatron's 'decoder\.layers\.0\.mlp\.linear_fc1\.weight' holds "
+         r"'model\.layers\.0\.mlp\.gate_proj\.weight' as \[96, 64\], the spec has \[128, 64\]: the model does not match"),
+        ({**HF, "tie_word_embeddings": True}, r"^module: Megatron's 'output_layer\.weight' holds 'lm_head\.weight', which the "
+         r"spec \(Qwen3ForCausalLM\) does not have: .*tie_word_embeddings"),
+        ({**HF, "num_hidden_layers": 3}, r"^module: the Megatron model has 4 layers \(num_layers\), the spec "
+         r"\(Qwen3ForCausalLM\) has 3"),
+        ({**HF, "vocab_size": 2048}, r"'embedding\.word_embeddings\.weight' holds 'model\.embed_tokens\.weight' as "
+         r"\[1024, 64\], the spec has \[2048, 64\]"),
+        ({**HF, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}, r"holds 'model\.layers\.0\.self_attn\.q_norm"
+         r"\.weight', which the spec \(LlamaForCausalLM\) does not have"),
+    ]
+    for spec, message in cases:
+        with pytest.raises(ValueError, match=message):
+            modelinit.init_module_(model, seed=SEED, spec=spec)
+    model.config.rotary_interleaved = True
+    with pytest.raises(ValueError, match=r"^module: a Megatron model with interleaved RoPE \(rotary_interleaved\) is not "
+                                         r"supported yet"):
+        modelinit.init_module_(model, seed=SEED, spec=HF)
+
+
+def test_a_model_that_does_not_match_its_spec_is_refused_by_name(tmp_path):
+    """No spec, a spec that differs in a size, in tying, in depth, in vocabulary, in its tensors
+    (q/k norms), a layout not mapped yet: each one line naming the tensor and what was expected."""
+    _one_process(str(tmp_path / "pg"), _check_refusals)
