@@ -1,13 +1,15 @@
-"""``init_module_`` on a torchtitan model (issue 33, first step: Llama 3, Qwen3 dense and MoE,
-DeepSeek-V3): filled in place with the bytes of the Hugging Face folder ``modelinit init`` writes
-for the config it corresponds to, at every layout, without communicating.
+"""``init_module_`` on a torchtitan model (issue 33: Llama 3, Qwen3 dense and MoE, DeepSeek-V3):
+filled in place with the bytes of the Hugging Face folder ``modelinit init`` writes for the config
+it corresponds to, at every layout, without communicating.
 
 The reference is that folder read back through torchtitan's own ``StateDictAdapter.from_hf`` (q/k
 rows permuted for RoPE) and the model's own load hook (``wq``/``wk``/``wv`` fused into ``wqkv``,
 grouped per KV head): what torchtitan itself loads from a Hugging Face checkpoint. Layouts: one
 device (float32, bfloat16, two policies), FSDP2 and tensor parallel over 2 ranks, FSDP x TP on a
-2x2 mesh (``_StridedShard``), each rank filling only its shards. Bad input: no spec, a spec the
-model does not match, a spec for a model that has its own.
+2x2 mesh (``_StridedShard``), by hand and through torchtitan's own ``parallelize_llama``; expert
+parallel through ``parallelize_qwen3`` and ``parallelize_deepseekv3``; the stages of torchtitan's own
+pipeline split. Each rank fills only its shards. Bad input: no spec, a spec the model does not
+match, a spec for a model that has its own, a pipeline stage without ``partial=True``.
 """
 from __future__ import annotations
 
@@ -330,6 +332,47 @@ def test_expert_parallel_through_torchtitans_own_parallelize_equals_one_device(t
     refs = {"titan_ep_qwen3_moe": _folder_reference(tmp_path_factory, "debugmodel_moe", QWEN3_MOE),
             "titan_ep_deepseek_v3": _folder_reference(tmp_path_factory, "deepseek_v3", DEEPSEEK_V3)}
     _spawn(2, list(refs), refs, tmp_path)
+
+
+@pytest.mark.parametrize("flavor", ["llama3", "deepseek_v3"])
+def test_a_pipeline_stage_holds_the_whole_models_bytes(tmp_path, tmp_path_factory, flavor):
+    """Each stage of torchtitan's own pipeline split (what ``pipeline_llm`` runs per stage, without a
+    PP mesh: ``_generate_llm_fqn_per_model_part`` then ``_split_module``, which deletes the other
+    layers from the ModuleDict and sets ``tok_embeddings``/``norm``/``lm_head`` to None on the stages
+    without them), filled with ``partial=True``: its tensors are the whole model's bytes, and
+    ``summary.missing`` counts the stored tensors it lacks (torchtitan's own ``to_hf`` of the stage says
+    which it stores). Without ``partial=True`` a stage is refused before anything is written."""
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part, _split_module
+
+    from modelinit_server.training.torchtitan_layout import _adapter
+
+    if flavor == "llama3":
+        whole, hf, ref = _meta_model(), HF, _reference(tmp_path, "float32")
+    else:  # a dense first layer, then MoE layers: the stages differ in structure
+        whole, hf = _qwen3("deepseek_v3"), DEEPSEEK_V3
+        ref = torch.load(_folder_reference(tmp_path_factory, "deepseek_v3", DEEPSEEK_V3))
+    stored = len(_adapter(whole).to_hf(whole.state_dict()))  # the folder's tensors
+    stages = _generate_llm_fqn_per_model_part(2, len(whole.layers))
+    seen: set[str] = set()
+    fingerprints: set[str] = set()
+    for modules in stages:
+        stage = _split_module(whole, modules)
+        lacks = stored - len(_adapter(stage).to_hf(stage.state_dict()))
+        assert lacks > 0 and (stage.tok_embeddings is None) != (stage.lm_head is None)
+        stage.to_empty(device="cpu")
+        for p in stage.parameters():
+            p.detach().fill_(float("nan"))
+        with pytest.raises(ValueError, match=rf"^module: it lacks {lacks} tensor\(s\) of the spec, e\.g\. '[^']+'; a "
+                                             r"pipeline stage is filled with partial=True$"):
+            modelinit.init_module_(stage, seed=SEED, spec=hf)
+        assert all(p.isnan().all() for p in stage.parameters())  # refused: nothing written
+        summary = modelinit.init_module_(stage, seed=SEED, spec=hf, partial=True)
+        got = {n: p.detach() for n, p in stage.named_parameters()}
+        assert [n for n in got if not same_bytes(got[n], ref[n])] == []
+        assert summary.missing == lacks
+        fingerprints.add(summary.fingerprint)  # the whole model's plan, whichever stage
+        seen |= set(got)
+    assert seen == set(ref) and len(fingerprints) == 1  # the stages together hold the whole model
 
 
 def test_a_torchtitan_model_needs_its_spec_and_must_match_it():
