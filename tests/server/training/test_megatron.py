@@ -291,3 +291,31 @@ def test_a_model_that_does_not_match_its_spec_is_refused_by_name(tmp_path):
     """No spec, a spec that differs in a size, in tying, in depth, in vocabulary, in its tensors
     (q/k norms), a layout not mapped yet: each one line naming the tensor and what was expected."""
     _one_process(str(tmp_path / "pg"), _check_refusals)
+
+
+def _check_megatron_preset() -> None:
+    from scipy import stats
+
+    torch.manual_seed(0)
+    own = _gpt(perform_initialization=True)  # Megatron's own CPU init: init_method_normal, scaled_init_method_normal
+    ours = _gpt()
+    modelinit.init_module_(ours, seed=SEED, spec=HF, policy="megatron")
+    mine = dict(ours.named_parameters())
+    for name, p in own.named_parameters():
+        a, b = p.detach().reshape(-1).double(), mine[name].detach().reshape(-1).double()
+        if torch.all(a == a[0]):  # norms: Megatron's ones, element for element
+            assert torch.equal(a, b), name
+            continue
+        # the same law: two samples of n elements each; a KS test at p > 1e-6, and the stds within
+        # 6 standard errors of their ratio (the sample std's relative error is about 1/sqrt(2n) each)
+        n = a.numel()
+        assert stats.ks_2samp(a.numpy(), b.numpy()).pvalue > 1e-6, name
+        assert abs(float(a.std() / b.std()) - 1) < 6 / n ** 0.5, (name, float(a.std()), float(b.std()))
+        assert abs(float(a.mean()) - float(b.mean())) < 6 * float(a.std()) * (2 / n) ** 0.5, name
+
+
+def test_the_megatron_preset_is_megatrons_own_init(tmp_path):
+    """The ``megatron`` policy draws what Megatron-Core's own init draws on its own modules: N(0,
+    0.02) for the embedding, QKV, fc1 and output layer, N(0, 0.02/sqrt(2L)) for linear_proj and
+    linear_fc2, norms 1 (its CPU init, ``perform_initialization=True``)."""
+    _one_process(str(tmp_path / "pg"), _check_megatron_preset)
