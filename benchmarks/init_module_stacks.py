@@ -1,7 +1,7 @@
 """``init_module_`` on a training stack's own model next to the stack's own initialization.
 
-    python benchmarks/init_module_stacks.py                 # torchtitan Llama 3 1B, float32, CPU
-    python benchmarks/init_module_stacks.py --flavor debugmodel --repeat 3
+    python benchmarks/init_module_stacks.py                 # both stacks, Llama 3 1B, float32, CPU
+    python benchmarks/init_module_stacks.py --stack megatron --flavor debugmodel --repeat 3
 
 Builds torchtitan's Llama 3 model of ``--flavor`` on the meta device, materializes it with
 ``to_empty`` (what its trainer does), then times each on a freshly materialized model (the first
@@ -13,10 +13,16 @@ touch of its memory included, as in a training job), best of ``--repeat``:
 * torchtitan's own ``model.init_states()`` (its parameters' ``param_init`` rules: truncated normals
   from torch's global RNG, and its buffers).
 
+Megatron-Core's ``GPTModel`` of the same shape (the local layer spec, a gloo group of one, TP=1,
+PP=1) initializes inside its constructor: its own init is timed as the constructor with
+``perform_initialization=True`` (its CPU init: ``use_cpu_initialization=True``, the init that is
+the same at every TP size) less the constructor without it, each on fresh memory; ``init_module_``
+fills the model built without it.
+
 torchtitan must be importable (``tests/support/stacks.py`` installs it without its training stack
-into ``tests/.stacks``; this script puts that folder on the path). torch and numba run at their
-default thread counts. A measurement, not a test: nothing is asserted. Megatron-Core is not here
-yet (docs/training.md, "Not yet").
+into ``tests/.stacks``; this script puts that folder on the path); megatron-core is in the test
+extra. torch and numba run at their default thread counts. A measurement, not a test: nothing is
+asserted.
 """
 from __future__ import annotations
 
@@ -52,8 +58,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--flavor", default="1B", choices=sorted(FLAVORS))
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--stack", default="both", choices=("both", "torchtitan", "megatron"))
     args = ap.parse_args()
+    if args.stack in ("both", "torchtitan"):
+        torchtitan(args)
+    if args.stack in ("both", "megatron"):
+        megatron(args)
 
+
+def torchtitan(args) -> None:
     import torch
     from torchtitan.models.llama3 import model_registry
 
@@ -89,6 +102,73 @@ def main() -> None:
     print(f"  torchtitan init_states()                                         {theirs:8.2f} s")
     print(f"  ratio init_module_ / init_states                                 {ours / theirs:8.3f}")
     print(f"  ratio first call / init_states                                   {first / theirs:8.3f}")
+
+
+def megatron(args) -> None:
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    import modelinit
+
+    warnings.filterwarnings("ignore")  # Megatron warns that Apex and Transformer Engine are absent
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    hf = {**FLAVORS[args.flavor], "architectures": ["LlamaForCausalLM"]}
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29511")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    ps.initialize_model_parallel()
+    heads = hf["num_attention_heads"]
+
+    def build(perform: bool):
+        config = TransformerConfig(
+            num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"], num_attention_heads=heads,
+            num_query_groups=hf["num_key_value_heads"], ffn_hidden_size=hf["intermediate_size"],
+            use_cpu_initialization=True, perform_initialization=perform, gated_linear_unit=True,
+            activation_func=torch.nn.functional.silu, normalization="RMSNorm", add_bias_linear=False,
+            init_method_std=0.02)
+        return GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=hf["vocab_size"],
+                        max_sequence_length=hf["max_position_embeddings"], position_embedding_type="rope",
+                        share_embeddings_and_output_weights=hf["tie_word_embeddings"])
+
+    def built(perform: bool) -> float:
+        t = time.perf_counter()
+        model = build(perform)
+        elapsed = time.perf_counter() - t
+        del model
+        return elapsed
+
+    model = build(False)
+    params = sum(p.numel() for p in model.parameters())
+    t = time.perf_counter()
+    modelinit.init_module_(model, seed=0, spec=hf, policy="megatron")
+    first = time.perf_counter() - t
+    del model
+
+    def ours_once() -> float:
+        model = build(False)
+        t = time.perf_counter()
+        modelinit.init_module_(model, seed=0, spec=hf, policy="megatron")
+        return time.perf_counter() - t
+
+    ours = min(ours_once() for _ in range(args.repeat))
+    bare = min(built(False) for _ in range(args.repeat))
+    with_init = min(built(True) for _ in range(args.repeat))
+    theirs = with_init - bare
+    print(f"Megatron-Core GPTModel, Llama 3 {args.flavor} shape: {params / 1e9:.2f} B parameters, float32, CPU, TP=1 "
+          f"({os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads)")
+    print(f"  init_module_, the process's first call (kernel load, spec, map)  {first:8.2f} s")
+    print(f"  init_module_ (policy megatron)                                   {ours:8.2f} s")
+    print(f"  GPTModel(...) without init / with Megatron's CPU init            {bare:8.2f} s / {with_init:.2f} s")
+    print(f"  Megatron's own CPU init (the difference)                         {theirs:8.2f} s")
+    print(f"  ratio init_module_ / Megatron's init                             {ours / theirs:8.3f}")
+    print(f"  ratio first call / Megatron's init                               {first / theirs:8.3f}")
+    dist.destroy_process_group()
 
 if __name__ == "__main__":
     main()

@@ -50,10 +50,8 @@ _NAMES = {
     "decoder.layers.mlp.linear_fc1.layer_norm_bias": "model.layers.{}.post_attention_layernorm.bias",
 }
 #: The MLP's names, by the spec's naming: gated (SwiGLU: ``linear_fc1`` holds [gate; up]), or not.
-_MLP = {True: ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"), False: (None, "mlp.c_fc", "mlp.c_proj")}
+_MLP = {True: ("gate_proj", "up_proj", "down_proj"), False: (None, "c_fc", "c_proj")}
 _QKV = "decoder.layers.self_attention.linear_qkv."
-_FC1 = "decoder.layers.mlp.linear_fc1."
-_FC2 = "decoder.layers.mlp.linear_fc2."
 _PADDED = ("embedding.word_embeddings.weight", "output_layer.weight")
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -172,9 +170,12 @@ def _whole(shape: tuple[int, ...]) -> Box:
     return (0,) * len(shape), tuple(range(len(shape))), (0,) * len(shape), tuple(shape)
 
 
-def _hf_boxes(key: str, layer: int | None, shape: tuple[int, ...], config, gated: bool) -> list[tuple[str, Box]]:
+def _hf_boxes(key: str, lead: tuple[int, ...], shape: tuple[int, ...], config, gated: bool) -> list[tuple[str, Box]]:
     """The Hugging Face tensors (name, box of them in Megatron's per-layer tensor ``key`` of ``shape``)
-    the tensor holds; their shapes are checked against the spec by the caller."""
+    the tensor holds (``lead``: its leading offsets, layer then expert); their shapes are checked
+    against the spec by the caller."""
+    layer = lead[0] if lead else None
+
     def hf(name: str) -> str:
         return name.format(layer) if "{}" in name else name
 
@@ -194,19 +195,43 @@ def _hf_boxes(key: str, layer: int | None, shape: tuple[int, ...], config, gated
             box = (start, tuple(range(len(shape))), (0,) * len(shape), (idx.size, *shape[1:]))
             out.append((f"model.layers.{layer}.self_attn.{proj}_proj.{leaf}", box))
         return out
+    mlp = _mlp_prefix(key, lead)
+    if mlp is None:
+        raise ValueError(f"module: Megatron's {key!r} has no Hugging Face counterpart modelinit knows; GPTModel with the "
+                         "local or Transformer Engine layer spec (GQA, a SwiGLU or GELU MLP, MoE experts) is supported")
+    prefix, rest = mlp
     gate, up, down = _MLP[gated]
-    if key.startswith(_FC1) and leaf in ("weight", "bias"):
+    layer_prefix = f"model.layers.{layer}.{prefix}"
+    if prefix == "mlp." and rest == "router.weight":
+        return [(f"model.layers.{layer}.mlp.gate.weight", _whole(shape))]
+    fc, _, leaf = rest.partition(".")
+    if fc == "linear_fc1" and leaf in ("weight", "bias"):
         if not gated:
-            return [(f"model.layers.{layer}.{up}.{leaf}", _whole(shape))]
+            return [(f"{layer_prefix}{up}.{leaf}", _whole(shape))]
         half = shape[0] // 2
-        rest = (0,) * (len(shape) - 1)
+        zeros = (0,) * (len(shape) - 1)
         dims = tuple(range(len(shape)))
-        return [(f"model.layers.{layer}.{gate}.{leaf}", ((0, *rest), dims, (0,) * len(shape), (half, *shape[1:]))),
-                (f"model.layers.{layer}.{up}.{leaf}", ((half, *rest), dims, (0,) * len(shape), (half, *shape[1:])))]
-    if key.startswith(_FC2) and leaf in ("weight", "bias"):
-        return [(f"model.layers.{layer}.{down}.{leaf}", _whole(shape))]
+        return [(f"{layer_prefix}{gate}.{leaf}", ((0, *zeros), dims, (0,) * len(shape), (half, *shape[1:]))),
+                (f"{layer_prefix}{up}.{leaf}", ((half, *zeros), dims, (0,) * len(shape), (half, *shape[1:])))]
+    if fc == "linear_fc2" and leaf in ("weight", "bias"):
+        return [(f"{layer_prefix}{down}.{leaf}", _whole(shape))]
     raise ValueError(f"module: Megatron's {key!r} has no Hugging Face counterpart modelinit knows; GPTModel with the "
-                     "local or Transformer Engine layer spec (dense, GQA, SwiGLU or GELU MLP) is supported")
+                     "local or Transformer Engine layer spec (GQA, a SwiGLU or GELU MLP, MoE experts) is supported")
+
+
+def _mlp_prefix(key: str, lead: tuple[int, ...]) -> tuple[str, str] | None:
+    """The Hugging Face prefix (after ``model.layers.N.``) of an MLP key's tensors, and the rest of
+    the key: the dense MLP, a routed expert (the expert's global index is Megatron's second
+    leading offset), the shared experts, the router."""
+    if key.startswith("decoder.layers.mlp.experts.experts."):
+        if len(lead) != 2:
+            raise ValueError(f"module: Megatron saves {key!r} without its expert's index; this layout is not supported")
+        return f"mlp.experts.{lead[1]}.", key.removeprefix("decoder.layers.mlp.experts.experts.")
+    if key.startswith("decoder.layers.mlp.shared_experts."):
+        return "mlp.shared_experts.", key.removeprefix("decoder.layers.mlp.shared_experts.")
+    if key.startswith("decoder.layers.mlp."):
+        return "mlp.", key.removeprefix("decoder.layers.mlp.")
+    return None
 
 
 def _check_config(model) -> Any:
@@ -215,10 +240,10 @@ def _check_config(model) -> Any:
         raise ValueError(f"module: {type(model).__name__} is not a Megatron-Core GPTModel (it has no TransformerConfig); "
                          "modelinit maps GPTModel")
     for flag, why in (("multi_latent_attention", "multi-latent attention"), ("rotary_interleaved", "interleaved RoPE"),
-                      ("num_moe_experts", "mixture of experts")):
+                      ("moe_grouped_gemm", "grouped-GEMM experts (TEGroupedMLP: one tensor per layer)")):
         if getattr(config, flag, None):
             raise ValueError(f"module: a Megatron model with {why} ({flag}) is not supported yet; GPTModel with "
-                             "grouped-query attention and a dense MLP is")
+                             "grouped-query attention, a dense MLP or SequentialMLP experts is")
     return config
 
 
@@ -227,9 +252,10 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
     """Where each of ``model``'s local tensors (``tensors``: name -> tensor) gets its bytes from,
     as pieces of ``spec``'s tensors in Megatron's global per-layer tensor; that tensor's shape and
     the global indices the local tensor holds per dim (its shard of it); and how many of the spec's tensors the
-    model lacks. A pipeline stage (Megatron's ``pre_process``/``post_process``, a layer range)
-    lacks the other stages' tensors whether or not ``partial`` is set: Megatron's own offsets say
-    which layers it holds; a model that is no stage and lacks any is refused."""
+    model lacks. A pipeline stage (Megatron's ``pre_process``/``post_process``, a layer range) and
+    an expert-parallel rank lack the other ranks' tensors whether or not ``partial`` is set:
+    Megatron's own offsets say which layers and experts it holds; any other model that lacks one is
+    refused."""
     config = _check_config(model)
     by_name = {t.name: i for i, t in enumerate(spec.tensors)}
     gated = bool(getattr(config, "gated_linear_unit", False))
@@ -249,10 +275,9 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
         if sharded is None:
             raise ValueError(f"module: Megatron's sharded_state_dict() does not save {name!r}; modelinit has no bytes for it")
         key, lead, shape, held_idx = _global_place(name, t, sharded)
-        layer = lead[0] if lead else None
         sets[name] = (shape, held_idx)
         pieces[name] = []
-        for hf_name, box in _hf_boxes(key, layer, shape, config, gated):
+        for hf_name, box in _hf_boxes(key, lead, shape, config, gated):
             ti = by_name.get(hf_name)
             if ti is None:
                 raise ValueError(f"module: Megatron's {name!r} holds {hf_name!r}, which the spec ({spec.architecture}) does not "
@@ -271,7 +296,8 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
             held.add(ti)
     lacking = len(spec.tensors) - len(held)
     stage = not (getattr(model, "pre_process", True) and getattr(model, "post_process", True)) or \
-        len(getattr(getattr(model, "decoder", None), "layers", ())) < config.num_layers
+        len(getattr(getattr(model, "decoder", None), "layers", ())) < config.num_layers or \
+        (getattr(config, "expert_model_parallel_size", 1) or 1) > 1
     if lacking and not (partial or stage):
         absent = next(t.name for i, t in enumerate(spec.tensors) if i not in held)
         raise ValueError(f"module: it lacks {lacking} tensor(s) of the spec, e.g. {absent!r}: the model does not match "

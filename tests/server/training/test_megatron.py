@@ -37,11 +37,19 @@ HF = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size
       "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 96,
       "vocab_size": VOCAB, "tie_word_embeddings": False, "max_position_embeddings": 128, "rms_norm_eps": 1e-6}
 
+#: The same as a Qwen3 MoE: every layer's MLP is 4 routed experts (SwiGLU, 32 wide), top-2, and a router.
+MOE = {**HF, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "moe_intermediate_size": 32,
+       "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
+       "norm_topk_prob": True}
+_MOE_FIELDS = dict(num_moe_experts=4, moe_ffn_hidden_size=32, moe_router_topk=2)
+
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Megatron warns that Apex/TE are absent
 
 
-def _gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = False, vocab: int = PADDED, **over):
-    """A GPTModel matching HF on this rank of a (tp, pp) layout (parallel_state set up by the caller)."""
+def _gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = False, vocab: int = PADDED, moe: bool = False,
+         ep: int = 1, **over):
+    """A GPTModel matching HF (MOE: with SequentialMLP experts, ``ep`` ways expert parallel) on this
+    rank of a (tp, pp) layout (parallel_state set up by the caller)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -53,9 +61,12 @@ def _gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = False, v
                   use_cpu_initialization=True, perform_initialization=False, gated_linear_unit=True,
                   activation_func=torch.nn.functional.silu, normalization="RMSNorm", add_bias_linear=False,
                   qk_layernorm=True, params_dtype=dt, pipeline_dtype=dt, bf16=dtype == "bfloat16")
+    if moe:
+        fields.update(_MOE_FIELDS, expert_model_parallel_size=ep)
     fields.update(over)
     config = TransformerConfig(**fields)
-    spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization=config.normalization)
+    spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False,
+                                    qk_layernorm=config.qk_layernorm, normalization=config.normalization)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return GPTModel(config, spec, vocab_size=vocab, max_sequence_length=128, position_embedding_type="rope",
@@ -70,12 +81,12 @@ def _files(out: pathlib.Path) -> dict:
     return files
 
 
-def _reference(tmp_path: pathlib.Path, dtype: str = "float32", tied: bool = False, policy=None) -> dict:
+def _reference(tmp_path: pathlib.Path, dtype: str = "float32", tied: bool = False, policy=None, moe: bool = False) -> dict:
     """The Hugging Face folder of (HF, SEED, policy) in Megatron's layout, under a one-process
     model's parameter names: q, k, v concatenated per query group, [gate; up], and the padded
     vocabulary's rows from the folder of the padded vocabulary (its first rows are the same)."""
-    hf = {**HF, "tie_word_embeddings": tied}
-    out, padded = tmp_path / f"hf-{dtype}-{tied}-{policy}", tmp_path / f"hf-padded-{dtype}-{tied}-{policy}"
+    hf = {**(MOE if moe else HF), "tie_word_embeddings": tied}
+    out, padded = tmp_path / f"hf-{dtype}-{tied}-{policy}-{moe}", tmp_path / f"hf-padded-{dtype}-{tied}-{policy}-{moe}"
     with modelinit.Client() as c:
         c.init_model(hf, seed=SEED, out_dir=out, dtype=dtype, policy=policy)
         c.init_model({**hf, "vocab_size": PADDED}, seed=SEED, out_dir=padded, dtype=dtype, policy=policy)
@@ -100,9 +111,14 @@ def _reference(tmp_path: pathlib.Path, dtype: str = "float32", tied: bool = Fals
         ref[layer + "self_attention.k_layernorm.weight"] = files[f"{hf_layer}self_attn.k_norm.weight"]
         ref[layer + "input_layernorm.weight"] = files[f"{hf_layer}input_layernorm.weight"]
         ref[layer + "pre_mlp_layernorm.weight"] = files[f"{hf_layer}post_attention_layernorm.weight"]
-        ref[layer + "mlp.linear_fc1.weight"] = torch.cat([files[f"{hf_layer}mlp.gate_proj.weight"],
-                                                          files[f"{hf_layer}mlp.up_proj.weight"]])
-        ref[layer + "mlp.linear_fc2.weight"] = files[f"{hf_layer}mlp.down_proj.weight"]
+        mlps = {"mlp.": f"{hf_layer}mlp."}
+        if moe:
+            ref[layer + "mlp.router.weight"] = files[f"{hf_layer}mlp.gate.weight"]
+            mlps = {f"mlp.experts.local_experts.{e}.": f"{hf_layer}mlp.experts.{e}." for e in range(MOE["num_experts"])}
+        for mine, theirs in mlps.items():
+            ref[layer + mine + "linear_fc1.weight"] = torch.cat([files[f"{theirs}gate_proj.weight"],
+                                                                 files[f"{theirs}up_proj.weight"]])
+            ref[layer + mine + "linear_fc2.weight"] = files[f"{theirs}down_proj.weight"]
     return ref
 
 
@@ -127,12 +143,13 @@ def _one(rank: int, init_file: str, body, args) -> None:
     exit_rank()
 
 
-def _check_one_device(ref_paths: dict, dtype: str, tied: bool, policy) -> None:
+def _check_one_device(ref_paths: dict, dtype: str, tied: bool, policy, moe: bool) -> None:
     refs = {d: torch.load(p) for d, p in ref_paths.items()}
     ref = refs[dtype]
-    model = _gpt(dtype=dtype, tied=tied)
+    model = _gpt(dtype=dtype, tied=tied, moe=moe)
     with no_collectives():
-        summary = modelinit.init_module_(model, seed=SEED, spec={**HF, "tie_word_embeddings": tied}, policy=policy)
+        summary = modelinit.init_module_(model, seed=SEED, spec={**(MOE if moe else HF), "tie_word_embeddings": tied},
+                                         policy=policy)
     got = {n: p.detach() for n, p in model.named_parameters()}
     assert sorted(got) == sorted(ref)
     # Megatron keeps its norms in float32 under params_dtype=bfloat16: each tensor has its own dtype's bytes
@@ -140,43 +157,48 @@ def _check_one_device(ref_paths: dict, dtype: str, tied: bool, policy) -> None:
     assert bad == []
     assert any(p.dtype == torch.float32 for p in got.values())
     assert summary.dtypes == tuple(sorted({dtype, "float32"}))
-    assert summary.architecture == "Qwen3ForCausalLM" and summary.missing == 0
+    assert summary.architecture == ("Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM") and summary.missing == 0
     assert summary.elements == summary.global_elements == sum(p.numel() for p in got.values())
 
 
-@pytest.mark.parametrize("dtype, tied, policy", [("float32", False, None), ("bfloat16", False, None),
-                                                 ("float32", True, None), ("float32", False, "megatron")],
-                         ids=["float32", "bfloat16", "tied", "megatron-policy"])
-def test_one_device_equals_the_hugging_face_folder_in_megatrons_layout(tmp_path, dtype, tied, policy):
+@pytest.mark.parametrize("dtype, tied, policy, moe", [("float32", False, None, False), ("bfloat16", False, None, False),
+                                                      ("float32", True, None, False), ("float32", False, "megatron", False),
+                                                      ("bfloat16", False, None, True)],
+                         ids=["float32", "bfloat16", "tied", "megatron-policy", "moe-bfloat16"])
+def test_one_device_equals_the_hugging_face_folder_in_megatrons_layout(tmp_path, dtype, tied, policy, moe):
     """TP=1, PP=1: every parameter, the padded vocabulary's rows included, is the folder's bytes in
-    Megatron's layout; a tied model shares the embedding (no output layer of its own)."""
+    Megatron's layout; a tied model shares the embedding (no output layer of its own); an MoE
+    model's experts (SequentialMLP) and router are the Qwen3 MoE folder's."""
     ref_paths = {}
     for d in sorted({dtype, "float32"}):
         ref_paths[d] = str(tmp_path / f"ref-{d}.pt")
-        torch.save(_reference(tmp_path, d, tied, policy), ref_paths[d])
-    _one_process(str(tmp_path / "pg"), _check_one_device, ref_paths, dtype, tied, policy)
+        torch.save(_reference(tmp_path, d, tied, policy, moe), ref_paths[d])
+    _one_process(str(tmp_path / "pg"), _check_one_device, ref_paths, dtype, tied, policy, moe)
 
 
-def _fill_layout(rank: int, world: int, init_file: str, tp: int, pp: int, tied: bool, out: str, ref_path: str) -> None:
-    """This rank's share of a (tp, pp) model, filled, saved as it holds it (with its place) for the test to put together."""
+def _fill_layout(rank: int, world: int, init_file: str, tp: int, pp: int, ep: int, tied: bool, out: str,
+                 ref_path: str) -> None:
+    """This rank's share of a (tp, pp, ep) model, filled, saved as it holds it (with its place) for the
+    test to put together."""
     from megatron.core import parallel_state as ps
 
     _init_group(rank, world, init_file)
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                 expert_model_parallel_size=ep)
     cuda = torch.Tensor.cuda
     torch.Tensor.cuda = lambda self, *a, **k: self  # a tied model's last stage moves its copy to CUDA to all-reduce it
     try:
-        model = _gpt(tp, pp, tied=tied)
+        model = _gpt(tp, pp, tied=tied, moe=ep > 1, ep=ep)
     finally:
         torch.Tensor.cuda = cuda
     with no_collectives():
-        summary = modelinit.init_module_(model, seed=SEED, spec={**HF, "tie_word_embeddings": tied})
+        summary = modelinit.init_module_(model, seed=SEED, spec={**(MOE if ep > 1 else HF), "tie_word_embeddings": tied})
     assert summary.elements == sum(p.numel() for p in model.parameters())
     assert summary.elements < summary.global_elements if tp > 1 else summary.elements == summary.global_elements
-    assert (summary.missing > 0) == (pp > 1), summary  # a stage lacks the other stages' tensors
+    assert (summary.missing > 0) == (pp > 1 or ep > 1), summary  # a stage, an expert-parallel rank: the others' tensors
     state = {n: p.detach().clone() for n, p in model.named_parameters()}
-    torch.save({"tp": ps.get_tensor_model_parallel_rank(), "pp": ps.get_pipeline_model_parallel_rank(),
-                "first": [layer.layer_number - 1 for layer in model.decoder.layers][:1], "state": state},
+    torch.save({"tp": ps.get_tensor_model_parallel_rank(), "ep": ps.get_expert_model_parallel_rank(),
+                "first": [layer.layer_number - 1 for layer in model.decoder.layers][0], "state": state},
                f"{out}/rank{rank}.pt")
     exit_rank()
 
@@ -187,51 +209,66 @@ _ROWS = ("embedding.word_embeddings.weight", "output_layer.weight", "linear_qkv.
 _COLUMNS = ("linear_proj.weight", "linear_fc2.weight")
 
 
-def _put_together(out: pathlib.Path, world: int) -> dict:
+def _global_name(name: str, first: int, ep_rank: int, local_experts: int) -> str:
+    """A stage's layer numbered from the model's first layer; an expert-parallel rank's local expert
+    numbered among all experts."""
+    if name.startswith("decoder.layers."):
+        i, _, rest = name.removeprefix("decoder.layers.").partition(".")
+        if rest.startswith("mlp.experts.local_experts."):
+            e, _, tail = rest.removeprefix("mlp.experts.local_experts.").partition(".")
+            rest = f"mlp.experts.local_experts.{ep_rank * local_experts + int(e)}.{tail}"
+        name = f"decoder.layers.{first + int(i)}.{rest}"
+    return name
+
+
+def _put_together(out: pathlib.Path, world: int, ep: int) -> dict:
     """The one-process model's tensors from the ranks' shares: TP shards concatenated (linear_fc1's
-    [gate_r; up_r] as all gates then all ups), PP stages' layers renumbered from their first."""
-    shares = [torch.load(out / f"rank{r}.pt") for r in range(world)]
-    by_stage: dict[int, list] = {}
-    for share in sorted(shares, key=lambda s: s["tp"]):
-        by_stage.setdefault(share["pp"], []).append(share)
-    whole = {}
-    for ranks in by_stage.values():
-        first = ranks[0]["first"][0]
-        for name in ranks[0]["state"]:
-            parts = [r["state"][name] for r in ranks]
-            if name.endswith(_ROWS):
-                t = torch.cat(parts)
-            elif name.endswith(_COLUMNS):
-                t = torch.cat(parts, dim=1)
-            elif name.endswith("linear_fc1.weight"):
-                t = torch.cat([p.chunk(2)[0] for p in parts] + [p.chunk(2)[1] for p in parts])
-            else:
-                assert all(torch.equal(p, parts[0]) for p in parts), name
-                t = parts[0]
-            if name.startswith("decoder.layers."):
-                i, _, rest = name.removeprefix("decoder.layers.").partition(".")
-                name = f"decoder.layers.{first + int(i)}.{rest}"
-            whole.setdefault(name, []).append(t)
-    return whole
+    [gate_r; up_r] as all gates then all ups), PP stages' layers renumbered from their first, EP
+    ranks' experts from theirs; a replica (data parallel) must equal the first."""
+    by_name: dict[str, dict[int, list]] = {}
+    local_experts = MOE["num_experts"] // ep
+    for r in range(world):
+        share = torch.load(out / f"rank{r}.pt")
+        for name, t in share["state"].items():
+            whole = _global_name(name, share["first"], share["ep"], local_experts)
+            by_name.setdefault(whole, {}).setdefault(share["tp"], []).append(t)
+    assembled = {}
+    for name, by_tp in by_name.items():
+        for copies in by_tp.values():
+            assert all(torch.equal(c, copies[0]) for c in copies), name
+        parts = [by_tp[k][0] for k in sorted(by_tp)]
+        if name.endswith(_ROWS):
+            t = torch.cat(parts)
+        elif name.endswith(_COLUMNS):
+            t = torch.cat(parts, dim=1)
+        elif name.endswith("linear_fc1.weight"):
+            t = torch.cat([p.chunk(2)[0] for p in parts] + [p.chunk(2)[1] for p in parts])
+        else:
+            assert all(torch.equal(p, parts[0]) for p in parts), name
+            t = parts[0]
+        assembled[name] = [t]
+    return assembled
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo is not available")
-@pytest.mark.parametrize("tp, pp, tied", [(2, 1, False), (1, 2, False), (1, 2, True)], ids=["tp2", "pp2", "pp2-tied"])
-def test_parallel_layouts_equal_one_device(tmp_path, tp, pp, tied):
+@pytest.mark.parametrize("tp, pp, ep, tied", [(2, 1, 1, False), (1, 2, 1, False), (1, 2, 1, True), (1, 1, 2, False)],
+                         ids=["tp2", "pp2", "pp2-tied", "ep2-moe"])
+def test_parallel_layouts_equal_one_device(tmp_path, tp, pp, ep, tied):
     """TP=2 (each rank's query groups, [gate_r; up_r], half the padded vocabulary, half of
-    linear_proj's and linear_fc2's columns) and PP=2 (each stage its layers, numbered from 0; a
-    tied model's last stage its own copy of the embedding): each rank fills its own share, and
-    the shares put together are the one-device model's bytes."""
+    linear_proj's and linear_fc2's columns), PP=2 (each stage its layers, numbered from 0; a tied
+    model's last stage its own copy of the embedding), EP=2 (each rank 2 of the 4 experts, numbered
+    from 0): each rank fills its own share, and the shares put together are the one-device model's bytes."""
     import torch.multiprocessing as mp
 
-    ref = _reference(tmp_path, tied=tied)
+    ref = _reference(tmp_path, tied=tied, moe=ep > 1)
     ref_path, out = str(tmp_path / "ref.pt"), tmp_path / "shares"
     out.mkdir()
     torch.save(ref, ref_path)
+    world = max(tp * pp, ep)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_fill_layout, args=(tp * pp, str(tmp_path / "pg"), tp, pp, tied, str(out), ref_path), nprocs=tp * pp,
+    mp.spawn(_fill_layout, args=(world, str(tmp_path / "pg"), tp, pp, ep, tied, str(out), ref_path), nprocs=world,
              join=True)
-    whole = _put_together(out, tp * pp)
+    whole = _put_together(out, world, ep)
     if tied:  # the last stage's copy of the embedding is the embedding
         assert [same_bytes(t, ref["embedding.word_embeddings.weight"]) for t in whole.pop("output_layer.weight")] == [True]
     assert sorted(whole) == sorted(ref)
