@@ -251,13 +251,14 @@ def _put_together(out: pathlib.Path, world: int, ep: int) -> dict:
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo is not available")
-@pytest.mark.parametrize("tp, pp, ep, tied", [(2, 1, 1, False), (1, 2, 1, False), (1, 2, 1, True), (1, 1, 2, False)],
-                         ids=["tp2", "pp2", "pp2-tied", "ep2-moe"])
+@pytest.mark.parametrize("tp, pp, ep, tied", [(2, 1, 1, False), (1, 2, 1, False), (1, 2, 1, True), (1, 1, 2, False),
+                                              (2, 2, 1, True)],
+                         ids=["tp2", "pp2", "pp2-tied", "ep2-moe", "tp2-pp2-tied"])
 def test_parallel_layouts_equal_one_device(tmp_path, tp, pp, ep, tied):
     """TP=2 (each rank's query groups, [gate_r; up_r], half the padded vocabulary, half of
     linear_proj's and linear_fc2's columns), PP=2 (each stage its layers, numbered from 0; a tied
     model's last stage its own copy of the embedding), EP=2 (each rank 2 of the 4 experts, numbered
-    from 0): each rank fills its own share, and the shares put together are the one-device model's bytes."""
+    from 0), TP=2 x PP=2 over 4 ranks: each rank fills its own share, and the shares put together are the one-device model's bytes."""
     import torch.multiprocessing as mp
 
     ref = _reference(tmp_path, tied=tied, moe=ep > 1)
