@@ -50,10 +50,14 @@ def init_stack_buffers(model) -> tuple[str, ...]:
     persistent ones' names. A DTensor buffer (torchtitan's own parallelize makes the RoPE table
     one under TP) is computed whole and put back in its placements as ``init_states`` does, each
     rank keeping its own part (``src_data_rank=None``: every rank computed the same, so nothing
-    is broadcast)."""
+    is broadcast). A tied model's embedding is tied to its output again first, as
+    ``Decoder.init_states`` does: ``to_empty`` gave each a tensor of its own."""
     from torch.distributed.tensor import DTensor, distribute_tensor
     from torchtitan.protocols.module import Module
 
+    if getattr(model, "enable_weight_tying", False) and getattr(model, "tok_embeddings", None) is not None \
+            and getattr(model, "lm_head", None) is not None:  # left untied, training would move the two apart
+        model.tok_embeddings.weight = model.lm_head.weight
     persistent: list[str] = []
     for prefix, m in model.named_modules():
         if not isinstance(m, Module) or type(m)._init_self_buffers is Module._init_self_buffers:
