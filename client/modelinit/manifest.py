@@ -403,6 +403,10 @@ def plan_differences(manifest: dict, plan: pb.PlanResponse) -> list[str]:
         elif manifest_request(manifest).policy.preset == "kaiming":
             why = (" (the 'kaiming' preset used to be LeCun normal, std 1/sqrt(fan_in), and is now torch's kaiming_normal_ "
                    "default, std sqrt(2/fan_in); a folder made with the old 'kaiming' regenerates with the preset 'lecun-normal')")
+        elif manifest_request(manifest).policy.preset == "torchtitan-llama3" and not manifest_request(manifest).policy.rules:
+            why = (" (the 'torchtitan-llama3' preset used to give a tied token embedding N(0, 1), and now gives it the output "
+                   "layer's law, as torchtitan's tied models do; a tied model made before regenerates with the policy "
+                   "{preset: torchtitan-llama3, rules: [{match: {roles: [token_embedding]}, init: {normal: {std: 1}}}]})")
         out.append(f"fingerprint {manifest['fingerprint']}, the recorded request regenerates {plan.fingerprint}{why}")
     planned = [(f.name, f.size) for f in plan.files]
     recorded = [(e["name"], e["size"]) for e in manifest["files"]]

@@ -270,6 +270,22 @@ def test_old_kaiming_manifest_names_lecun_normal(embedded, tmp_path):
     assert not report.ok and any("'lecun-normal'" in p for p in report.problems)
 
 
+def test_old_torchtitan_manifest_of_a_tied_model_names_the_policy_that_regenerates_it(embedded, tmp_path):
+    """A tied model made when `torchtitan-llama3` gave its token embedding N(0, 1): its bytes are the
+    preset's plus one rule, which the refusal and `verify` name."""
+    folder = tmp_path / "old-torchtitan"
+    embedded.init_model(GPT2, seed=1, out_dir=folder, policy={
+        "preset": "torchtitan-llama3", "rules": [{"match": {"roles": ["token_embedding"]}, "init": {"normal": {"std": 1}}}]})
+    doc = _manifest(folder)
+    doc["request"]["policy"] = {"preset": "torchtitan-llama3"}
+    (folder / "modelinit.json").write_text(json.dumps(doc))
+    with pytest.raises(modelinit.ModelInitError) as e:
+        embedded.init_model_from_manifest(folder, tmp_path / "out")
+    assert "rules: [{match: {roles: [token_embedding]}, init: {normal: {std: 1}}}]" in e.value.details
+    report = verify_folder(folder, client=embedded)
+    assert not report.ok and any("used to give a tied token embedding N(0, 1)" in p for p in report.problems)
+
+
 @pytest.mark.parametrize("args, needle", [
     (["init", "--out", "X"], "give SPEC (a preset or config.json) or --from-manifest PATH"),
     (["init", "gpt2", "--from-manifest", "M", "--out", "X"], "not both"),

@@ -39,6 +39,9 @@ def expected_std(preset, t, model):
         s = model.initializer_range
         return s / math.sqrt(2 * model.n_layers) if _residual_out(t) else s
     if preset == "torchtitan-llama3":
+        head_stored = any(x.role == "lm_head" and x.param == "weight" for x in model.tensors)
+        if t.kind == "embedding" and t.role == "token_embedding" and t.name in model.tied.values() and not head_stored:
+            return model.hidden_size**-0.5 * _trunc_factor(-3, 3)  # it is the (tied) output layer too, as in torchtitan
         if t.kind == "embedding":
             return 1.0
         if t.role == "lm_head":
@@ -100,6 +103,11 @@ def test_torchtitan_specifics():
     assert head.std == pytest.approx(64**-0.5)
     assert head.effective_std == pytest.approx(64**-0.5 * 0.98657, rel=1e-5)
     assert r["model.embed_tokens.weight"].sampler.kind == "normal" and r["model.embed_tokens.weight"].std == 1.0
+    # Tied (qwen2): the embedding is the output layer too, and takes its law, as torchtitan's tied flavors do.
+    tied = MODELS["qwen2"]
+    embed = resolve(Policy(preset="torchtitan-llama3"), tied)[[t.name for t in tied.tensors].index("model.embed_tokens.weight")]
+    assert embed.sampler.kind == "trunc_normal" and (embed.sampler.a, embed.sampler.b) == (-3.0, 3.0)
+    assert embed.std == pytest.approx(64**-0.5) and embed.rule == "output (tied to the embedding)"
 
 
 def test_torch_trunc_normal_bounds_are_absolute():
@@ -153,6 +161,31 @@ def test_lecun_normal_is_the_old_kaiming_byte_for_byte(family):
 
     assert build_plan(Request(MODELS[family], Policy(preset="lecun-normal"), seed=3)).fingerprint == OLD_KAIMING[family]
     assert build_plan(Request(MODELS[family], Policy(preset="kaiming"), seed=3)).fingerprint != OLD_KAIMING[family]
+
+
+# Fingerprints of `torchtitan-llama3` before a tied embedding took the output's law (computed with that
+# code, seed 3): the untied llama's is unchanged; the tied ones' are the preset's plus one rule giving
+# the token embedding N(0, 1) back (what docs/policies.md and `verify` tell the owner of such a folder).
+OLD_TORCHTITAN = {
+    "gpt2": "7452638f36a5d2515d0651d0ec5fba5b5f5adeec1be3bcc01b7e7fce7c0f31d4",
+    "qwen2": "6a15d455d50d14d9dbffe3e0a0a2548c0b52ea0999a79f7217b6908ba3bbb740",
+    "bert": "c79a39d81d2aed8c6b952a17cfc07ad94d114ee0a09411a78a3849112808452d",
+    "llama": "5e060c57da87e24a7453740984010d0c96dfd89dfed65884458dbc9e0b665e5c",
+}
+OLD_TORCHTITAN_POLICY = {"preset": "torchtitan-llama3",
+                         "rules": [{"match": {"roles": ["token_embedding"]}, "init": {"normal": {"std": 1}}}]}
+
+
+@pytest.mark.parametrize("family", sorted(OLD_TORCHTITAN))
+def test_old_torchtitan_bytes_are_the_preset_plus_one_rule(family):
+    from modelinit_server.core.planner import Request, build_plan
+    from modelinit_server.messages import policy_from_pb
+    from modelinit_wire import policy_file
+
+    old = policy_from_pb(policy_file.from_arg(OLD_TORCHTITAN_POLICY))
+    assert build_plan(Request(MODELS[family], old, seed=3)).fingerprint == OLD_TORCHTITAN[family]
+    now = build_plan(Request(MODELS[family], Policy(preset="torchtitan-llama3"), seed=3)).fingerprint
+    assert (now == OLD_TORCHTITAN[family]) == (family == "llama")  # only the tied models changed
 
 
 def test_kaiming_is_torch_kaiming_normal_default():

@@ -6,6 +6,7 @@ class (``Distribution("recorded")``) or, for the built-in families, the same rul
 """
 from __future__ import annotations
 
+import glob
 import math
 
 from ..tensors import ModelSpec
@@ -107,16 +108,24 @@ def _torchtitan_llama3(model: ModelSpec) -> list[Rule]:
       name) ~ trunc_normal(std=0.02 / sqrt(2 * (layer + 1)), a=-2, b=2 absolute);
     - final output (``lm_head`` weight) ~ trunc_normal(std=hidden_size**-0.5, +-3 sigma), effective
       std hidden_size**-0.5 * 0.98657;
-    - norms 1, biases 0. A tied ``lm_head`` is stored as the token embedding, so it gets N(0, 1).
+    - norms 1, biases 0. A tied ``lm_head`` is stored as the token embedding, which then gets the
+      output's law, as in torchtitan's tied flavors (Llama 3.2 1B/3B: the embedding's own init is
+      skipped, and ``Decoder.init_states`` ties it to the output before the output's init runs).
 
-    Source: torchtitan ``models/llama3/model.py`` (``Attention.init_weights``,
-    ``FeedForward.init_weights``, ``Transformer.init_weights``).
+    Source: torchtitan ``models/llama3/__init__.py`` (0.3.0: ``_LINEAR_INIT``, ``_depth_init``,
+    ``_output_linear_init``, ``_EMBEDDING_SKIP_INIT``) and ``models/common/decoder.py``.
     """
     trunc = Distribution("trunc_normal", std=0.02, a=-2.0, b=2.0, bounds="absolute")
     final_std = model.hidden_size**-0.5
     final = Distribution("trunc_normal", std=final_std, a=-3.0, b=3.0, bounds="sigma")
+    head_stored = any(t.role == "lm_head" and t.param == "weight" for t in model.tensors)
+    tied = set(model.tied.values())
+    as_head = [] if head_stored else [glob.escape(t.name) for t in model.tensors
+                                      if t.role == "token_embedding" and t.param == "weight" and t.name in tied]
     return [
         *_norms_and_biases(),
+        *([Rule(Match(kinds=("embedding",), names=tuple(as_head)), final, name="output (tied to the embedding)")]
+          if as_head else []),
         Rule(Match(kinds=("embedding",), params=("weight",)), Distribution("normal", std=1.0), name="embedding (tok_embeddings)"),
         Rule(Match(kinds=("linear",), roles=("lm_head",), params=("weight",)), final, name="output"),
         Rule(
