@@ -19,11 +19,14 @@ import json
 import os
 import pathlib
 import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TypeGuard
 
 import grpc
 from modelinit_wire.events import Begin, Data
+from modelinit_wire.usable_cores import usable_cores
 
 from .bucket import Bucket, is_bucket_url
 from .client import Client
@@ -270,14 +273,16 @@ class _Prefix:
         self.where: pathlib.Path | str = bucket.url
         self.bucket = bucket
         self._objects: dict | None = None
+        self._lock = threading.Lock()  # files are read by several threads at once
 
     def manifest(self) -> dict:
         return read_bucket_manifest(self.bucket)
 
     def _listing(self) -> dict:
-        if self._objects is None:
-            self._objects = self.bucket.list()
-        return self._objects
+        with self._lock:
+            if self._objects is None:
+                self._objects = self.bucket.list()
+            return self._objects
 
     def size(self, name: str) -> int | None:
         got = self._listing().get(name)
@@ -309,6 +314,34 @@ def _scan(files: _Folder | _Prefix, name: str, tick: Callable[[int], None] = lam
         scan.feed(chunk)
         tick(len(chunk))
     return scan
+
+
+def _check_file(files: _Folder | _Prefix, e: dict, fingerprint: str, tick: Callable[[int], None]
+                ) -> tuple[int | None, str | None, dict[str, int] | None, bytes | None, list[str]]:
+    """One listed file: its size, SHA-256, safetensors header (a shard), first bytes (the index),
+    and its problems; None where it could not be read."""
+    name = e["name"]
+    mine: list[str] = []
+    try:
+        size = files.size(name)
+    except FileNotFoundError:
+        return None, None, None, None, [f"missing (manifest lists {e['size']} bytes)"]
+    if size is None:
+        return None, None, None, None, ["not a regular file"]
+    if size != e["size"]:
+        mine.append(f"size {size} bytes, manifest says {e['size']}")
+    try:
+        scan = _scan(files, name, tick)
+    except OSError as err:
+        return size, None, None, None, [*mine, f"cannot read: {err}"]
+    digest = scan.sha256.hexdigest()
+    if digest != e["sha256"]:
+        mine.append(f"SHA-256 {digest}, manifest says {e['sha256']}")
+    header = None
+    if name.endswith(".safetensors"):
+        header_problems, header = _check_header(bytes(scan.head), scan.size, fingerprint)
+        mine.extend(header_problems)
+    return size, digest, header, bytes(scan.head), mine
 
 
 def embedded_client(device: str = "auto") -> Client | None:
@@ -363,41 +396,29 @@ def verify_folder(
     total = sum(e["size"] for e in entries) * (2 if regenerating else 1)
     bar = progress_bar(progress or False, total)
     try:
-        # 1. Every file: size, SHA-256, headers, all from one pass over its bytes.
+        # 1. Every file: size, SHA-256, headers, all from one pass over its bytes; several files at
+        # once where the machine has the cores (one file's SHA-256 is one serial stream).
         sizes: dict[str, int | None] = {}
         hashes: dict[str, str | None] = {}
         headers: dict[str, dict[str, int] | None] = {}
         index: bytes | None = None
-        for e in entries:
+        lock = threading.Lock()
+
+        def tick(n: int) -> None:
+            with lock:
+                bar(n)
+
+        readers = max(1, min(usable_cores(), len(entries)))
+        with ThreadPoolExecutor(readers, thread_name_prefix="modelinit-verify") as pool:
+            checked = list(pool.map(lambda e: _check_file(files, e, fingerprint, tick), entries))
+        for e, (size, digest, header, head, mine) in zip(entries, checked):
             name = e["name"]
-            mine = file_problems[name]
-            sizes[name] = hashes[name] = None
+            sizes[name], hashes[name] = size, digest
+            file_problems[name].extend(mine)
             if name.endswith(".safetensors"):
-                headers[name] = None  # until read
-            try:
-                size = files.size(name)
-            except FileNotFoundError:
-                mine.append(f"missing (manifest lists {e['size']} bytes)")
-                continue
-            if size is None:
-                mine.append("not a regular file")
-                continue
-            sizes[name] = size
-            if size != e["size"]:
-                mine.append(f"size {size} bytes, manifest says {e['size']}")
-            try:
-                scan = _scan(files, name, bar)
-            except OSError as err:
-                mine.append(f"cannot read: {err}")
-                continue
-            hashes[name] = scan.sha256.hexdigest()
-            if hashes[name] != e["sha256"]:
-                mine.append(f"SHA-256 {hashes[name]}, manifest says {e['sha256']}")
-            if name.endswith(".safetensors"):
-                header_problems, headers[name] = _check_header(bytes(scan.head), scan.size, fingerprint)
-                mine.extend(header_problems)
-            elif name == INDEX_FILE:
-                index = bytes(scan.head)
+                headers[name] = header
+            elif name == INDEX_FILE and head is not None:
+                index = head
         if index is not None:
             present = {n for n, size in sizes.items() if size is not None}
             file_problems[INDEX_FILE].extend(

@@ -293,3 +293,38 @@ def test_cli_exit_codes_and_json(folder, tmp_path, capsys):
 def test_cli_through_a_server(folder, server_target, capsys):
     assert main(["verify", str(folder), "--server", server_target]) == 0
     assert "bytes regenerated and identical" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3])
+def test_files_are_read_at_once_on_the_usable_cores(folder, monkeypatch, cores):
+    """verify reads as many files at once as the usable cores allow (one file's SHA-256 is one
+    serial stream): each file's read waits, up to a few seconds, for as many others as there are
+    readers to be in flight with it; more than the cores never are. The report is the same."""
+    import threading
+
+    from modelinit import verify
+
+    monkeypatch.setattr(verify, "usable_cores", lambda: cores)
+    lock = threading.Lock()
+    at_once = [0, 0, 0]  # now, most, shards begun
+    together = threading.Barrier(cores, timeout=10)  # the first shards' reads: broken if they go one at a time
+    scan = verify._scan
+
+    def counted(files, name, tick=lambda n: None):
+        with lock:
+            at_once[0] += 1
+            at_once[1] = max(at_once[:2])
+            first = name.endswith(".safetensors") and at_once[2] < cores
+            at_once[2] += name.endswith(".safetensors")
+        try:
+            if first:
+                together.wait()
+            return scan(files, name, tick)
+        finally:
+            with lock:
+                at_once[0] -= 1
+
+    monkeypatch.setattr(verify, "_scan", counted)
+    report = verify_folder(folder, regenerate=False)
+    assert report.ok, report.problems
+    assert at_once[1] == cores

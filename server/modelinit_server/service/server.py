@@ -17,7 +17,7 @@ from modelinit_wire.v1 import modelinit_pb2
 
 from .. import __version__
 from ..engine.backends import DEVICES, Backend, select
-from ..engine.usable_cores import usable_cores
+from modelinit_wire.usable_cores import usable_cores
 from . import data_messages
 from .limits import Limits
 from .malformed import MalformedRequestInterceptor

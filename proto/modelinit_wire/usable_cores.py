@@ -1,5 +1,5 @@
-"""The cores this process may use: what the kernels size their threads by, and the embedded job its
-files in flight."""
+"""The cores this process may use: what the kernels size their threads by, the embedded job its
+files in flight, and ``verify`` the files it reads at once (server and client both ask)."""
 from __future__ import annotations
 
 import math
