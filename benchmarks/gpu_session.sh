@@ -18,7 +18,7 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1 grpcio==1.85.1 protobuf==7.36.2 \
-#     transformers==5.24.0 tokenizers==0.23.3
+#     transformers==5.24.0 tokenizers==0.23.3 crc32c==2.9.post0
 # (the image has numba, safetensors, hypothesis, prometheus-client, ml-dtypes and an older transformers).
 set -u
 stage=${1:-tests}

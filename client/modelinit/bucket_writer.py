@@ -211,8 +211,8 @@ def _file_chunks(events: Iterator, check: StreamCheck, first: Begin, progress: C
     check.begin(first)
     for event in events:
         if isinstance(event, Data):
-            n = check.data(event.data)
-            if check.hashed:
+            n = check.data(event.data, event.checked)
+            if check.hashing:
                 check.sha256.update(event.data)
             progress(n)
             yield event.data

@@ -166,7 +166,9 @@ class Client:
     Remote options: ``tls`` (or any of ``ca``/``cert``/``key``: PEM paths of the CA that signed
     the server's certificate and this client's certificate and key for mutual TLS), ``token``
     (sent as ``authorization: Bearer ...``), ``timeout`` (seconds per call), ``retry`` (how a
-    lost connection is retried; a stream resumes from the byte it had reached). A server that
+    lost connection is retried; a stream resumes from the byte it had reached), ``rehash``
+    (SHA-256 every received byte here too: each data message's CRC32C is checked on receipt
+    either way, and a message that fails it is asked for again). A server that
     never answered and cannot be connected to (a wrong address), or a TLS handshake that fails
     on trust, raises ModelInitError (UNAVAILABLE, ``cannot reach HOST:PORT: ...``) at once.
     """
@@ -183,6 +185,7 @@ class Client:
         key: str | None = None,
         token: str | None = None,
         retry: RetryPolicy | None = None,
+        rehash: bool = False,
     ) -> None:
         self.target = target
         self.targets: tuple[str, ...] = ()
@@ -196,7 +199,7 @@ class Client:
             self.source = EmbeddedSource(device)
         else:
             self.source = RemoteSource(target, timeout=timeout, tls=tls, ca=ca, cert=cert, key=key, token=token,
-                                       retry=self.retry)
+                                       retry=self.retry, rehash=rehash)
             self.targets = self.source.targets
             self.target = self.targets[0]
 

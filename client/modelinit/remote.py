@@ -16,11 +16,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
+import crc32c
 import grpc
 from modelinit_wire.constants import MAX_CHUNK
 from modelinit_wire.credentials import make_channel
+from modelinit_wire.data_message import Checked
 from modelinit_wire.events import Begin, Data, End
 from modelinit_wire.heap import keep_large_blocks
 from modelinit_wire.v1 import modelinit_pb2 as pb
@@ -174,11 +176,21 @@ class Replicas:
     server may run another version)."""
 
     def __init__(self, stubs: list, targets: tuple[str, ...], fingerprint: str, timeout: float | None,
-                 checked: set[int] | None = None, reached: set[int] | None = None) -> None:
+                 checked: set[int] | None = None, reached: set[int] | None = None, no_crc: set[int] | None = None) -> None:
         self.stubs, self.targets, self._fingerprint, self._timeout = stubs, targets, fingerprint, timeout
         self._checked: set[int] = set(checked or ())
         self._reached: set[int] = reached if reached is not None else set()  # the client's own: shared
+        self._no_crc: set[int] = no_crc if no_crc is not None else set()  # the client's own: said once
         self._lock = threading.Lock()
+
+    def note_no_crc(self, k: int) -> None:
+        """Replica ``k`` sent a data message without its CRC32C: said once per server and client."""
+        with self._lock:
+            if k in self._no_crc:
+                return
+            self._no_crc.add(k)
+        log.warning("%s sends no CRC32C per message (a server older than the transit check): each file's SHA-256 is "
+                    "computed here and checked against the server's instead", self.targets[k])
 
     def check(self, k: int, request: pb.ModelRequest) -> None:
         with self._lock:
@@ -209,18 +221,34 @@ class Replicas:
             return k in self._reached or len(self.stubs) > 1
 
 
+#: Data messages in a row that may fail their CRC32C, each asked for again, before the stream
+#: is given up (DATA_LOSS): corruption that repeats at one byte is no transient.
+MAX_CORRUPTED = 3
+
+
+class _Corrupted(Exception):
+    """A data message whose running CRC32C is not the server's: asked for again from the byte before it."""
+
+
 class ResumingEvents:
     """The Init stream of some of a plan's files, resumed after a lost connection: it waits
     (backoff), moves to the next replica, checks its plan, and asks for the files not yet ended,
     the current one from the byte it has reached. The writer sees one continuous stream; a
     resumed file's End carries the SHA-256 of the whole file. ``replica`` says which server
-    served the last file."""
+    served the last file.
+
+    Every data message is checked on receipt against the running CRC32C the server sends beside
+    it (``InitRequest.transit_crc32c``): one that fails is dropped and asked for again at once
+    from the byte before it, on the same server (:data:`MAX_CORRUPTED` in a row end the stream,
+    DATA_LOSS). Checked bytes are passed on as ``Data(checked=True)``: the writer need not hash
+    them (``rehash``: it still does). A server that sends no CRC (older than the field) is said
+    once (``replicas.notes``), and its bytes are hashed by the writer as before."""
 
     def __init__(self, replicas: Replicas, request: pb.ModelRequest, plan: pb.PlanResponse, files: list[int] | None,
-                 replica: int, retry: RetryPolicy, timeout: float | None) -> None:
+                 replica: int, retry: RetryPolicy, timeout: float | None, rehash: bool = False) -> None:
         self._replicas, self._request, self._plan, self._files = replicas, request, plan, files
         self.replica = replica % len(replicas.stubs)
-        self._retry, self._timeout = retry, timeout
+        self._retry, self._timeout, self._rehash = retry, timeout, rehash
         self._call = None
         self._closed = False
 
@@ -230,23 +258,35 @@ class ResumingEvents:
         todo = list(range(len(plan.files))) if self._files is None else list(self._files)
         current, offset = None, 0  # the file being received and its bytes so far
         resumed = False
+        corrupted = 0  # data messages in a row that failed their CRC32C
         while not self._closed and todo:
-            init = pb.InitRequest(request=self._request, offset=offset if current is not None else 0, chunk_size=MAX_CHUNK)
+            init = pb.InitRequest(request=self._request, offset=offset if current is not None else 0, chunk_size=MAX_CHUNK,
+                                  transit_crc32c=True)
             if resumed or self._files is not None:
                 init.files.extend(todo)
+            running = 0  # the CRC32C of the current file's bytes this stream sent
             try:
                 replicas.check(self.replica, self._request)
                 self._call = replicas.stubs[self.replica].Init(init, timeout=self._timeout, metadata=call_metadata())
                 for msg in self._call:
-                    # a data message's payload (modelinit.stub), or a message the stub left parsed
-                    kind = "data" if isinstance(msg, memoryview) else msg.WhichOneof("event")
+                    # a data message's payload (modelinit.stub: with its CRC32C when sent), or a message the stub left parsed
+                    kind = "data" if isinstance(msg, (memoryview, Checked)) else msg.WhichOneof("event")
                     if kind == "data":
-                        data = msg if isinstance(msg, memoryview) else msg.data
+                        data, sent = _data_and_crc(msg)
+                        if sent is None:
+                            replicas.note_no_crc(self.replica)
+                        else:
+                            running = crc32c.crc32c(data, running)
+                            if running != sent:
+                                raise _Corrupted(f"{plan.files[current].name if current is not None else 'stream'}: the "
+                                                 f"data after byte {offset} failed its CRC32C (sent by {replicas.targets[self.replica]})")
+                        corrupted = 0
                         offset += len(data)
                         backoff.progress()
-                        yield Data(data)
+                        yield Data(data, checked=sent is not None and not self._rehash)
                     elif kind == "begin":
                         b = msg.begin
+                        running = 0
                         if current is not None:  # a resumed stream restates the file it resumes
                             if b.index != current or b.offset != offset:
                                 raise ModelInitError(grpc.StatusCode.DATA_LOSS,
@@ -260,6 +300,16 @@ class ResumingEvents:
                         current, offset = None, 0
                         yield End(msg.end.index, msg.end.sha256)
                 return
+            except _Corrupted as e:
+                self._call.cancel()
+                corrupted += 1
+                if corrupted >= MAX_CORRUPTED:
+                    raise ModelInitError(grpc.StatusCode.DATA_LOSS,
+                                         f"{e} {corrupted} times in a row: something between server and client corrupts the "
+                                         "stream (a proxy, a NIC, memory); nothing was written from it") from None
+                log.warning("%s; asking for it again", e)
+                resumed = True
+                continue
             except grpc.RpcError as e:
                 error = ModelInitError.from_rpc(e)
             if self._closed:
@@ -277,6 +327,13 @@ class ResumingEvents:
             self._call.cancel()
 
 
+def _data_and_crc(msg) -> tuple[Any, int | None]:
+    """A data message's payload and the CRC32C sent beside it (None: none sent)."""
+    if isinstance(msg, Checked):
+        return msg.payload, msg.crc32c
+    if isinstance(msg, memoryview):
+        return msg, None
+    return msg.data, (msg.crc32c if msg.HasField("crc32c") else None)
 
 
 class RemoteSource:
@@ -284,17 +341,21 @@ class RemoteSource:
     comma-separated list of replicas, or a gRPC name resolving to several (``dns:///``, balanced
     round-robin). ``tls``/``ca``/``cert``/``key``/``token`` as in
     :func:`modelinit_wire.credentials.make_channel`; ``timeout`` in seconds per call; ``retry`` how a
-    lost server is ridden out. INVALID_ARGUMENT for a bad target or credential file."""
+    lost server is ridden out; ``rehash``: hash what arrives here too (each data message's
+    CRC32C is checked either way). INVALID_ARGUMENT for a bad target or credential file."""
 
     in_process = False
-    """The bytes crossed a wire: writers hash them and check the server's SHA-256."""
+    """The bytes crossed a wire: writers hash those that came without a transit check the source
+    verified (``Data.checked``) and check the server's SHA-256."""
     last_served: dict[str, int]
     """How many files each target finished in the last :meth:`stream_files`."""
 
     def __init__(self, target: str, *, timeout: float | None = None, tls: bool = False, ca: str | None = None,
                  cert: str | None = None, key: str | None = None, token: str | None = None,
-                 retry: RetryPolicy | None = None) -> None:
+                 retry: RetryPolicy | None = None, rehash: bool = False) -> None:
         self.targets = split_targets(target)
+        self.rehash = rehash
+        """Hash every received byte here too (a second SHA-256 pass), beside each message's CRC32C."""
         self.last_served = {}
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
@@ -310,6 +371,8 @@ class RemoteSource:
         server, retried; to any other, a wrong address, raised at once."""
         self.planner = 0
         """The target that answered the last Plan: streams start there."""
+        self._no_crc: set[int] = set()
+        """Targets that sent data without its CRC32C (said once)."""
 
     def close(self) -> None:
         for ch in self._channels:
@@ -395,7 +458,8 @@ class RemoteSource:
 
     def replicas(self, fingerprint: str) -> Replicas:
         """The servers, the one that answered the last :meth:`plan` known to plan ``fingerprint``."""
-        return Replicas(self.stubs, self.targets, fingerprint, self.timeout, checked={self.planner}, reached=self._reached)
+        return Replicas(self.stubs, self.targets, fingerprint, self.timeout, checked={self.planner}, reached=self._reached,
+                        no_crc=self._no_crc)
 
     def stream_files(self, request: pb.ModelRequest, plan: pb.PlanResponse, files: list[int], write: Write,
                      parallel: int | None, progress: Callable[[int], None]) -> list[FileResult]:
@@ -431,4 +495,4 @@ class RemoteSource:
         fresh set for ``plan``; the fan-out shares one among its streams)."""
         return ResumingEvents(replicas or self.replicas(plan.fingerprint), request, plan,
                               None if files is None else list(files), self.planner if start is None else start,
-                              self.retry, self.timeout)
+                              self.retry, self.timeout, self.rehash)

@@ -6,7 +6,10 @@ and size from byte 0, none before the previous one ended; no byte comes outside 
 its planned size; each file ends with exactly its planned size and the SHA-256 the producer
 computed (when it sent one), and the stream ends only after the last file. Every breach is a
 ModelInitError(DATA_LOSS). The checker hashes nothing itself: :attr:`StreamCheck.sha256` is the
-current file's hasher, fed by the caller (the writer on a second thread, while it writes).
+current file's hasher, fed by the caller (the writer on a second thread, while it writes) while
+:attr:`StreamCheck.hashing` says so. A file whose bytes all came checked in transit
+(``Data.checked``: each message's CRC32C verified by the source) is not hashed here: the
+producer's SHA-256 stands for it, as for an in-process producer.
 """
 from __future__ import annotations
 
@@ -43,7 +46,9 @@ class StreamCheck:
         self.received = 0
         """Bytes of the current file so far."""
         self.sha256 = hashlib.sha256()
-        """The current file's hasher: the caller feeds it every Data event's bytes."""
+        """The current file's hasher: the caller feeds it every Data event's bytes while :attr:`hashing`."""
+        self.checked: bool | None = None
+        """Whether the current file's bytes came checked in transit (None before its first byte)."""
 
     @property
     def name(self) -> str | None:
@@ -59,14 +64,26 @@ class StreamCheck:
         if event.size != planned.size:
             raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"{self.what}: {event.name} begins as {event.size} bytes, "
                                                             f"the plan says {planned.size}")
-        self.index, self.received, self.sha256 = event.index, 0, hashlib.sha256()
+        self.index, self.received, self.sha256, self.checked = event.index, 0, hashlib.sha256(), None
         return planned
 
-    def data(self, data: Buffer) -> int:
-        """The current file's next bytes (any contiguous buffer): their count. Refused outside a
-        file, and at the first byte past the file's planned size."""
+    @property
+    def hashing(self) -> bool:
+        """Whether the caller feeds :attr:`sha256` the data just passed to :meth:`data`."""
+        return self.hashed and not self.checked
+
+    def data(self, data: Buffer, checked: bool = False) -> int:
+        """The current file's next bytes (any contiguous buffer; ``checked``: verified in transit):
+        their count. Refused outside a file, at the first byte past the file's planned size, and
+        when a file's bytes come part checked, part not (its own hash would miss some)."""
         if self.index is None:
             raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"{self.what}: data before any file began")
+        if self.checked is None:
+            self.checked = checked
+        elif self.checked != checked:
+            raise ModelInitError(grpc.StatusCode.DATA_LOSS,
+                                 f"{self.plan.files[self.index].name}: its bytes came part with a transit check, part "
+                                 "without (a resumed stream on a server of another version); rerun: the file is fetched again")
         with memoryview(data) as view:
             n = view.nbytes
         planned = self.plan.files[self.index]
@@ -82,7 +99,7 @@ class StreamCheck:
         if self.index is None or event.index != self.index:
             raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"{self.what}: a file ended that never began")
         planned = self.plan.files[self.index]
-        got = self.sha256.hexdigest() if self.hashed else event.sha256
+        got = self.sha256.hexdigest() if self.hashed and not self.checked else event.sha256
         if got is None:
             raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"{planned.name}: the producer sent no SHA-256 to record")
         if self.received != planned.size or event.sha256 not in (None, got):

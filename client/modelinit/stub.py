@@ -12,18 +12,19 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from modelinit_wire.data_message import payload_of
+from modelinit_wire.data_message import data_of, payload_of
 from modelinit_wire.v1 import modelinit_pb2 as pb
 from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 
 
-def data_or(message: Any) -> Callable[[bytes], Any]:
-    """A response deserializer: the payload (a memoryview) of a data-only message, else
-    ``message.FromString(raw)``."""
+def data_or(message: Any, read: Callable[[bytes], Any] = payload_of) -> Callable[[bytes], Any]:
+    """A response deserializer: what ``read`` makes of a data message (the payload, a memoryview;
+    for Init, :func:`~modelinit_wire.data_message.data_of`: the payload and its CRC32C when one
+    came), else ``message.FromString(raw)``."""
     parse = message.FromString
 
     def deserialize(raw: bytes) -> Any:
-        payload = payload_of(raw)
+        payload = read(raw)
         return payload if payload is not None else parse(raw)
 
     return deserialize
@@ -31,15 +32,16 @@ def data_or(message: Any) -> Callable[[bytes], Any]:
 
 class ModelInitStub(pb_grpc.ModelInitStub):
     """The generated stub, whose ``Init`` and ``Tensors`` streams yield a data message as a
-    ``memoryview`` of its payload and every other message as an ``InitResponse`` /
-    ``TensorsResponse``."""
+    ``memoryview`` of its payload (an Init one with its CRC32C as a
+    :class:`~modelinit_wire.data_message.Checked`) and every other message as an
+    ``InitResponse`` / ``TensorsResponse``."""
 
     def __init__(self, channel: Any) -> None:
         super().__init__(channel)
         self.Init = channel.unary_stream(
             "/modelinit.v1.ModelInit/Init",
             request_serializer=pb.InitRequest.SerializeToString,
-            response_deserializer=data_or(pb.InitResponse),
+            response_deserializer=data_or(pb.InitResponse, data_of),
             _registered_method=True,
         )
         self.Tensors = channel.unary_stream(

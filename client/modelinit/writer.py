@@ -167,10 +167,10 @@ def write_files(source: Events, plan: pb.PlanResponse, out: pathlib.Path, indice
     try:
         for event in source:
             if isinstance(event, Data):
-                n = check.data(event.data)
+                n = check.data(event.data, event.checked)
                 assert current is not None  # check.data refuses data outside a file (DATA_LOSS)
                 # Hash on a second thread while this one writes: both release the GIL.
-                hashed = hasher.submit(check.sha256.update, event.data) if hasher is not None else None
+                hashed = hasher.submit(check.sha256.update, event.data) if hasher is not None and check.hashing else None
                 try:
                     current[1].write(event.data)
                 finally:

@@ -5,33 +5,63 @@ messages carry ``data`` as field 2, so such a message is, on the wire, the field
 field 2, length-delimited), the payload's length as a varint, and the payload, nothing else. The
 server writes those bytes straight from its segment (:func:`encode`, one copy instead of three);
 the client takes the payload as a view of the bytes gRPC received (:func:`payload_of`, no copy
-instead of two). Everything else is a protobuf message as usual.
+instead of two). An Init data message may carry its transit check beside the payload
+(``InitResponse.crc32c``, field 4, a fixed32 after the data): :func:`encode` appends it and
+:func:`data_of` reads it. Everything else is a protobuf message as usual.
 """
 from __future__ import annotations
 
+import struct
+from typing import NamedTuple
+
 #: Field 2 (``data``, in InitResponse and TensorsResponse), wire type 2 (length-delimited).
 DATA_TAG = 0x12
+#: Field 4 (``crc32c``, in InitResponse), wire type 5 (fixed32).
+CRC32C_TAG = 0x25
 #: The longest varint of a 64-bit length.
 MAX_VARINT = 10
 
 
-def encode(payload: memoryview) -> bytes:
-    """The serialized ``{data: payload}`` message (the bytes ``SerializeToString`` makes), in one
-    copy of the payload."""
+class Checked(NamedTuple):
+    """A data message's payload and the running CRC32C the server sent beside it."""
+
+    payload: memoryview
+    crc32c: int
+
+
+def encode(payload: memoryview, crc32c: int | None = None) -> bytes:
+    """The serialized ``{data: payload}`` message, with ``crc32c: crc32c`` when given (the bytes
+    ``SerializeToString`` makes, fields in number order), in one copy of the payload."""
     n = payload.nbytes
     head = bytearray((DATA_TAG,))
     while n >= 0x80:
         head.append(0x80 | (n & 0x7F))
         n >>= 7
     head.append(n)
-    return b"".join((head, payload))
+    if crc32c is None:
+        return b"".join((head, payload))
+    return b"".join((head, payload, struct.pack("<BI", CRC32C_TAG, crc32c)))
 
 
-def payload_of(raw: bytes) -> memoryview | None:
+def data_of(raw: bytes) -> memoryview | Checked | None:
+    """The payload of a data message (:func:`payload_of`), or the payload and its CRC32C when the
+    data field is followed by exactly the ``crc32c`` field; None for any other message."""
+    payload = payload_of(raw)
+    if payload is not None:
+        return payload
+    if len(raw) < 7 or raw[-5] != CRC32C_TAG:
+        return None
+    payload = payload_of(memoryview(raw)[:-5])
+    if payload is None:
+        return None
+    return Checked(payload, struct.unpack_from("<I", raw, len(raw) - 4)[0])
+
+
+def payload_of(raw: bytes | memoryview) -> memoryview | None:
     """The payload of ``raw`` when it is exactly one ``data`` field (tag, varint length, payload
     to the last byte), as a read-only view of ``raw``; None for any other message (other fields,
     a cut or overlong length: left to protobuf)."""
-    if not raw or raw[0] != DATA_TAG:
+    if not len(raw) or raw[0] != DATA_TAG:
         return None
     length, shift, k = 0, 0, 1
     while True:

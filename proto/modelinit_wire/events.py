@@ -27,6 +27,10 @@ class Begin:
 class Data:
     data: Buffer
     """The next bytes of the current file: ``bytes`` or any contiguous buffer (memoryview, numpy)."""
+    checked: bool = False
+    """They crossed the wire under a transit check the source verified on receipt (the running
+    CRC32C of an Init stream): the writer need not hash them, and the producer's SHA-256 in the
+    file's End stands for the file. False: the writer hashes them (when it hashes at all)."""
 
 
 @dataclass(frozen=True)

@@ -305,26 +305,30 @@ class FilePlan(_message.Message):
     def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., shard: _Optional[bool] = ..., tensors: _Optional[int] = ...) -> None: ...
 
 class InitRequest(_message.Message):
-    __slots__ = ("request", "files", "offset", "chunk_size")
+    __slots__ = ("request", "files", "offset", "chunk_size", "transit_crc32c")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TRANSIT_CRC32C_FIELD_NUMBER: _ClassVar[int]
     request: ModelRequest
     files: _containers.RepeatedScalarFieldContainer[int]
     offset: int
     chunk_size: int
-    def __init__(self, request: _Optional[_Union[ModelRequest, _Mapping]] = ..., files: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., chunk_size: _Optional[int] = ...) -> None: ...
+    transit_crc32c: bool
+    def __init__(self, request: _Optional[_Union[ModelRequest, _Mapping]] = ..., files: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., chunk_size: _Optional[int] = ..., transit_crc32c: _Optional[bool] = ...) -> None: ...
 
 class InitResponse(_message.Message):
-    __slots__ = ("begin", "data", "end")
+    __slots__ = ("begin", "data", "end", "crc32c")
     BEGIN_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
     begin: FileBegin
     data: bytes
     end: FileEnd
-    def __init__(self, begin: _Optional[_Union[FileBegin, _Mapping]] = ..., data: _Optional[bytes] = ..., end: _Optional[_Union[FileEnd, _Mapping]] = ...) -> None: ...
+    crc32c: int
+    def __init__(self, begin: _Optional[_Union[FileBegin, _Mapping]] = ..., data: _Optional[bytes] = ..., end: _Optional[_Union[FileEnd, _Mapping]] = ..., crc32c: _Optional[int] = ...) -> None: ...
 
 class FileBegin(_message.Message):
     __slots__ = ("index", "name", "size", "offset")

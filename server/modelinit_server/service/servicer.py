@@ -18,6 +18,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
 
+import crc32c
 import grpc
 from modelinit_wire import data_message
 from modelinit_wire.events import Begin, Data
@@ -225,11 +226,15 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         source = file_bytes.events(plan, selected, request.offset, self._backend.fill, ring=3, alloc=self._backend.alloc,
                                    fill_beside=self._backend.fill_beside)
         write = functools.partial(self._write, context)
+        # The transit check, when asked: a running CRC32C of the file's bytes this stream sends.
+        crc: list[int] | None = [0] if request.transit_crc32c else None
         async with contextlib.aclosing(self._one_ahead(source, lambda e: len(e.data) if isinstance(e, Data) else 0)) as events:
             async for event in events:
                 if isinstance(event, Data):
-                    sent += await self._send(write, event.data, chunk)
+                    sent += await self._send(write, event.data, chunk, crc)
                 elif isinstance(event, Begin):
+                    if crc is not None:
+                        crc[0] = 0
                     await write(pb.InitResponse(begin=pb.FileBegin(index=event.index, name=event.name, size=event.size, offset=event.offset)))
                 else:
                     await write(pb.InitResponse(end=pb.FileEnd(index=event.index, sha256=event.sha256)))
@@ -303,14 +308,19 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
             ahead.cancel()
             self._generation.submit(close)
 
-    async def _send(self, write, data, chunk: int) -> int:
+    async def _send(self, write, data, chunk: int, crc: list[int] | None = None) -> int:
         """``data`` (a contiguous buffer) in data messages of at most ``chunk`` bytes, each one's
         wire bytes made in one copy (the same for Init and Tensors; :mod:`.data_messages` registers
-        serializers that send them as they are); the bytes sent."""
+        serializers that send them as they are); the bytes sent. ``crc``: the file's running
+        CRC32C (a one-element list, advanced here), sent beside each payload (Init's transit check)."""
         with memoryview(data) as view, view.cast("B") as raw:
             for a in range(0, len(raw), chunk):
                 with raw[a : a + chunk] as piece:
-                    await write(data_message.encode(piece))
+                    if crc is None:
+                        await write(data_message.encode(piece))
+                    else:
+                        crc[0] = crc32c.crc32c(piece, crc[0])  # about 14 GB/s: 0.07 ms a message
+                        await write(data_message.encode(piece, crc[0]))
                     self._metrics.sent(len(piece))
             return len(raw)
 
