@@ -110,18 +110,18 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
         raise ValueError(f"dtype: {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
     refuse_sharded_fsdp1(module)
     module = unwrap(module)
-    named = module_tensors(module)
-    if not named:
-        raise ValueError("module: it has no parameters or persistent buffers to fill")
-    core_policy = _core_policy(policy)
-
     stack_buffers: tuple[str, ...] = ()
     if (titan or megatron) and spec is None:
         raise ValueError(f"spec: a {'torchtitan' if titan else 'Megatron-Core'} model is filled with the bytes of the Hugging "
                          "Face model it corresponds to; give its config: init_module_(model, spec='llama-3-8b' (a preset), "
                          "a config.json path or a dict, ...)")
-    if titan:  # its buffers are its own code's (those the Hugging Face layout stores are then filled as weights)
+    if titan:  # its buffers are its own code's; a tied embedding is tied again before the tensors are listed
         stack_buffers = init_stack_buffers(getattr(module, "_orig_mod", module))
+    named = module_tensors(module)
+    if not named:
+        raise ValueError("module: it has no parameters or persistent buffers to fill")
+    core_policy = _core_policy(policy)
+
     skipped = tuple(n for n, _, t in named if not t.is_floating_point())
     real = {n: r for n, r, _ in named}
     named = [(n, t) for n, _, t in named if t.is_floating_point()]

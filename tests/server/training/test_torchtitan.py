@@ -166,6 +166,14 @@ def test_qwen3_and_deepseek_v3_equal_their_folders(tmp_path_factory, flavor, hf)
         assert summary.stack_buffers == ()
     if flavor == "debugmodel":  # tied: to_empty untied the two, init_module_ ties them again as init_states does
         assert model.tok_embeddings.weight is model.lm_head.weight
+    # each tensor the model holds counted once (the tie is made before the tensors are listed)
+    filled = {id(p): p.numel() for p in model.parameters()}
+    for name, b in model.named_buffers():
+        owner, _, leaf = name.rpartition(".")
+        persistent = leaf not in model.get_submodule(owner)._non_persistent_buffers_set
+        if persistent and b.is_floating_point() and name not in summary.stack_buffers:
+            filled[id(b)] = b.numel()
+    assert (summary.tensors, summary.elements) == (len(filled), sum(filled.values()))
 
 
 @pytest.mark.parametrize("dtype, policy", [("float32", None), ("bfloat16", None), ("float32", "torchtitan-llama3")])
