@@ -164,7 +164,7 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--fsync", action="store_true", help="flush every file to stable storage before renaming it (power-loss safe, slower)")
     init.add_argument("--parallel", type=int, default=None, metavar="N",
                       help="N files at once: with --server spread over the replicas (--server h1:p,h2:p or a dns:/// name; "
-                           "default 1); embedded, each with its own producer and SHA-256 (default: chosen for this machine, "
+                           "default: a quarter of this node's usable cores, at least 1); embedded, each with its own producer and SHA-256 (default: chosen for this machine, "
                            "several on GPU nodes and many cores, where one file's hash is the bottleneck; 1 on small machines)")
     init.add_argument("--buffered-io", action="store_true",
                       help="write through the page cache instead of O_DIRECT (same bytes; O_DIRECT is used only where the filesystem allows it)")

@@ -339,7 +339,8 @@ class Client:
         every file to stable storage before its rename (safe against power loss, at disk speed;
         without it a killed process is still safe, the page cache keeps what was written).
         ``parallel``: files fetched at once, spread over the replicas; each file resumes on the next
-        replica if its server goes away (None: 1). Embedded, files produced at once, each with its own
+        replica if its server goes away (None: a quarter of this node's usable cores, at least 1:
+        :meth:`~modelinit.remote.RemoteSource.files_at_once`). Embedded, files produced at once, each with its own
         producer and SHA-256: one file's hash is one serial stream (about 1-2 GB/s), so where generation
         is fast (a GPU, many cores) several files in flight let the hashes use several cores; on a small
         CPU machine they only compete with the generation. None (the default) lets the engine choose

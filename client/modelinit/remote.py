@@ -25,6 +25,7 @@ from modelinit_wire.credentials import make_channel
 from modelinit_wire.data_message import Checked
 from modelinit_wire.events import Begin, Data, End
 from modelinit_wire.heap import keep_large_blocks
+from modelinit_wire.usable_cores import usable_cores
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .errors import ModelInitError
@@ -461,15 +462,25 @@ class RemoteSource:
         return Replicas(self.stubs, self.targets, fingerprint, self.timeout, checked={self.planner}, reached=self._reached,
                         no_crc=self._no_crc)
 
+    @staticmethod
+    def files_at_once() -> int:
+        """How many files to fetch at once when the caller does not say: a quarter of this node's
+        usable cores (1 up to 7 cores). A file's stream costs the client a core's share to receive
+        and write at about 1 GB/s (its bytes are CRC-checked, not hashed); the server hashes each
+        file as one serial SHA-256 stream (about 1.4 GB/s a core), so several files in flight let
+        a many-core server hash on several cores. A server's ``--max-streams`` (16 by default)
+        bounds what many clients may ask at once."""
+        return max(1, usable_cores() // 4)
+
     def stream_files(self, request: pb.ModelRequest, plan: pb.PlanResponse, files: list[int], write: Write,
                      parallel: int | None, progress: Callable[[int], None]) -> list[FileResult]:
-        """``files`` through ``write``. With one server and one file at a time (``parallel`` None:
-        1), one resumable stream. Otherwise each file is its own resumable stream of that file
-        alone, ``parallel`` at once, file ``i`` starting on replica ``i mod n`` and moving on to the
-        next replica from the byte reached when its server goes away; a replica serves only after
-        it planned the same fingerprint (one :class:`Replicas` shared by the streams). Sets
+        """``files`` through ``write``. With one server and one file at a time, one resumable
+        stream. Otherwise each file is its own resumable stream of that file alone, ``parallel`` at
+        once (None: :meth:`files_at_once`), file ``i`` starting on replica ``i mod n`` and moving on
+        to the next replica from the byte reached when its server goes away; a replica serves only
+        after it planned the same fingerprint (one :class:`Replicas` shared by the streams). Sets
         :attr:`last_served`."""
-        parallel = 1 if parallel is None else parallel
+        parallel = self.files_at_once() if parallel is None else parallel
         self.last_served = {}
         if parallel == 1 and len(self.targets) == 1:
             everything = files == list(range(len(plan.files)))

@@ -50,7 +50,7 @@ def test_a_flipped_bit_is_caught_at_its_message_and_asked_for_again(server_targe
     message, asks again from the byte before it, and writes exactly the embedded run's files."""
     target, handler = relay(server_target, _data_messages(lambda call, n, raw: flip_bit(raw) if (call, n) == (0, 2) else raw))
     with caplog.at_level(logging.WARNING, logger="modelinit.client"), modelinit.Client(target) as c:
-        c.init_model(SPEC, out_dir=tmp_path / "model", **RUN)
+        c.init_model(SPEC, out_dir=tmp_path / "model", parallel=1, **RUN)
     assert read_folder(tmp_path / "model") == expected
     assert handler.init_calls == 2  # the stream, then the one that asked again
     said = [r.getMessage() for r in caplog.records if "CRC32C" in r.getMessage()]
@@ -62,7 +62,7 @@ def test_corruption_that_repeats_ends_in_one_clear_error(server_target, relay, t
     the byte, and no finished folder."""
     target, handler = relay(server_target, _data_messages(lambda call, n, raw: flip_bit(raw) if n == 0 else raw))
     with modelinit.Client(target) as c, pytest.raises(ModelInitError) as raised:
-        c.init_model(SPEC, out_dir=tmp_path / "model", **RUN)
+        c.init_model(SPEC, out_dir=tmp_path / "model", parallel=1, **RUN)
     err = raised.value
     assert err.code.name == "DATA_LOSS"
     assert "model-00001-of-" in err.details and "failed its CRC32C" in err.details and "3 times in a row" in err.details
@@ -153,3 +153,20 @@ def test_each_byte_is_hashed_once_by_the_server_and_crc_checked_on_both_ends(ser
     total = sum(len(b) for n, b in got.items() if n != "modelinit.json")
     assert hashed == {"client": total if rehash else 0, "server": total}
     assert crcs == {"client": total, "server": total}
+
+
+@pytest.mark.parametrize("cores, streams", [(2, 1), (7, 1), (8, 2), (16, 4)])
+def test_files_in_flight_by_default_follow_the_clients_cores(server_target, relay, tmp_path, expected, monkeypatch,
+                                                            cores, streams):
+    """``--server`` without ``--parallel``: a quarter of the client's usable cores, at least 1, files
+    at once (one stream of all files, or a stream per file); the same bytes."""
+    from modelinit import remote
+
+    monkeypatch.setattr(remote, "usable_cores", lambda: cores)
+    assert remote.RemoteSource.files_at_once() == streams
+    target, handler = relay(server_target, lambda call, k, raw: raw)
+    with modelinit.Client(target) as c:
+        c.init_model(SPEC, out_dir=tmp_path / "model", **RUN)
+    assert read_folder(tmp_path / "model") == expected
+    files = len([n for n in expected if n != "modelinit.json"])
+    assert handler.init_calls == (1 if streams == 1 else files)
