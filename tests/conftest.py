@@ -14,7 +14,7 @@ from tests.support.hostile_server import hostile  # noqa: F401 - fixture
 from tests.support.medium_model import reference  # noqa: F401 - fixture
 from tests.support.relay import relay  # noqa: F401 - fixture
 from tests.support.s3_server import (  # noqa: F401 - fixtures
-    s3_bucket, s3_checking_keys, s3_env, s3_no_checksums, s3_no_conditional_put, s3_server)
+    s3_bucket, s3_checking_keys, s3_env, s3_no_checksums, s3_no_conditional_put, s3_parts_seen, s3_server)
 from tests.support.stores import azure_store, s3_store, store  # noqa: F401 - fixtures
 
 

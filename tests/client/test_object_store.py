@@ -550,3 +550,39 @@ def test_a_written_objects_e_tag_is_the_one_its_listing_reports(kind, request, m
     assert {n: o.e_tag for n, o in listed.items()} == {"small.json": put, "once.json": created, "shard.safetensors": uploaded}
     assert all(tag for tag in (put, created, uploaded))  # an empty tag would match anything
     assert listed["shard.safetensors"].size == 2000
+
+
+def _crc64_entry(i: int) -> int:
+    for _ in range(8):
+        i = (i >> 1) ^ (0x9A6C9329AC4BC9B5 if i & 1 else 0)
+    return i
+
+
+_CRC64_TABLE = [_crc64_entry(i) for i in range(256)]
+
+
+def _crc64nvme(data: bytes) -> int:
+    """CRC-64/NVME (reflected polynomial 0x9A6C9329AC4BC9B5, init and xorout all ones): the
+    checksum S3 keeps for a whole object (the check value of b"123456789" is 0xAE8B14860A799888)."""
+    crc = 0xFFFFFFFFFFFFFFFF
+    for byte in data:
+        crc = _CRC64_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFFFFFFFFFF
+
+
+def test_every_s3_part_carries_the_crc64nvme_the_store_checks(s3_parts_seen, expected):
+    """Every part goes up with its CRC64NVME (``x-amz-checksum-crc64nvme``), the checksum S3 checks
+    as it stores a part and combines into the object's, never a SHA-256 (a second pass over the
+    data); each header is the CRC64NVME of the part's body, so a checking store takes them."""
+    import base64
+
+    assert _crc64nvme(b"123456789") == 0xAE8B14860A799888
+    server, parts = s3_parts_seen
+    bucket = server.new_bucket()
+    with modelinit.Client() as c:
+        c.init_model(SPEC, out_dir=f"s3://{bucket}/m", **SHARDED)
+    assert server.keys(bucket, "m") == expected
+    assert parts
+    for headers, body in parts:
+        assert not any(k.startswith("x-amz-checksum-sha") for k in headers), headers
+        assert int.from_bytes(base64.b64decode(headers["x-amz-checksum-crc64nvme"]), "big") == _crc64nvme(body)

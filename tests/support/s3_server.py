@@ -105,8 +105,13 @@ class _Proxy(http.server.BaseHTTPRequestHandler):
     refuse: staticmethod
     protocol_version = "HTTP/1.1"
 
+    watch = None
+    """Optional: called with (method, path, headers, body) of every request before it is answered."""
+
     def _any(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.watch is not None:
+            self.watch(self.command, self.path, self.headers, body)
         answer = self.refuse(self.command, self.path, self.headers)
         if answer is not None:
             self.refused.append(f"{self.command} {self.path}")
@@ -156,16 +161,18 @@ class Proxied:
 
 
 @contextlib.contextmanager
-def proxy(upstream: str, refuse) -> "Iterator[Proxied]":
+def proxy(upstream: str, refuse, watch=None) -> "Iterator[Proxied]":
     """A loopback proxy in front of ``upstream`` (``http://HOST:PORT``) that refuses what
     ``refuse(method, path, headers)`` names (see :class:`_Proxy`), forwarding everything else
     unchanged: the path and the headers too, so a request stays signed as the client signed it
-    (Azure's SharedKey covers the path, not the host). Any store, any test: stores.py uses it too."""
+    (Azure's SharedKey covers the path, not the host); ``watch(method, path, headers, body)`` sees
+    every request first. Any store, any test: stores.py uses it too."""
     refused: list[str] = []
     exchanges: list[tuple[str, str, int]] = []
     host, port = upstream.removeprefix("http://").split(":")
     handler = type("H", (_Proxy,), {"upstream": (host, int(port)), "refused": refused, "exchanges": exchanges,
-                                    "refuse": staticmethod(refuse)})
+                                    "refuse": staticmethod(refuse),
+                                    "watch": staticmethod(watch) if watch is not None else None})
     server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
@@ -196,10 +203,10 @@ def _conditional_put(method: str, path: str, headers) -> "tuple[int, str] | None
 
 
 @contextlib.contextmanager
-def _proxied(s3_server, monkeypatch, refuse):
+def _proxied(s3_server, monkeypatch, refuse, watch=None):
     """This process's environment pointed at a :func:`proxy` in front of ``s3_server``; yields
     (server, refused requests)."""
-    with proxy(s3_server.endpoint, refuse) as p:
+    with proxy(s3_server.endpoint, refuse, watch) as p:
         for k, v in {**s3_server.env, "AWS_ENDPOINT_URL": p.endpoint}.items():
             monkeypatch.setenv(k, v)
         monkeypatch.setattr("modelinit.bucket.RETRIES", 1)
@@ -227,3 +234,17 @@ def s3_checking_keys(s3_server, monkeypatch):
     """The server behind a proxy that refuses (403 InvalidAccessKeyId) any key but the test's."""
     with _proxied(s3_server, monkeypatch, _foreign_key) as got:
         yield got
+
+
+@pytest.fixture()
+def s3_parts_seen(s3_server, monkeypatch):
+    """The server behind a proxy that refuses nothing and keeps, for every part uploaded (a PUT
+    with ``partNumber``), its headers and body. Yields (server, [(headers, body)])."""
+    parts: list[tuple[dict, bytes]] = []
+
+    def watch(method, path, headers, body) -> None:
+        if method == "PUT" and "partNumber=" in path:
+            parts.append(({k.lower(): v for k, v in headers.items()}, body))
+
+    with _proxied(s3_server, monkeypatch, lambda *a: None, watch) as (server, _):
+        yield server, parts
