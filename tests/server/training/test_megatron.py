@@ -42,12 +42,18 @@ MOE = {**HF, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"]
        "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
        "norm_topk_prob": True}
 _MOE_FIELDS = dict(num_moe_experts=4, moe_ffn_hidden_size=32, moe_router_topk=2)
+#: A Starcoder2-style model: LayerNorm with biases, biases on every linear, a GELU MLP (not gated).
+STARCODER2 = {"model_type": "starcoder2", "architectures": ["Starcoder2ForCausalLM"], "hidden_size": 64,
+              "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 96,
+              "vocab_size": VOCAB, "use_bias": True, "tie_word_embeddings": False, "max_position_embeddings": 128}
+_STARCODER2_FIELDS = dict(normalization="LayerNorm", gated_linear_unit=False, add_bias_linear=True, add_qkv_bias=True,
+                          qk_layernorm=False)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Megatron warns that Apex/TE are absent
 
 
 def _gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = False, vocab: int = PADDED, moe: bool = False,
-         ep: int = 1, **over):
+         ep: int = 1, layernorm: bool = False, **over):
     """A GPTModel matching HF (MOE: with SequentialMLP experts, ``ep`` ways expert parallel) on this
     rank of a (tp, pp) layout (parallel_state set up by the caller)."""
     from megatron.core import parallel_state as ps
@@ -63,6 +69,8 @@ def _gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = False, v
                   qk_layernorm=True, params_dtype=dt, pipeline_dtype=dt, bf16=dtype == "bfloat16")
     if moe:
         fields.update(_MOE_FIELDS, expert_model_parallel_size=ep)
+    if layernorm:
+        fields.update(_STARCODER2_FIELDS, activation_func=torch.nn.functional.gelu)
     fields.update(over)
     config = TransformerConfig(**fields)
     spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False,
@@ -81,17 +89,19 @@ def _files(out: pathlib.Path) -> dict:
     return files
 
 
-def _reference(tmp_path: pathlib.Path, dtype: str = "float32", tied: bool = False, policy=None, moe: bool = False) -> dict:
+def _reference(tmp_path: pathlib.Path, dtype: str = "float32", tied: bool = False, policy=None, moe: bool = False,
+               layernorm: bool = False) -> dict:
     """The Hugging Face folder of (HF, SEED, policy) in Megatron's layout, under a one-process
     model's parameter names: q, k, v concatenated per query group, [gate; up], and the padded
     vocabulary's rows from the folder of the padded vocabulary (its first rows are the same)."""
-    hf = {**(MOE if moe else HF), "tie_word_embeddings": tied}
-    out, padded = tmp_path / f"hf-{dtype}-{tied}-{policy}-{moe}", tmp_path / f"hf-padded-{dtype}-{tied}-{policy}-{moe}"
+    hf = {**(MOE if moe else STARCODER2 if layernorm else HF), "tie_word_embeddings": tied}
+    out = tmp_path / f"hf-{dtype}-{tied}-{policy}-{moe}-{layernorm}"
+    padded = tmp_path / f"hf-padded-{dtype}-{tied}-{policy}-{moe}-{layernorm}"
     with modelinit.Client() as c:
         c.init_model(hf, seed=SEED, out_dir=out, dtype=dtype, policy=policy)
         c.init_model({**hf, "vocab_size": PADDED}, seed=SEED, out_dir=padded, dtype=dtype, policy=policy)
     files, more = _files(out), _files(padded)
-    groups, head_dim, hidden = HF["num_key_value_heads"], HF["head_dim"], HF["hidden_size"]
+    groups, head_dim = HF["num_key_value_heads"], HF["head_dim"]  # Starcoder2 has the same
     ref = {}
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         if name in files:
@@ -99,14 +109,25 @@ def _reference(tmp_path: pathlib.Path, dtype: str = "float32", tied: bool = Fals
             ref[name] = torch.cat([files[name], more[name][VOCAB:]])
     ref = {"embedding.word_embeddings.weight": ref["model.embed_tokens.weight"],
            **({} if tied else {"output_layer.weight": ref["lm_head.weight"]}),
-           "decoder.final_layernorm.weight": files["model.norm.weight"]}
+           "decoder.final_layernorm.weight": files["model.norm.weight"],
+           **({"decoder.final_layernorm.bias": files["model.norm.bias"]} if layernorm else {})}
     for i in range(HF["num_hidden_layers"]):
         hf_layer, layer = f"model.layers.{i}.", f"decoder.layers.{i}."
-        q, k, v = (files[f"{hf_layer}self_attn.{p}_proj.weight"] for p in "qkv")
-        ref[layer + "self_attention.linear_qkv.weight"] = torch.cat(
-            [q.view(groups, -1, hidden), k.view(groups, head_dim, hidden), v.view(groups, head_dim, hidden)], dim=1
-        ).reshape(-1, hidden)
+        for leaf in ("weight", "bias") if layernorm else ("weight",):
+            q, k, v = (files[f"{hf_layer}self_attn.{p}_proj.{leaf}"] for p in "qkv")
+            rest = q.shape[1:]
+            ref[layer + f"self_attention.linear_qkv.{leaf}"] = torch.cat(
+                [q.view(groups, -1, *rest), k.view(groups, head_dim, *rest), v.view(groups, head_dim, *rest)], dim=1
+            ).reshape(-1, *rest)
         ref[layer + "self_attention.linear_proj.weight"] = files[f"{hf_layer}self_attn.o_proj.weight"]
+        if layernorm:  # LayerNorm's biases, the linears' biases, a GELU MLP
+            ref[layer + "self_attention.linear_proj.bias"] = files[f"{hf_layer}self_attn.o_proj.bias"]
+            for leaf in ("weight", "bias"):
+                ref[layer + f"input_layernorm.{leaf}"] = files[f"{hf_layer}input_layernorm.{leaf}"]
+                ref[layer + f"pre_mlp_layernorm.{leaf}"] = files[f"{hf_layer}post_attention_layernorm.{leaf}"]
+                ref[layer + f"mlp.linear_fc1.{leaf}"] = files[f"{hf_layer}mlp.c_fc.{leaf}"]
+                ref[layer + f"mlp.linear_fc2.{leaf}"] = files[f"{hf_layer}mlp.c_proj.{leaf}"]
+            continue
         ref[layer + "self_attention.q_layernorm.weight"] = files[f"{hf_layer}self_attn.q_norm.weight"]
         ref[layer + "self_attention.k_layernorm.weight"] = files[f"{hf_layer}self_attn.k_norm.weight"]
         ref[layer + "input_layernorm.weight"] = files[f"{hf_layer}input_layernorm.weight"]
@@ -177,7 +198,7 @@ def test_one_device_equals_the_hugging_face_folder_in_megatrons_layout(tmp_path,
 
 
 def _fill_layout(rank: int, world: int, init_file: str, tp: int, pp: int, ep: int, tied: bool, out: str,
-                 ref_path: str) -> None:
+                 ref_path: str, layernorm: bool = False) -> None:
     """This rank's share of a (tp, pp, ep) model, filled, saved as it holds it (with its place) for the
     test to put together."""
     from megatron.core import parallel_state as ps
@@ -188,11 +209,12 @@ def _fill_layout(rank: int, world: int, init_file: str, tp: int, pp: int, ep: in
     cuda = torch.Tensor.cuda
     torch.Tensor.cuda = lambda self, *a, **k: self  # a tied model's last stage moves its copy to CUDA to all-reduce it
     try:
-        model = _gpt(tp, pp, tied=tied, moe=ep > 1, ep=ep)
+        model = _gpt(tp, pp, tied=tied, moe=ep > 1, ep=ep, layernorm=layernorm)
     finally:
         torch.Tensor.cuda = cuda
+    hf = MOE if ep > 1 else STARCODER2 if layernorm else HF
     with no_collectives():
-        summary = modelinit.init_module_(model, seed=SEED, spec={**(MOE if ep > 1 else HF), "tie_word_embeddings": tied})
+        summary = modelinit.init_module_(model, seed=SEED, spec={**hf, "tie_word_embeddings": tied})
     assert summary.elements == sum(p.numel() for p in model.parameters())
     assert summary.elements < summary.global_elements if tp > 1 else summary.elements == summary.global_elements
     assert (summary.missing > 0) == (pp > 1 or ep > 1), summary  # a stage, an expert-parallel rank: the others' tensors
@@ -205,7 +227,7 @@ def _fill_layout(rank: int, world: int, init_file: str, tp: int, pp: int, ep: in
 
 #: How a TP=2 model's tensors are split (Megatron's column- and row-parallel linears, its vocabulary-
 #: parallel embedding and output layer); the others (norms) are whole on every rank.
-_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight", "linear_qkv.weight")
+_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight", "linear_qkv.weight", "linear_qkv.bias")
 _COLUMNS = ("linear_proj.weight", "linear_fc2.weight")
 
 
@@ -221,7 +243,7 @@ def _global_name(name: str, first: int, ep_rank: int, local_experts: int) -> str
     return name
 
 
-def _put_together(out: pathlib.Path, world: int, ep: int) -> dict:
+def _put_together(out: pathlib.Path, world: int, ep: int, gated: bool = True) -> dict:
     """The one-process model's tensors from the ranks' shares: TP shards concatenated (linear_fc1's
     [gate_r; up_r] as all gates then all ups), PP stages' layers renumbered from their first, EP
     ranks' experts from theirs; a replica (data parallel) must equal the first."""
@@ -241,8 +263,8 @@ def _put_together(out: pathlib.Path, world: int, ep: int) -> dict:
             t = torch.cat(parts)
         elif name.endswith(_COLUMNS):
             t = torch.cat(parts, dim=1)
-        elif name.endswith("linear_fc1.weight"):
-            t = torch.cat([p.chunk(2)[0] for p in parts] + [p.chunk(2)[1] for p in parts])
+        elif name.endswith(("linear_fc1.weight", "linear_fc1.bias")):  # column parallel; SwiGLU's [gate_r; up_r]
+            t = torch.cat([p.chunk(2)[0] for p in parts] + [p.chunk(2)[1] for p in parts]) if gated else torch.cat(parts)
         else:
             assert all(torch.equal(p, parts[0]) for p in parts), name
             t = parts[0]
@@ -251,25 +273,27 @@ def _put_together(out: pathlib.Path, world: int, ep: int) -> dict:
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo is not available")
-@pytest.mark.parametrize("tp, pp, ep, tied", [(2, 1, 1, False), (1, 2, 1, False), (1, 2, 1, True), (1, 1, 2, False),
-                                              (2, 2, 1, True)],
-                         ids=["tp2", "pp2", "pp2-tied", "ep2-moe", "tp2-pp2-tied"])
-def test_parallel_layouts_equal_one_device(tmp_path, tp, pp, ep, tied):
+@pytest.mark.parametrize("tp, pp, ep, tied, layernorm", [(2, 1, 1, False, False), (1, 2, 1, False, False),
+                                                         (1, 2, 1, True, False), (1, 1, 2, False, False),
+                                                         (2, 2, 1, True, False), (2, 1, 1, False, True)],
+                         ids=["tp2", "pp2", "pp2-tied", "ep2-moe", "tp2-pp2-tied", "tp2-layernorm-gelu-biases"])
+def test_parallel_layouts_equal_one_device(tmp_path, tp, pp, ep, tied, layernorm):
     """TP=2 (each rank's query groups, [gate_r; up_r], half the padded vocabulary, half of
     linear_proj's and linear_fc2's columns), PP=2 (each stage its layers, numbered from 0; a tied
     model's last stage its own copy of the embedding), EP=2 (each rank 2 of the 4 experts, numbered
-    from 0), TP=2 x PP=2 over 4 ranks: each rank fills its own share, and the shares put together are the one-device model's bytes."""
+    from 0), TP=2 x PP=2 over 4 ranks, and a Starcoder2-style model at TP=2 (LayerNorm's and the
+    linears' biases, a GELU MLP: column-parallel biases split, row-parallel ones whole): each rank fills its own share, and the shares put together are the one-device model's bytes."""
     import torch.multiprocessing as mp
 
-    ref = _reference(tmp_path, tied=tied, moe=ep > 1)
+    ref = _reference(tmp_path, tied=tied, moe=ep > 1, layernorm=layernorm)
     ref_path, out = str(tmp_path / "ref.pt"), tmp_path / "shares"
     out.mkdir()
     torch.save(ref, ref_path)
     world = max(tp * pp, ep)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_fill_layout, args=(world, str(tmp_path / "pg"), tp, pp, ep, tied, str(out), ref_path), nprocs=world,
-             join=True)
-    whole = _put_together(out, world, ep)
+    mp.spawn(_fill_layout, args=(world, str(tmp_path / "pg"), tp, pp, ep, tied, str(out), ref_path, layernorm),
+             nprocs=world, join=True)
+    whole = _put_together(out, world, ep, gated=not layernorm)
     if tied:  # the last stage's copy of the embedding is the embedding
         assert [same_bytes(t, ref["embedding.word_embeddings.weight"]) for t in whole.pop("output_layer.weight")] == [True]
     assert sorted(whole) == sorted(ref)
