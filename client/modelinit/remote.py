@@ -410,24 +410,33 @@ class RemoteSource:
         like a Plan (backoff, next replica); once a selection has begun, the next call resumes
         at it, from the byte reached (``start``/``offset``), and the TensorBegin the server
         restates is checked (same selection, byte and fingerprint: DATA_LOSS otherwise) and not
-        passed on: the consumer sees one continuous stream."""
+        passed on: the consumer sees one continuous stream. Every data message is checked on
+        receipt against the running CRC32C sent beside it (``transit_crc32c``); one that fails is
+        dropped and asked for again at once from the byte before it (:data:`MAX_CORRUPTED` in a
+        row: DATA_LOSS). A data message is passed on as a memoryview of its payload (or a parsed
+        message, as the stub left it)."""
         backoff = Backoff(self.retry)
         k = self.planner
-        if not request.chunk_size:  # the fewest messages (modelinit_wire.constants.MAX_CHUNK); the caller's untouched
-            asked, request = request, pb.TensorsRequest()
-            request.CopyFrom(asked)
+        asked, request = request, pb.TensorsRequest()
+        request.CopyFrom(asked)  # the caller's untouched
+        request.transit_crc32c = True
+        if not request.chunk_size:  # the fewest messages (modelinit_wire.constants.MAX_CHUNK)
             request.chunk_size = MAX_CHUNK
         current: pb.TensorBegin | None = None  # the selection being received
         reached = 0  # the byte of its data reached
+        running = 0  # the CRC32C of its bytes this call sent
+        corrupted = 0
         ask = request
         while True:
             restated = current is not None
+            running = 0
             try:
                 call = self.stubs[k].Tensors(ask, timeout=self.timeout, metadata=call_metadata())
                 try:
                     for msg in call:
-                        if not isinstance(msg, memoryview) and msg.WhichOneof("event") == "begin":
+                        if not isinstance(msg, (memoryview, Checked)) and msg.WhichOneof("event") == "begin":
                             b = msg.begin
+                            running = 0
                             if restated and current is not None:
                                 restated = False
                                 if (b.index, b.offset, b.fingerprint) != (current.index, reached, current.fingerprint):
@@ -437,20 +446,36 @@ class RemoteSource:
                                                          f"{reached} (fingerprint {current.fingerprint[:16]})")
                                 continue
                             current, reached = b, b.offset
-                        else:  # data: its payload (modelinit.stub), or a message the stub left parsed
-                            reached += len(msg) if isinstance(msg, memoryview) else len(msg.data)
+                        else:  # data: its payload (modelinit.stub: with its CRC32C when sent), or a parsed message
+                            data, sent = _data_and_crc(msg)
+                            if sent is not None:
+                                running = crc32c.crc32c(data, running)
+                                if running != sent:
+                                    name = current.name if current is not None else "tensors"
+                                    raise _Corrupted(f"{name}: the data after byte {reached} failed its CRC32C "
+                                                     f"(sent by {self.targets[k]})")
+                            corrupted = 0
+                            reached += len(data)
                             backoff.progress()
+                            msg = data if isinstance(msg, Checked) else msg
                         yield msg
                 finally:
                     call.cancel()  # a consumer that stops early ends the call (no-op after the end)
                 self._reached.add(k)
                 return
+            except _Corrupted as e:
+                corrupted += 1
+                if corrupted >= MAX_CORRUPTED:
+                    raise ModelInitError(grpc.StatusCode.DATA_LOSS,
+                                         f"{e} {corrupted} times in a row: something between server and client corrupts the "
+                                         "stream (a proxy, a NIC, memory)") from None
+                log.warning("%s; asking for it again", e)
             except grpc.RpcError as e:
                 error = ModelInitError.from_rpc(e)
-            if error.code != grpc.StatusCode.UNAVAILABLE:
-                self._reached.add(k)
-            backoff.wait_or_raise(error, self.targets[k], k in self._reached or len(self.stubs) > 1)
-            k = (k + 1) % len(self.stubs)
+                if error.code != grpc.StatusCode.UNAVAILABLE:
+                    self._reached.add(k)
+                backoff.wait_or_raise(error, self.targets[k], k in self._reached or len(self.stubs) > 1)
+                k = (k + 1) % len(self.stubs)
             if current is not None:
                 ask = pb.TensorsRequest()
                 ask.CopyFrom(request)

@@ -10,17 +10,18 @@ through a server, 8 alternating pairs): the client's wall time 0.91x, its CPU 0.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
-from modelinit_wire.data_message import data_of, payload_of
+from modelinit_wire.data_message import TENSORS_CRC32C_TAG, data_of, payload_of
 from modelinit_wire.v1 import modelinit_pb2 as pb
 from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 
 
 def data_or(message: Any, read: Callable[[bytes], Any] = payload_of) -> Callable[[bytes], Any]:
     """A response deserializer: what ``read`` makes of a data message (the payload, a memoryview;
-    for Init, :func:`~modelinit_wire.data_message.data_of`: the payload and its CRC32C when one
-    came), else ``message.FromString(raw)``."""
+    :func:`~modelinit_wire.data_message.data_of`: with its CRC32C when one came), else
+    ``message.FromString(raw)``."""
     parse = message.FromString
 
     def deserialize(raw: bytes) -> Any:
@@ -32,7 +33,7 @@ def data_or(message: Any, read: Callable[[bytes], Any] = payload_of) -> Callable
 
 class ModelInitStub(pb_grpc.ModelInitStub):
     """The generated stub, whose ``Init`` and ``Tensors`` streams yield a data message as a
-    ``memoryview`` of its payload (an Init one with its CRC32C as a
+    ``memoryview`` of its payload (with its CRC32C, when one came, as a
     :class:`~modelinit_wire.data_message.Checked`) and every other message as an
     ``InitResponse`` / ``TensorsResponse``."""
 
@@ -47,6 +48,6 @@ class ModelInitStub(pb_grpc.ModelInitStub):
         self.Tensors = channel.unary_stream(
             "/modelinit.v1.ModelInit/Tensors",
             request_serializer=pb.TensorsRequest.SerializeToString,
-            response_deserializer=data_or(pb.TensorsResponse),
+            response_deserializer=data_or(pb.TensorsResponse, partial(data_of, crc_tag=TENSORS_CRC32C_TAG)),
             _registered_method=True,
         )

@@ -5,9 +5,9 @@ messages carry ``data`` as field 2, so such a message is, on the wire, the field
 field 2, length-delimited), the payload's length as a varint, and the payload, nothing else. The
 server writes those bytes straight from its segment (:func:`encode`, one copy instead of three);
 the client takes the payload as a view of the bytes gRPC received (:func:`payload_of`, no copy
-instead of two). An Init data message may carry its transit check beside the payload
-(``InitResponse.crc32c``, field 4, a fixed32 after the data): :func:`encode` appends it and
-:func:`data_of` reads it. Everything else is a protobuf message as usual.
+instead of two). A data message may carry its transit check beside the payload
+(``InitResponse.crc32c``, field 4; ``TensorsResponse.crc32c``, field 3: a fixed32 after the
+data): :func:`encode` appends it and :func:`data_of` reads it. Everything else is a protobuf message as usual.
 """
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from typing import NamedTuple
 
 #: Field 2 (``data``, in InitResponse and TensorsResponse), wire type 2 (length-delimited).
 DATA_TAG = 0x12
-#: Field 4 (``crc32c``, in InitResponse), wire type 5 (fixed32).
+#: The transit check beside the data, wire type 5 (fixed32): ``crc32c`` is field 4 of InitResponse,
+#: field 3 of TensorsResponse.
 CRC32C_TAG = 0x25
+TENSORS_CRC32C_TAG = 0x1D
 #: The longest varint of a 64-bit length.
 MAX_VARINT = 10
 
@@ -29,9 +31,10 @@ class Checked(NamedTuple):
     crc32c: int
 
 
-def encode(payload: memoryview, crc32c: int | None = None) -> bytes:
-    """The serialized ``{data: payload}`` message, with ``crc32c: crc32c`` when given (the bytes
-    ``SerializeToString`` makes, fields in number order), in one copy of the payload."""
+def encode(payload: memoryview, crc32c: int | None = None, crc_tag: int = CRC32C_TAG) -> bytes:
+    """The serialized ``{data: payload}`` message, with ``crc32c: crc32c`` when given (``crc_tag``:
+    the field's tag in this response type; the bytes ``SerializeToString`` makes, fields in number
+    order), in one copy of the payload."""
     n = payload.nbytes
     head = bytearray((DATA_TAG,))
     while n >= 0x80:
@@ -40,16 +43,17 @@ def encode(payload: memoryview, crc32c: int | None = None) -> bytes:
     head.append(n)
     if crc32c is None:
         return b"".join((head, payload))
-    return b"".join((head, payload, struct.pack("<BI", CRC32C_TAG, crc32c)))
+    return b"".join((head, payload, struct.pack("<BI", crc_tag, crc32c)))
 
 
-def data_of(raw: bytes) -> memoryview | Checked | None:
+def data_of(raw: bytes, crc_tag: int = CRC32C_TAG) -> memoryview | Checked | None:
     """The payload of a data message (:func:`payload_of`), or the payload and its CRC32C when the
-    data field is followed by exactly the ``crc32c`` field; None for any other message."""
+    data field is followed by exactly the ``crc32c`` field (``crc_tag``: its tag in this response
+    type); None for any other message."""
     payload = payload_of(raw)
     if payload is not None:
         return payload
-    if len(raw) < 7 or raw[-5] != CRC32C_TAG:
+    if len(raw) < 7 or raw[-5] != crc_tag:
         return None
     payload = payload_of(memoryview(raw)[:-5])
     if payload is None:

@@ -170,3 +170,23 @@ def test_files_in_flight_by_default_follow_the_clients_cores(server_target, rela
     assert read_folder(tmp_path / "model") == expected
     files = len([n for n in expected if n != "modelinit.json"])
     assert handler.init_calls == (1 if streams == 1 else files)
+
+
+def test_tensors_a_flipped_bit_is_asked_for_again_and_repeated_corruption_ends(server_target, relay):
+    """The Tensors stream carries the same check: a bit flipped in one data message is caught at
+    it and that selection resumed from the byte before it (the arrays equal the embedded ones);
+    the same message corrupted on every try ends in one DATA_LOSS."""
+    names = ["transformer.wte.weight", "transformer.h.0.attn.c_attn.weight"]
+    with modelinit.Client() as c:
+        want = c.tensors(SPEC, seed=4, names=names, as_="bytes")
+    target, handler = relay(server_target, _data_messages(lambda call, n, raw: flip_bit(raw) if (call, n) == (0, 1) else raw),
+                            "Tensors")
+    with modelinit.Client(target) as c:
+        got = c.tensors(SPEC, seed=4, names=names, as_="bytes")
+    assert {n: bytes(t.data) for n, t in got.items()} == {n: bytes(t.data) for n, t in want.items()}
+    assert handler.init_calls == 2
+    target, handler = relay(server_target, _data_messages(lambda call, n, raw: flip_bit(raw) if n == 0 else raw), "Tensors")
+    with modelinit.Client(target) as c, pytest.raises(ModelInitError) as raised:
+        c.tensors(SPEC, seed=4, names=names, as_="bytes")
+    assert raised.value.code.name == "DATA_LOSS" and "transformer.wte.weight" in raised.value.details
+    assert "3 times in a row" in raised.value.details and handler.init_calls == 3

@@ -3,8 +3,9 @@ the transit check put it on the path, as a faulty proxy, NIC or memory would be.
 
 :func:`relay` (a fixture, registered in tests/conftest.py) starts one on a free loopback port in
 front of ``target``: every call is forwarded as raw bytes, both ways, and each response message
-of an Init stream passes through ``change(call, k, raw)`` first (``call``: the Init calls so far,
-from 0; ``k``: the message's index in its call), which returns the bytes to send on.
+of an Init stream (or of the ``stream`` named) passes through ``change(call, k, raw)`` first
+(``call``: that stream's calls so far, from 0; ``k``: the message's index in its call), which
+returns the bytes to send on.
 """
 from __future__ import annotations
 
@@ -42,24 +43,25 @@ def _passed_on(context) -> tuple:
 
 
 class _Relay(grpc.GenericRpcHandler):
-    def __init__(self, channel: grpc.Channel, change: Change) -> None:
-        self.channel, self.change = channel, change
+    def __init__(self, channel: grpc.Channel, change: Change, stream: str) -> None:
+        self.channel, self.change, self.stream = channel, change, stream
         self.init_calls = 0
+        """Calls of the changed stream (Init unless another was named)."""
 
     def service(self, details):
         method = details.method
         if method in _STREAMS:
             forward = self.channel.unary_stream(method)
-            init = method.endswith("/Init")
+            changed = method.endswith(f"/{self.stream}")
 
             def stream(request: bytes, context):
                 call = self.init_calls
-                if init:
+                if changed:
                     self.init_calls += 1
                 responses = forward(request, metadata=_passed_on(context))
                 context.add_callback(responses.cancel)
                 for k, raw in enumerate(responses):
-                    yield self.change(call, k, raw) if init else raw
+                    yield self.change(call, k, raw) if changed else raw
 
             return grpc.unary_stream_rpc_method_handler(stream)
         forward_one = self.channel.unary_unary(method)
@@ -69,12 +71,13 @@ class _Relay(grpc.GenericRpcHandler):
 
 @pytest.fixture()
 def relay():
-    """``start(target, change) -> (address, handler)``; the handler counts the Init calls (``init_calls``)."""
+    """``start(target, change, stream="Init") -> (address, handler)``; the handler counts the
+    changed stream's calls (``init_calls``)."""
     started = []
 
-    def start(target: str, change: Change) -> tuple[str, _Relay]:
+    def start(target: str, change: Change, stream: str = "Init") -> tuple[str, _Relay]:
         channel = grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", 16 << 20)])
-        handler = _Relay(channel, change)
+        handler = _Relay(channel, change, stream)
         server = grpc.server(futures.ThreadPoolExecutor(4), handlers=(handler,),
                              options=[("grpc.max_receive_message_length", 16 << 20)])
         port = server.add_insecure_port("127.0.0.1:0")

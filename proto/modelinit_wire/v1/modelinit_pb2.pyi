@@ -351,18 +351,20 @@ class FileEnd(_message.Message):
     def __init__(self, index: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class TensorsRequest(_message.Message):
-    __slots__ = ("request", "selections", "chunk_size", "start", "offset")
+    __slots__ = ("request", "selections", "chunk_size", "start", "offset", "transit_crc32c")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     SELECTIONS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TRANSIT_CRC32C_FIELD_NUMBER: _ClassVar[int]
     request: ModelRequest
     selections: _containers.RepeatedCompositeFieldContainer[TensorSelection]
     chunk_size: int
     start: int
     offset: int
-    def __init__(self, request: _Optional[_Union[ModelRequest, _Mapping]] = ..., selections: _Optional[_Iterable[_Union[TensorSelection, _Mapping]]] = ..., chunk_size: _Optional[int] = ..., start: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+    transit_crc32c: bool
+    def __init__(self, request: _Optional[_Union[ModelRequest, _Mapping]] = ..., selections: _Optional[_Iterable[_Union[TensorSelection, _Mapping]]] = ..., chunk_size: _Optional[int] = ..., start: _Optional[int] = ..., offset: _Optional[int] = ..., transit_crc32c: _Optional[bool] = ...) -> None: ...
 
 class TensorSelection(_message.Message):
     __slots__ = ("name", "dims")
@@ -381,12 +383,14 @@ class SliceDim(_message.Message):
     def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class TensorsResponse(_message.Message):
-    __slots__ = ("begin", "data")
+    __slots__ = ("begin", "data", "crc32c")
     BEGIN_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
     begin: TensorBegin
     data: bytes
-    def __init__(self, begin: _Optional[_Union[TensorBegin, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    crc32c: int
+    def __init__(self, begin: _Optional[_Union[TensorBegin, _Mapping]] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ...) -> None: ...
 
 class TensorBegin(_message.Message):
     __slots__ = ("index", "name", "dtype", "tensor_shape", "dims", "shape", "nbytes", "fingerprint", "offset")

@@ -259,22 +259,25 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
             raise  # unreachable: abort raises
         async with self._stream_slot(context):  # Init and Tensors share --max-streams
-            await self._tensors(plan, selections, request.offset, chunk, context)
+            await self._tensors(plan, selections, request.offset, chunk, context, request.transit_crc32c)
 
     async def _tensors(self, plan: Plan, selections: list[tensor_slices.Selection], offset: int, chunk: int,
-                       context: grpc.aio.ServicerContext) -> None:
+                       context: grpc.aio.ServicerContext, transit_crc32c: bool = False) -> None:
         started, sent = time.monotonic(), 0
         log.info("Tensors %d selection(s), %d elements, offset %d, from %s", len(selections),
                  sum(s.numel for s in selections), offset, context.peer())
         source = tensor_slices.blocks(plan, selections, self._backend.fill_runs, offset=offset)
         write = functools.partial(self._write, context)
+        crc: list[int] | None = [0] if transit_crc32c else None  # the running CRC32C of the selection's bytes sent
         async with contextlib.aclosing(self._one_ahead(source, lambda b: 0 if isinstance(b, tensor_slices.Selection) else len(b))) as items:
             async for item in items:
                 if isinstance(item, tensor_slices.Selection):
+                    if crc is not None:
+                        crc[0] = 0
                     await write(tensor_slices.begin(plan, item, offset))
                     offset = 0  # only the first selection resumes inside its data
                 else:
-                    sent += await self._send(write, item, chunk)
+                    sent += await self._send(write, item, chunk, crc, data_message.TENSORS_CRC32C_TAG)
         elapsed = time.monotonic() - started
         log.info("Tensors done: %d bytes in %.1fs", sent, elapsed)
 
@@ -308,11 +311,13 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
             ahead.cancel()
             self._generation.submit(close)
 
-    async def _send(self, write, data, chunk: int, crc: list[int] | None = None) -> int:
+    async def _send(self, write, data, chunk: int, crc: list[int] | None = None,
+                    crc_tag: int = data_message.CRC32C_TAG) -> int:
         """``data`` (a contiguous buffer) in data messages of at most ``chunk`` bytes, each one's
         wire bytes made in one copy (the same for Init and Tensors; :mod:`.data_messages` registers
         serializers that send them as they are); the bytes sent. ``crc``: the file's running
-        CRC32C (a one-element list, advanced here), sent beside each payload (Init's transit check)."""
+        CRC32C (a one-element list, advanced here), sent beside each payload (the transit check;
+        ``crc_tag``: its field in this stream's response type)."""
         with memoryview(data) as view, view.cast("B") as raw:
             for a in range(0, len(raw), chunk):
                 with raw[a : a + chunk] as piece:
@@ -320,7 +325,7 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
                         await write(data_message.encode(piece))
                     else:
                         crc[0] = crc32c.crc32c(piece, crc[0])  # about 14 GB/s: 0.07 ms a message
-                        await write(data_message.encode(piece, crc[0]))
+                        await write(data_message.encode(piece, crc[0], crc_tag))
                     self._metrics.sent(len(piece))
             return len(raw)
 
