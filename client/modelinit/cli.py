@@ -160,6 +160,10 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--part", default=None, metavar="K/N",
                       help="write only part K of N (0-based, as JOB_COMPLETION_INDEX): a byte-balanced share of the shards; "
                            "the part that finds all N there writes the index, config.json and modelinit.json")
+    init.add_argument("--ray", type=int, default=None, metavar="N",
+                      help="write with N Ray tasks, part K/N each, on the Ray cluster of $RAY_ADDRESS or a local one (a task "
+                           "whose worker dies is run again); --out must be a bucket or a folder every worker mounts "
+                           "(needs pip install 'modelinit[ray]')")
     init.add_argument("--quiet", action="store_true", help="no progress bar")
     init.add_argument("--fsync", action="store_true", help="flush every file to stable storage before renaming it (power-loss safe, slower)")
     init.add_argument("--parallel", type=int, default=None, metavar="N",
@@ -292,6 +296,8 @@ def _main(argv: list[str] | None) -> int:
         return _fail(f"--parallel: must be at least 1, got {args.parallel}", 2)
     if args.command == "init" and (problem := _from_manifest_problem(args)):
         return _fail(problem, 2)
+    if args.command == "init" and args.ray is not None and (args.ray < 1 or args.part or args.from_manifest):
+        return _fail("--ray: N >= 1 tasks write the parts themselves; not with --part or --from-manifest", 2)
     if args.command == "serve":
         return _serve(args)
     if args.command == "verify":
@@ -316,6 +322,12 @@ def _main(argv: list[str] | None) -> int:
                              direct_io=not args.buffered_io, parallel=args.parallel, overwrite=args.overwrite, part=args.part)
                 if args.from_manifest is not None:
                     result = client.init_model_from_manifest(args.from_manifest, **write)
+                elif args.ray is not None:
+                    from . import ray as on_ray  # Ray loads only here
+
+                    result = on_ray.init_model(args.spec, parts=args.ray, out_dir=args.out, server=args.server,
+                                               overwrite=args.overwrite, fsync=args.fsync, direct_io=not args.buffered_io,
+                                               **kwargs)
                 else:
                     result = client.init_model(args.spec, **write, **kwargs)
                 shards = sum(f.name.endswith(".safetensors") for f in result.files)

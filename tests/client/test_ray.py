@@ -1,0 +1,120 @@
+"""``modelinit.ray.init_model`` under a real local Ray cluster (2 CPUs): N Ray tasks, part K/N each,
+write one checkpoint byte-identical to one writer's, finalized once; a task whose worker is killed
+mid-part is run again by Ray (not by the test) and the checkpoint is still the same; a bad spec
+fails once, before any task runs.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import threading
+import time
+
+import modelinit
+import pytest
+from modelinit.errors import ModelInitError
+
+from tests.support import TINY, read_folder
+
+ray = pytest.importorskip("ray", reason="ray is in the test extra (modelinit[ray])")
+import modelinit.ray  # noqa: E402 - after the skip: it names Ray's errors on use
+
+SPEC = TINY["gpt2"]
+RUN = {"seed": 3, "max_shard_size": "100KB"}  # 10 shards
+#: Big enough that a part takes a while (about 60 MB in float32, 12 shards), so a worker can be
+#: killed while it writes.
+BIGGER = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 512, "n_layer": 4, "n_head": 8,
+          "vocab_size": 16384, "n_positions": 256}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray cluster of 2 CPUs, joined by the calls below (they leave it running)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}})
+    yield
+    ray.shutdown()
+
+
+def _one_writer(tmp_path: pathlib.Path, spec, **run) -> dict[str, bytes]:
+    with modelinit.Client() as c:
+        c.init_model(spec, out_dir=tmp_path / "one", **run)
+    return read_folder(tmp_path / "one")
+
+
+def test_three_tasks_write_one_checkpoint_byte_identical_to_one_writer(cluster, tmp_path):
+    result = modelinit.ray.init_model(SPEC, parts=3, out_dir=tmp_path / "out", **RUN)
+    assert result.complete and not result.missing_parts
+    assert read_folder(tmp_path / "out") == _one_writer(tmp_path, SPEC, **RUN)  # modelinit.json included
+    assert {f.name for f in result.files} == set(read_folder(tmp_path / "out")) - {"modelinit.json"}
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".")) == []  # no records, no temp files
+
+
+def _running_part_pids() -> list[int]:
+    """Processes running a part right now: Ray titles a worker by its task while it runs one."""
+    pids = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                title = (entry / "cmdline").read_bytes().split(b"\0")[0]
+            except OSError:
+                continue
+            if title.startswith(b"ray::modelinit-part"):
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_a_worker_killed_mid_part_is_run_again_by_ray_and_the_checkpoint_is_the_same(cluster, tmp_path):
+    """A worker is SIGKILLed while its part is being written (a shard of it in a hidden temp file):
+    Ray runs the task again, and the checkpoint is byte-identical to one writer's, with no temp
+    file, record or stray object left."""
+    out = tmp_path / "out"
+    killed: list[int] = []
+
+    def kill_one_mid_part() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            writing = out.is_dir() and any(p.name.startswith(".") and not p.name.startswith(".modelinit")
+                                           for p in out.iterdir())
+            pids = _running_part_pids() if writing else []
+            if pids:
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(pids[0])
+            time.sleep(0.005)
+
+    killer = threading.Thread(target=kill_one_mid_part, daemon=True)
+    killer.start()
+    result = modelinit.ray.init_model(BIGGER, parts=3, out_dir=out, seed=5, max_shard_size="5MB", max_retries=2)
+    killer.join(timeout=5)
+    assert killed, "no part was caught mid-write"
+    assert result.complete
+    assert read_folder(out) == _one_writer(tmp_path, BIGGER, seed=5, max_shard_size="5MB")
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_bad_spec_fails_once_before_any_task(cluster, tmp_path):
+    started = time.monotonic()
+    with pytest.raises(ModelInitError) as raised:
+        modelinit.ray.init_model({"model_type": "no-such-model"}, parts=3, out_dir=tmp_path / "out", seed=0)
+    assert raised.value.code.name == "INVALID_ARGUMENT" and "model_type" in raised.value.details
+    assert "\n" not in raised.value.details
+    assert not (tmp_path / "out").exists()  # no task ran
+    assert time.monotonic() - started < 30
+    with pytest.raises(ModelInitError, match=r"^INVALID_ARGUMENT: parts: must be an integer >= 1, got 0$"):
+        modelinit.ray.init_model(SPEC, parts=0, out_dir=tmp_path / "out", seed=0)
+
+
+def test_the_cli_writes_with_ray_tasks(cluster, tmp_path, capsys):
+    from modelinit.cli import main
+
+    spec = tmp_path / "spec.json"
+    import json
+
+    spec.write_text(json.dumps(SPEC))
+    code = main(["init", str(spec), "--seed", "3", "--max-shard-size", "100KB", "--out", str(tmp_path / "out"),
+                 "--ray", "2", "--quiet"])
+    assert code == 0, capsys.readouterr()
+    assert read_folder(tmp_path / "out") == _one_writer(tmp_path, SPEC, **RUN)
+    assert main(["init", str(spec), "--out", str(tmp_path / "x"), "--ray", "2", "--part", "0/2"]) == 2
+    assert "--ray: N >= 1 tasks write the parts themselves; not with --part" in capsys.readouterr().err
