@@ -22,10 +22,10 @@ import modelinit.ray  # noqa: E402 - after the skip: it names Ray's errors on us
 
 SPEC = TINY["gpt2"]
 RUN = {"seed": 3, "max_shard_size": "100KB"}  # 10 shards
-#: Big enough that a part takes a while (about 60 MB in float32, 12 shards), so a worker can be
+#: Big enough that a part takes a while (about 170 MB in float32, 5 MB shards), so a worker can be
 #: killed while it writes.
-BIGGER = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 512, "n_layer": 4, "n_head": 8,
-          "vocab_size": 16384, "n_positions": 256}
+BIGGER = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 512, "n_layer": 8, "n_head": 8,
+          "vocab_size": 32768, "n_positions": 256}
 
 
 @pytest.fixture(scope="module")
