@@ -31,6 +31,7 @@ from kubeflow_trainer_api.models import (
     TrainerV1alpha1TrainJob,
 )
 
+from tests.support import REPO
 from tests.support.deploy import (
     EXAMPLES,
     K8S,
@@ -332,3 +333,15 @@ def test_jobset_parts_write_one_checkpoint_the_trainer_reads(jobset):
     assert out in " ".join(trainer["command"] + trainer.get("args", []))
     assert jobset["spec"]["failurePolicy"]["maxRestarts"] == 0
 
+
+# --- docs -------------------------------------------------------------------------------------
+
+def test_docs_recipe_and_readme():
+    text = (REPO / "docs" / "deploy.md").read_text()
+    for path in ("deploy/k8s/kubeflow-trainer", "deploy/examples/trainjob.yaml", "deploy/k8s/jobset"):
+        assert path in text, f"docs/deploy.md does not name {path}"
+    assert "kubectl apply -k deploy/k8s/kubeflow-trainer" in text
+    assert "kubectl create -f deploy/examples/trainjob.yaml" in text
+    readme = (REPO / "README.md").read_text()
+    paragraphs = [p for p in readme.split("\n\n") if "Kueue" in p and "Kubeflow Trainer" in p and "modelinit.ray" in p]
+    assert paragraphs, "README's scale-out paragraph names the Indexed Job + Kueue, Ray and Kubeflow Trainer"
