@@ -32,14 +32,16 @@ def init_model(spec: Any, *, parts: int, out_dir: str | os.PathLike, seed: int, 
                dtype: str | None = None, max_shard_size: str | int | None = None, algorithm_version: int | None = None,
                architecture: str | None = None, server: str | None = None, overwrite: bool = False,
                fsync: bool = False, direct_io: bool = True, num_cpus: float = 1, max_retries: int = 3,
-               resources: dict[str, float] | None = None, address: str | None = None) -> InitResult:
+               resources: dict[str, float] | None = None, runtime_env: dict | None = None,
+               address: str | None = None) -> InitResult:
     """Write the checkpoint ``Client.init_model`` writes (same keywords) with ``parts`` Ray tasks,
     one ``part=(K, parts)`` each; returns the complete checkpoint's :class:`~modelinit.InitResult`.
 
     ``server``: the tasks stream from these modelinit servers (``Client(server)``); None: each
     task generates embedded (the ``server`` extra on the workers). Ray options per task:
     ``num_cpus``, ``resources`` (custom resources, e.g. ``{"cpu_node": 1}``), ``max_retries``
-    (runs again after a lost worker). ``address``: the Ray cluster to join (None: as
+    (runs again after a lost worker), ``runtime_env`` (Ray's: e.g. ``{"env_vars": {...}}`` for the
+    store's settings and credentials on the workers). ``address``: the Ray cluster to join (None: as
     ``ray.init()`` does, the ``RAY_ADDRESS`` cluster or a new local one; a cluster this call
     started is shut down at its end)."""
     if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
@@ -60,7 +62,8 @@ def init_model(spec: Any, *, parts: int, out_dir: str | os.PathLike, seed: int, 
         ray.init(address=address, log_to_driver=False)
     try:
         task = ray.remote(_write_part).options(num_cpus=num_cpus, max_retries=max_retries, retry_exceptions=False,
-                                               resources=resources or {}, name="modelinit-part")
+                                               resources=resources or {}, runtime_env=runtime_env,
+                                               name="modelinit-part")
         write = dict(out_dir=str(out_dir), overwrite=overwrite, fsync=fsync, direct_io=direct_io)
         refs = [task.remote(spec, k, parts, server, request, write) for k in range(parts)]
         results = _gather(ray, refs)

@@ -93,6 +93,17 @@ def test_a_worker_killed_mid_part_is_run_again_by_ray_and_the_checkpoint_is_the_
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
 
 
+def test_three_tasks_write_one_checkpoint_to_a_bucket(cluster, s3_env, tmp_path):
+    """The same into an S3 prefix (moto), the store's settings handed to the workers through Ray's
+    runtime_env: the objects are one writer's files, and no multipart upload is left open."""
+    bucket = s3_env.new_bucket()
+    result = modelinit.ray.init_model(
+        SPEC, parts=3, out_dir=f"s3://{bucket}/m", runtime_env={"env_vars": s3_env.env}, **RUN)
+    assert result.complete and result.path == f"s3://{bucket}/m"
+    assert s3_env.keys(bucket, "m") == _one_writer(tmp_path, SPEC, **RUN)
+    assert s3_env.pending_uploads(bucket) == []
+
+
 def test_a_bad_spec_fails_once_before_any_task(cluster, tmp_path):
     started = time.monotonic()
     with pytest.raises(ModelInitError) as raised:
