@@ -7,33 +7,18 @@ with credentials in it, an ``abfss`` host that is not an account's endpoint.
 """
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from modelinit.cli import main
 
 from tests.support.azure_server import ACCOUNT, FOREIGN_SETTINGS, KEY
-from tests.support import TINY
+from tests.support.stores import CLI_ARGS as ARGS
+from tests.support.stores import cli_expected, cli_spec  # noqa: F401 - the spec and expected fixtures
 
 pytest.importorskip("obstore")
 pytest.importorskip("azure.storage.blob")
 
-ARGS = ["--seed", "3", "--max-shard-size", "200KB", "--quiet", "--device", "cpu"]
-
-
-@pytest.fixture()
-def spec(tmp_path) -> str:
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(TINY["gpt2"]))
-    return str(path)
-
-
-@pytest.fixture()
-def expected(tmp_path, spec) -> dict[str, bytes]:
-    out = tmp_path / "expected"
-    assert main(["init", spec, *ARGS, "--out", str(out)]) == 0
-    return {p.name: p.read_bytes() for p in out.iterdir()}
 
 
 @pytest.fixture()

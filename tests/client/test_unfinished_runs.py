@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import pathlib
 from dataclasses import dataclass
@@ -27,12 +26,11 @@ from modelinit.bucket import Bucket
 from modelinit.local_prefix import LocalPrefix
 from modelinit.cli import main
 
-from tests.support import TINY
+from tests.support.stores import CLI_ARGS as ARGS  # 5 shards, the index, config.json
+from tests.support.stores import cli_expected, cli_spec  # noqa: F401 - the spec and expected fixtures
 
 pytest.importorskip("obstore")
 
-SPEC = TINY["gpt2"]
-ARGS = ["--seed", "3", "--max-shard-size", "200KB", "--quiet", "--device", "cpu"]  # 5 shards, the index, config.json
 MANIFEST = "modelinit.json"
 
 
@@ -99,21 +97,6 @@ def dest(request, tmp_path, monkeypatch) -> Dest:
             yield refused  # and the environment points at the store again after
 
     return Dest(request.param, url, lambda: store.objects(url), refusing)
-
-
-@pytest.fixture()
-def spec(tmp_path) -> str:
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(SPEC))
-    return str(path)
-
-
-@pytest.fixture()
-def expected(tmp_path, spec) -> dict[str, bytes]:
-    """The files one whole run writes into a fresh folder."""
-    out = tmp_path / "expected"
-    assert main(["init", spec, *ARGS, "--out", str(out)]) == 0
-    return {p.name: p.read_bytes() for p in out.iterdir()}
 
 
 def _one_line(text: str) -> str:

@@ -15,6 +15,7 @@ to it, as modelinit's own listing names them.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Callable, Iterator
 
 import pytest
 
+from tests.support import TINY
 from tests.support.azure_server import FOREIGN_SETTINGS, AzureServer
 from tests.support.s3_server import S3Server, _foreign_key, proxy
 
@@ -266,3 +268,26 @@ def s3_store(request, monkeypatch) -> Store:
 def azure_store(request, monkeypatch) -> Store:
     """The Azure store alone (for a test that picks its stores by name)."""
     return open_store(request, monkeypatch, "azure")
+
+
+#: The command line the CLI tests of the stores run (5 shards, the index, config.json).
+CLI_ARGS = ["--seed", "3", "--max-shard-size", "200KB", "--quiet", "--device", "cpu"]
+
+
+@pytest.fixture(name="spec")
+def cli_spec(tmp_path) -> str:
+    """A spec file (the tiny GPT-2) for the CLI. A test module takes it, with ``expected``, by
+    importing ``cli_spec`` and ``cli_expected``."""
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(TINY["gpt2"]))
+    return str(path)
+
+
+@pytest.fixture(name="expected")
+def cli_expected(tmp_path, spec) -> dict[str, bytes]:
+    """The files one whole CLI run of ``spec`` with :data:`CLI_ARGS` writes into a fresh folder."""
+    from modelinit.cli import main
+
+    out = tmp_path / "expected"
+    assert main(["init", spec, *CLI_ARGS, "--out", str(out)]) == 0
+    return {p.name: p.read_bytes() for p in out.iterdir()}
