@@ -296,7 +296,9 @@ def _main(argv: list[str] | None) -> int:
         return _fail(f"--parallel: must be at least 1, got {args.parallel}", 2)
     if args.command == "init" and (problem := _from_manifest_problem(args)):
         return _fail(problem, 2)
-    if args.command == "init" and args.ray is not None and (args.ray < 1 or args.part or args.from_manifest):
+    if args.command == "init" and args.ray is not None and args.ray < 1:
+        return _fail(f"--ray: must be at least 1 task, got {args.ray}", 2)
+    if args.command == "init" and args.ray is not None and (args.part or args.from_manifest):
         return _fail("--ray: N >= 1 tasks write the parts themselves; not with --part or --from-manifest", 2)
     if args.command == "serve":
         return _serve(args)

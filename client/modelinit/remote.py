@@ -231,6 +231,26 @@ class _Corrupted(Exception):
     """A data message whose running CRC32C is not the server's: asked for again from the byte before it."""
 
 
+def _checked_crc(data, sent: int, running: int, where: str, at: int, target: str) -> int:
+    """The running CRC32C with ``data`` (the message after byte ``at`` of ``where``) added;
+    :class:`_Corrupted` when it is not the ``sent`` one."""
+    running = crc32c.crc32c(data, running)
+    if running != sent:
+        raise _Corrupted(f"{where}: the data after byte {at} failed its CRC32C (sent by {target})")
+    return running
+
+
+def _ask_again(error: _Corrupted, corrupted: int) -> int:
+    """One more corrupted message in a row: the new count, or DATA_LOSS at :data:`MAX_CORRUPTED`."""
+    corrupted += 1
+    if corrupted >= MAX_CORRUPTED:
+        raise ModelInitError(grpc.StatusCode.DATA_LOSS,
+                             f"{error} {corrupted} times in a row: something between server and client corrupts the "
+                             "stream (a proxy, a NIC, memory); nothing was kept from it") from None
+    log.warning("%s; asking for it again", error)
+    return corrupted
+
+
 class ResumingEvents:
     """The Init stream of some of a plan's files, resumed after a lost connection: it waits
     (backoff), moves to the next replica, checks its plan, and asks for the files not yet ended,
@@ -277,10 +297,8 @@ class ResumingEvents:
                         if sent is None:
                             replicas.note_no_crc(self.replica)
                         else:
-                            running = crc32c.crc32c(data, running)
-                            if running != sent:
-                                raise _Corrupted(f"{plan.files[current].name if current is not None else 'stream'}: the "
-                                                 f"data after byte {offset} failed its CRC32C (sent by {replicas.targets[self.replica]})")
+                            where = plan.files[current].name if current is not None else "stream"
+                            running = _checked_crc(data, sent, running, where, offset, replicas.targets[self.replica])
                         corrupted = 0
                         offset += len(data)
                         backoff.progress()
@@ -303,12 +321,7 @@ class ResumingEvents:
                 return
             except _Corrupted as e:
                 self._call.cancel()
-                corrupted += 1
-                if corrupted >= MAX_CORRUPTED:
-                    raise ModelInitError(grpc.StatusCode.DATA_LOSS,
-                                         f"{e} {corrupted} times in a row: something between server and client corrupts the "
-                                         "stream (a proxy, a NIC, memory); nothing was written from it") from None
-                log.warning("%s; asking for it again", e)
+                corrupted = _ask_again(e, corrupted)
                 resumed = True
                 continue
             except grpc.RpcError as e:
@@ -449,11 +462,8 @@ class RemoteSource:
                         else:  # data: its payload (modelinit.stub: with its CRC32C when sent), or a parsed message
                             data, sent = _data_and_crc(msg)
                             if sent is not None:
-                                running = crc32c.crc32c(data, running)
-                                if running != sent:
-                                    name = current.name if current is not None else "tensors"
-                                    raise _Corrupted(f"{name}: the data after byte {reached} failed its CRC32C "
-                                                     f"(sent by {self.targets[k]})")
+                                where = current.name if current is not None else "tensors"
+                                running = _checked_crc(data, sent, running, where, reached, self.targets[k])
                             corrupted = 0
                             reached += len(data)
                             backoff.progress()
@@ -464,12 +474,7 @@ class RemoteSource:
                 self._reached.add(k)
                 return
             except _Corrupted as e:
-                corrupted += 1
-                if corrupted >= MAX_CORRUPTED:
-                    raise ModelInitError(grpc.StatusCode.DATA_LOSS,
-                                         f"{e} {corrupted} times in a row: something between server and client corrupts the "
-                                         "stream (a proxy, a NIC, memory)") from None
-                log.warning("%s; asking for it again", e)
+                corrupted = _ask_again(e, corrupted)
             except grpc.RpcError as e:
                 error = ModelInitError.from_rpc(e)
                 if error.code != grpc.StatusCode.UNAVAILABLE:

@@ -17,7 +17,6 @@ import subprocess
 import sys
 
 import grpc
-import kubernetes_validate
 import pytest
 import yaml
 from modelinit import job as mjob
@@ -26,6 +25,7 @@ from modelinit.parts import Part, parse_part, split_shards
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from tests.support.deploy import (
+    validate_strict,
     DEPLOY,
     K8S,
     SCHEMA_VERSIONS,
@@ -69,11 +69,7 @@ def run_job(argv: list[str], capsys) -> dict:
 
 def validate(obj: dict) -> None:
     for version in SCHEMA_VERSIONS:
-        try:
-            assert kubernetes_validate.validate(obj, version, strict=True) == version
-        except kubernetes_validate.ValidationError as e:
-            path = ".".join(str(p) for p in e.path)
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {version}: {path}: {e.message}")
+        validate_strict(obj, version)
 
 
 def the_container(job: dict) -> dict:
@@ -149,10 +145,7 @@ def check_kueue(job: dict) -> None:
 def test_init_job_validates_against_kubernetes_schema(rendered, version):
     assert sorted(o["kind"] for o in rendered) == ["Job", "ServiceAccount"]
     for obj in rendered:
-        try:
-            assert kubernetes_validate.validate(obj, version, strict=True) == version
-        except kubernetes_validate.ValidationError as e:
-            pytest.fail(f"{obj['kind']}: invalid for Kubernetes {version}: {'.'.join(map(str, e.path))}: {e.message}")
+        validate_strict(obj, version)
 
 
 def test_init_job_base(rendered):

@@ -256,33 +256,32 @@ def test_a_plan_that_differs_is_refused_before_writing(recorded, embedded, tmp_p
     assert "fingerprint" in e.value.details and not (tmp_path / "out").exists()
 
 
-def test_old_kaiming_manifest_names_lecun_normal(embedded, tmp_path):
-    """A folder made when `kaiming` meant LeCun normal: its bytes are `lecun-normal`'s."""
-    folder = tmp_path / "old-kaiming"
-    embedded.init_model(GPT2, seed=1, out_dir=folder, policy="lecun-normal")
+def _old_manifest(embedded, tmp_path, written_with, recorded: str):
+    """A folder written with policy ``written_with`` whose manifest records ``recorded``, as an older
+    release recorded it; the refusal to reproduce it and ``verify``'s report."""
+    folder = tmp_path / "old"
+    embedded.init_model(GPT2, seed=1, out_dir=folder, policy=written_with)
     doc = _manifest(folder)
-    doc["request"]["policy"] = {"preset": "kaiming"}
+    doc["request"]["policy"] = {"preset": recorded}
     (folder / "modelinit.json").write_text(json.dumps(doc))
     with pytest.raises(modelinit.ModelInitError) as e:
         embedded.init_model_from_manifest(folder, tmp_path / "out")
-    assert "'lecun-normal'" in e.value.details
-    report = verify_folder(folder, client=embedded)
+    return e.value.details, verify_folder(folder, client=embedded)
+
+
+def test_old_kaiming_manifest_names_lecun_normal(embedded, tmp_path):
+    """A folder made when `kaiming` meant LeCun normal: its bytes are `lecun-normal`'s."""
+    refused, report = _old_manifest(embedded, tmp_path, "lecun-normal", "kaiming")
+    assert "'lecun-normal'" in refused
     assert not report.ok and any("'lecun-normal'" in p for p in report.problems)
 
 
 def test_old_torchtitan_manifest_of_a_tied_model_names_the_policy_that_regenerates_it(embedded, tmp_path):
     """A tied model made when `torchtitan-llama3` gave its token embedding N(0, 1): its bytes are the
     preset's plus one rule, which the refusal and `verify` name."""
-    folder = tmp_path / "old-torchtitan"
-    embedded.init_model(GPT2, seed=1, out_dir=folder, policy={
-        "preset": "torchtitan-llama3", "rules": [{"match": {"roles": ["token_embedding"]}, "init": {"normal": {"std": 1}}}]})
-    doc = _manifest(folder)
-    doc["request"]["policy"] = {"preset": "torchtitan-llama3"}
-    (folder / "modelinit.json").write_text(json.dumps(doc))
-    with pytest.raises(modelinit.ModelInitError) as e:
-        embedded.init_model_from_manifest(folder, tmp_path / "out")
-    assert "rules: [{match: {roles: [token_embedding]}, init: {normal: {std: 1}}}]" in e.value.details
-    report = verify_folder(folder, client=embedded)
+    old = {"preset": "torchtitan-llama3", "rules": [{"match": {"roles": ["token_embedding"]}, "init": {"normal": {"std": 1}}}]}
+    refused, report = _old_manifest(embedded, tmp_path, old, "torchtitan-llama3")
+    assert "rules: [{match: {roles: [token_embedding]}, init: {normal: {std: 1}}}]" in refused
     assert not report.ok and any("used to give a tied token embedding N(0, 1)" in p for p in report.problems)
 
 

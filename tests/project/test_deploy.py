@@ -24,6 +24,7 @@ from modelinit_wire.v1 import modelinit_pb2
 
 from tests.support import REPO
 from tests.support.deploy import (
+    validate_strict,
     DEPLOY,
     K8S,
     SCHEMA_VERSIONS,
@@ -198,12 +199,7 @@ def test_overlay_validates_against_kubernetes_schema(overlay, version, rendered)
     assert {o["kind"] for o in objects} == {"Namespace", "ServiceAccount", "ConfigMap", "Deployment", "Service",
                                             "PodDisruptionBudget", "NetworkPolicy"}
     for obj in objects:
-        try:
-            used = kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as e:
-            path = ".".join(str(p) for p in e.path)
-            pytest.fail(f"{overlay}: {obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {version}: {path}: {e.message}")
-        assert used == version
+        validate_strict(obj, version, f"{overlay}: ")
 
 
 @pytest.mark.parametrize("version", SCHEMA_VERSIONS)
@@ -212,11 +208,7 @@ def test_examples_validate_against_kubernetes_schema(version):
     core = [o for o in load_examples() if not o["apiVersion"].startswith(("kueue.x-k8s.io/", "trainer.kubeflow.org/"))]
     assert {o["kind"] for o in core} == {"Namespace", "Job"}
     for obj in core:
-        try:
-            assert kubernetes_validate.validate(obj, version, strict=True) == version
-        except kubernetes_validate.ValidationError as e:
-            path = ".".join(str(p) for p in e.path)
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {version}: {path}: {e.message}")
+        validate_strict(obj, version)
 
 
 def test_validation_is_strict():

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 
-import kubernetes_validate
 import pydantic
 import pytest
 import yaml
@@ -33,6 +32,7 @@ from kubeflow_trainer_api.models import (
 
 from tests.support import REPO
 from tests.support.deploy import (
+    validate_strict,
     EXAMPLES,
     K8S,
     SCHEMA_VERSIONS,
@@ -164,11 +164,7 @@ def job_templates(obj: dict) -> list[tuple[str, dict]]:
 def test_job_and_volume_templates_validate_against_kubernetes_schema(version, runtime, jobset):
     for obj in (runtime, jobset):
         for name, job in job_templates(obj):
-            try:
-                assert kubernetes_validate.validate(job, version, strict=True) == version
-            except kubernetes_validate.ValidationError as e:
-                path = ".".join(str(p) for p in e.path)
-                pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} {name}: invalid for Kubernetes {version}: {path}: {e.message}")
+            validate_strict(job, version, f"{obj['kind']}/{obj['metadata']['name']} {name}: ")
 
 
 # --- what the pods run and share --------------------------------------------------------------

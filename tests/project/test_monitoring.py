@@ -26,7 +26,6 @@ import re
 import urllib.request
 
 import grpc
-import kubernetes_validate
 import modelinit
 import pytest
 from modelinit import ModelInitError
@@ -34,7 +33,7 @@ from modelinit_server.service.observability import REJECT_REASONS
 from modelinit_wire.v1 import modelinit_pb2
 
 from tests.support import REPO, TINY, WAIT, ServerProcess, wait_until
-from tests.support.deploy import DEPLOY, K8S, SCHEMA_VERSIONS, kustomize, one, selects, serve_args
+from tests.support.deploy import DEPLOY, K8S, SCHEMA_VERSIONS, kustomize, one, selects, serve_args, validate_strict
 from tests.support.prometheus import check, exposition, grafana_interpolate, grafana_variables
 
 MONITORING = DEPLOY / "monitoring"
@@ -135,11 +134,7 @@ def test_kustomize_renders_the_monitoring_objects(objects, dashboard):
 
 @pytest.mark.parametrize("version", SCHEMA_VERSIONS)
 def test_configmap_validates_against_kubernetes_schema(objects, version):
-    cm = one(objects, "ConfigMap")
-    try:
-        assert kubernetes_validate.validate(cm, version, strict=True) == version
-    except kubernetes_validate.ValidationError as e:
-        pytest.fail(f"ConfigMap/{cm['metadata']['name']} invalid for Kubernetes {version}: {e.message}")
+    validate_strict(one(objects, "ConfigMap"), version)
 
 
 def test_operator_objects_validate_against_the_crd_schemas(objects):

@@ -27,6 +27,18 @@ EXAMPLES = DEPLOY / "examples"
 SERVER_CONTAINER = "modelinit"
 
 
+def validate_strict(obj: dict, version: str, where: str = "") -> None:
+    """``obj`` against Kubernetes ``version``'s schema, unknown fields refused (kubernetes-validate);
+    a failure names ``where``, the object, the field path and the schema's message."""
+    try:
+        used = kubernetes_validate.validate(obj, version, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        path = ".".join(str(p) for p in e.path)
+        pytest.fail(f"{where}{obj['kind']}/{obj['metadata'].get('name', '')} invalid for Kubernetes {version}: {path}: "
+                    f"{e.message}")
+    assert used == version
+
+
 def kustomize(directory: pathlib.Path) -> list[dict]:
     """The objects ``kubectl kustomize DIR`` renders (what ``kubectl apply -k DIR`` applies)."""
     kubectl = shutil.which("kubectl")
