@@ -14,6 +14,7 @@ import logging
 import modelinit
 import pytest
 from modelinit.errors import ModelInitError
+from modelinit_server.service.server import BackgroundServer
 
 from tests.support import TINY, read_folder
 from tests.support.relay import flip_bit, is_data, without_crc
@@ -140,19 +141,46 @@ def _count_crc32c(monkeypatch) -> dict[str, int]:
     return counted
 
 
+@pytest.fixture()
+def fresh_server():
+    """A server of this test's own: it has hashed nothing yet."""
+    server = BackgroundServer()
+    yield server.target
+    server.stop()
+
+
 @pytest.mark.parametrize("rehash", [False, True], ids=["default", "rehash"])
-def test_each_byte_is_hashed_once_by_the_server_and_crc_checked_on_both_ends(server_target, tmp_path, expected,
+def test_each_byte_is_hashed_once_by_the_server_and_crc_checked_on_both_ends(fresh_server, tmp_path, expected,
                                                                             monkeypatch, rehash):
     """Served: every byte SHA-256'd once in all (by the server, whose digest the manifest records),
     and CRC32C'd once on each end; ``rehash`` adds the client's own SHA-256 pass."""
     hashed, crcs = _count_sha256(monkeypatch), _count_crc32c(monkeypatch)
-    with modelinit.Client(server_target, rehash=rehash) as c:
+    with modelinit.Client(fresh_server, rehash=rehash) as c:
         c.init_model(SPEC, out_dir=tmp_path / "model", **RUN)
     got = read_folder(tmp_path / "model")
     assert got == expected
     total = sum(len(b) for n, b in got.items() if n != "modelinit.json")
     assert hashed == {"client": total if rehash else 0, "server": total}
     assert crcs == {"client": total, "server": total}
+
+
+def test_a_server_hashes_a_shard_once_whatever_asks_for_it_again(fresh_server, tmp_path, expected, monkeypatch):
+    """A second run of the same model on the same server: the server remembers each shard's
+    digest (modelinit_server.produce.digests) and hashes only the small JSON files; the files and
+    the manifest are the first run's, byte for byte; ``--rehash`` still hashes everything here."""
+    with modelinit.Client(fresh_server) as c:
+        c.init_model(SPEC, out_dir=tmp_path / "first", **RUN)
+    hashed = _count_sha256(monkeypatch)
+    with modelinit.Client(fresh_server) as c:
+        c.init_model(SPEC, out_dir=tmp_path / "second", **RUN)
+    got = read_folder(tmp_path / "second")
+    assert got == read_folder(tmp_path / "first") == expected
+    json_files = sum(len(b) for n, b in got.items() if n.endswith(".json") and n != "modelinit.json")
+    assert hashed == {"client": 0, "server": json_files}
+    with modelinit.Client(fresh_server, rehash=True) as c:
+        c.init_model(SPEC, out_dir=tmp_path / "rehashed", **RUN)
+    assert read_folder(tmp_path / "rehashed") == expected
+    assert hashed["client"] == sum(len(b) for n, b in got.items() if n != "modelinit.json")
 
 
 @pytest.mark.parametrize("cores, streams", [(2, 1), (7, 1), (8, 2), (16, 4)])

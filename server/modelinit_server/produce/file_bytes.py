@@ -18,6 +18,7 @@ from modelinit_wire.events import Begin, Data, End, Event
 from ..core.planner import FilePlan, Plan
 from ..engine import DTYPE_ITEMSIZE
 from ..engine.backends import REFERENCE, Fill, FillBeside
+from .digests import Digests
 
 #: Bytes generated per step: large enough for the kernels to run at full speed, small enough
 #: to bound memory (a stream holds at most a couple of segments).
@@ -69,6 +70,7 @@ def events(
     ring: int = 0,
     alloc=None,
     fill_beside: FillBeside | None = None,
+    digests: Digests | None = None,
 ) -> Iterator[Event]:
     """The files ``selected`` (indices into plan.files), the first from ``offset``: Begin, Data
     segments, End per file. With ``digest`` each End carries the whole file's SHA-256 (a resumed
@@ -82,7 +84,11 @@ def events(
     segment): a Data's buffer is then valid only until ``ring - 1`` more events have been taken
     (a segment's hash ends before its buffer comes round again). 0 gives every segment a fresh
     buffer. ``alloc(n)`` makes the ring's buffers (the backend's: pinned memory for CUDA); default
-    page-aligned host memory."""
+    page-aligned host memory.
+
+    ``digests``: the shards' SHA-256s this process already knows (:mod:`.digests`). A known
+    shard's End carries the remembered digest and nothing of it is hashed, nor regenerated
+    before ``offset``; every shard hashed whole here is remembered."""
     buffers = [(alloc or _page_aligned)(segment) for _ in range(ring)]
     hasher = ThreadPoolExecutor(1, thread_name_prefix="modelinit-sha256") if digest else None
     pending: list[Future] = []  # the hash in flight (at most one: a file's updates run in order)
@@ -98,8 +104,12 @@ def events(
             f = plan.files[index]
             off = offset if n == 0 else 0
             yield Begin(index, f.name, f.size, off)
-            h = hashlib.sha256() if digest else None
-            pos = 0 if digest else off
+            key, known = None, None  # a shard's key in ``digests``, and its digest when known
+            if digest and digests is not None and f.shard:
+                key = Digests.key(plan.fingerprint, plan.algorithm_version, f.header)
+                known = digests.get(key)
+            h = hashlib.sha256() if digest and known is None else None
+            pos = 0 if h is not None else off
             while pos < f.size:
                 # Segment boundaries stay on the absolute grid, so tensor data stays element-aligned.
                 end = min((pos // segment + 1) * segment, f.size)
@@ -113,7 +123,11 @@ def events(
                     yield Data(buf[max(off - pos, 0) :])
                 pos = end
             settle()
-            yield End(index, h.hexdigest() if h is not None else None)
+            if h is not None:
+                known = h.hexdigest()
+                if digests is not None and key is not None:
+                    digests.put(key, known)
+            yield End(index, known)
     finally:
         if hasher is not None:
             hasher.shutdown()  # waits for an update in flight: its buffer is not released under it

@@ -28,7 +28,7 @@ from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 from ..core.planner import Plan, build_plan
 from ..engine.backends import Backend
 from ..messages import check_page_size, plan_to_pb, request_from_pb
-from ..produce import file_bytes, tensor_slices
+from ..produce import digests, file_bytes, tensor_slices
 from .limits import Limits
 from .observability import Metrics, request_id, request_id_from
 
@@ -137,6 +137,7 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         self._metrics = metrics or Metrics()
         self._inflight = 0
         self._plans: collections.OrderedDict[bytes, Plan] = collections.OrderedDict()  # PLAN_CACHE latest
+        self._digests = digests.Digests()  # the shards hashed whole by this server: never hashed again
 
     @property
     def inflight(self) -> int:
@@ -224,7 +225,7 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
 
         # Ring of 3: one segment is being sent while the next is produced (a third for margin).
         source = file_bytes.events(plan, selected, request.offset, self._backend.fill, ring=3, alloc=self._backend.alloc,
-                                   fill_beside=self._backend.fill_beside)
+                                   fill_beside=self._backend.fill_beside, digests=self._digests)
         write = functools.partial(self._write, context)
         # The transit check, when asked: a running CRC32C of the file's bytes this stream sends.
         crc: list[int] | None = [0] if request.transit_crc32c else None
