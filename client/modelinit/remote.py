@@ -231,24 +231,48 @@ class _Corrupted(Exception):
     """A data message whose running CRC32C is not the server's: asked for again from the byte before it."""
 
 
-def _checked_crc(data, sent: int, running: int, where: str, at: int, target: str) -> int:
-    """The running CRC32C with ``data`` (the message after byte ``at`` of ``where``) added;
-    :class:`_Corrupted` when it is not the ``sent`` one."""
-    running = crc32c.crc32c(data, running)
-    if running != sent:
-        raise _Corrupted(f"{where}: the data after byte {at} failed its CRC32C (sent by {target})")
-    return running
+class _Resume:
+    """The transit check and resume state of one stream (Init or Tensors), kept across its calls so
+    that both streams check, count and move on alike: the running CRC32C of the current file's
+    (selection's) bytes this call sent, the byte of it reached (where the next call resumes), the
+    data messages in a row that failed their CRC32C, and the backoff that progress starts again."""
 
+    def __init__(self, retry: RetryPolicy, targets: tuple[str, ...]) -> None:
+        self._backoff = Backoff(retry)
+        self._targets = targets
+        self.running = 0
+        self.reached = 0
+        self.corrupted = 0
 
-def _ask_again(error: _Corrupted, corrupted: int) -> int:
-    """One more corrupted message in a row: the new count, or DATA_LOSS at :data:`MAX_CORRUPTED`."""
-    corrupted += 1
-    if corrupted >= MAX_CORRUPTED:
-        raise ModelInitError(grpc.StatusCode.DATA_LOSS,
-                             f"{error} {corrupted} times in a row: something between server and client corrupts the "
-                             "stream (a proxy, a NIC, memory); nothing was kept from it") from None
-    log.warning("%s; asking for it again", error)
-    return corrupted
+    def check(self, data, sent: int, where: str, k: int) -> None:
+        """Add ``data`` (the message after byte :attr:`reached` of ``where``, from replica ``k``) to
+        the running CRC32C; :class:`_Corrupted` when it is not the ``sent`` one."""
+        self.running = crc32c.crc32c(data, self.running)
+        if self.running != sent:
+            raise _Corrupted(f"{where}: the data after byte {self.reached} failed its CRC32C (sent by {self._targets[k]})")
+
+    def received(self, n: int) -> None:
+        """``n`` bytes passed on: the corruption is not in a row, the next call resumes after them,
+        and the backoff's deadline starts again."""
+        self.corrupted = 0
+        self.reached += n
+        self._backoff.progress()
+
+    def ask_again(self, error: _Corrupted) -> None:
+        """One more corrupted message in a row: said (it is asked for again), or DATA_LOSS at
+        :data:`MAX_CORRUPTED`."""
+        self.corrupted += 1
+        if self.corrupted >= MAX_CORRUPTED:
+            raise ModelInitError(grpc.StatusCode.DATA_LOSS,
+                                 f"{error} {self.corrupted} times in a row: something between server and client corrupts "
+                                 "the stream (a proxy, a NIC, memory); nothing was kept from it") from None
+        log.warning("%s; asking for it again", error)
+
+    def move_on(self, error: ModelInitError, k: int, reached: bool) -> int:
+        """Replica ``k`` failed with ``error``: wait, or raise (:meth:`Backoff.wait_or_raise`), and
+        return the replica to ask next."""
+        self._backoff.wait_or_raise(error, self._targets[k], reached)
+        return (k + 1) % len(self._targets)
 
 
 class ResumingEvents:
@@ -275,17 +299,16 @@ class ResumingEvents:
 
     def __iter__(self):
         plan, replicas = self._plan, self._replicas
-        backoff = Backoff(self._retry)
+        resume = _Resume(self._retry, replicas.targets)  # resume.reached: the current file's bytes so far
         todo = list(range(len(plan.files))) if self._files is None else list(self._files)
-        current, offset = None, 0  # the file being received and its bytes so far
+        current = None  # the file being received
         resumed = False
-        corrupted = 0  # data messages in a row that failed their CRC32C
         while not self._closed and todo:
-            init = pb.InitRequest(request=self._request, offset=offset if current is not None else 0, chunk_size=MAX_CHUNK,
-                                  transit_crc32c=True)
+            init = pb.InitRequest(request=self._request, offset=resume.reached if current is not None else 0,
+                                  chunk_size=MAX_CHUNK, transit_crc32c=True)
             if resumed or self._files is not None:
                 init.files.extend(todo)
-            running = 0  # the CRC32C of the current file's bytes this stream sent
+            resume.running = 0
             try:
                 replicas.check(self.replica, self._request)
                 self._call = replicas.stubs[self.replica].Init(init, timeout=self._timeout, metadata=call_metadata())
@@ -298,30 +321,28 @@ class ResumingEvents:
                             replicas.note_no_crc(self.replica)
                         else:
                             where = plan.files[current].name if current is not None else "stream"
-                            running = _checked_crc(data, sent, running, where, offset, replicas.targets[self.replica])
-                        corrupted = 0
-                        offset += len(data)
-                        backoff.progress()
+                            resume.check(data, sent, where, self.replica)
+                        resume.received(len(data))
                         yield Data(data, checked=sent is not None and not self._rehash)
                     elif kind == "begin":
                         b = msg.begin
-                        running = 0
+                        resume.running = 0
                         if current is not None:  # a resumed stream restates the file it resumes
-                            if b.index != current or b.offset != offset:
-                                raise ModelInitError(grpc.StatusCode.DATA_LOSS,
-                                                     f"stream: resumed at file {b.index} byte {b.offset}, asked for file {current} byte {offset}")
+                            if b.index != current or b.offset != resume.reached:
+                                raise ModelInitError(grpc.StatusCode.DATA_LOSS, f"stream: resumed at file {b.index} byte "
+                                                     f"{b.offset}, asked for file {current} byte {resume.reached}")
                             continue
-                        current, offset = b.index, b.offset
+                        current, resume.reached = b.index, b.offset
                         yield Begin(b.index, b.name, b.size, b.offset)
                     elif kind == "end":
                         if msg.end.index in todo:
                             todo.remove(msg.end.index)
-                        current, offset = None, 0
+                        current, resume.reached = None, 0
                         yield End(msg.end.index, msg.end.sha256)
                 return
             except _Corrupted as e:
                 self._call.cancel()
-                corrupted = _ask_again(e, corrupted)
+                resume.ask_again(e)
                 resumed = True
                 continue
             except grpc.RpcError as e:
@@ -329,9 +350,8 @@ class ResumingEvents:
             if self._closed:
                 return
             replicas.failed(self.replica)
-            backoff.wait_or_raise(error, replicas.targets[self.replica], replicas.retry_as_lost(self.replica))
-            self.replica = (self.replica + 1) % len(replicas.stubs)
-            where = f"{plan.files[current].name} at byte {offset}" if current is not None else "the next file"
+            self.replica = resume.move_on(error, self.replica, replicas.retry_as_lost(self.replica))
+            where = f"{plan.files[current].name} at byte {resume.reached}" if current is not None else "the next file"
             log.warning("resuming %s on %s", where, replicas.targets[self.replica])
             resumed = True
 
@@ -428,7 +448,7 @@ class RemoteSource:
         dropped and asked for again at once from the byte before it (:data:`MAX_CORRUPTED` in a
         row: DATA_LOSS). A data message is passed on as a memoryview of its payload (or a parsed
         message, as the stub left it)."""
-        backoff = Backoff(self.retry)
+        resume = _Resume(self.retry, self.targets)  # resume.reached: the byte of the current selection's data reached
         k = self.planner
         asked, request = request, pb.TensorsRequest()
         request.CopyFrom(asked)  # the caller's untouched
@@ -436,37 +456,32 @@ class RemoteSource:
         if not request.chunk_size:  # the fewest messages (modelinit_wire.constants.MAX_CHUNK)
             request.chunk_size = MAX_CHUNK
         current: pb.TensorBegin | None = None  # the selection being received
-        reached = 0  # the byte of its data reached
-        running = 0  # the CRC32C of its bytes this call sent
-        corrupted = 0
         ask = request
         while True:
             restated = current is not None
-            running = 0
+            resume.running = 0
             try:
                 call = self.stubs[k].Tensors(ask, timeout=self.timeout, metadata=call_metadata())
                 try:
                     for msg in call:
                         if not isinstance(msg, (memoryview, Checked)) and msg.WhichOneof("event") == "begin":
                             b = msg.begin
-                            running = 0
+                            resume.running = 0
                             if restated and current is not None:
                                 restated = False
-                                if (b.index, b.offset, b.fingerprint) != (current.index, reached, current.fingerprint):
+                                if (b.index, b.offset, b.fingerprint) != (current.index, resume.reached, current.fingerprint):
                                     raise ModelInitError(grpc.StatusCode.DATA_LOSS,
                                                          f"tensors: resumed at selection {b.index} byte {b.offset} (fingerprint "
                                                          f"{b.fingerprint[:16]}), asked for selection {current.index} byte "
-                                                         f"{reached} (fingerprint {current.fingerprint[:16]})")
+                                                         f"{resume.reached} (fingerprint {current.fingerprint[:16]})")
                                 continue
-                            current, reached = b, b.offset
+                            current, resume.reached = b, b.offset
                         else:  # data: its payload (modelinit.stub: with its CRC32C when sent), or a parsed message
                             data, sent = _data_and_crc(msg)
                             if sent is not None:
                                 where = current.name if current is not None else "tensors"
-                                running = _checked_crc(data, sent, running, where, reached, self.targets[k])
-                            corrupted = 0
-                            reached += len(data)
-                            backoff.progress()
+                                resume.check(data, sent, where, k)
+                            resume.received(len(data))
                             msg = data if isinstance(msg, Checked) else msg
                         yield msg
                 finally:
@@ -474,18 +489,17 @@ class RemoteSource:
                 self._reached.add(k)
                 return
             except _Corrupted as e:
-                corrupted = _ask_again(e, corrupted)
+                resume.ask_again(e)
             except grpc.RpcError as e:
                 error = ModelInitError.from_rpc(e)
                 if error.code != grpc.StatusCode.UNAVAILABLE:
                     self._reached.add(k)
-                backoff.wait_or_raise(error, self.targets[k], k in self._reached or len(self.stubs) > 1)
-                k = (k + 1) % len(self.stubs)
+                k = resume.move_on(error, k, k in self._reached or len(self.stubs) > 1)
             if current is not None:
                 ask = pb.TensorsRequest()
                 ask.CopyFrom(request)
-                ask.start, ask.offset = current.index, reached
-                log.warning("resuming tensor %s at byte %d on %s", current.name, reached, self.targets[k])
+                ask.start, ask.offset = current.index, resume.reached
+                log.warning("resuming tensor %s at byte %d on %s", current.name, resume.reached, self.targets[k])
 
     def replicas(self, fingerprint: str) -> Replicas:
         """The servers, the one that answered the last :meth:`plan` known to plan ``fingerprint``."""
