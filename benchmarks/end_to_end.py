@@ -1,6 +1,6 @@
 """End to end, side by side, in one run: spec -> shards on disk.
 
-    python benchmarks/end_to_end.py [--model tinyllama-1.1b] [--reps 3] [--hf-reps 2] [--dir D] [--memory-7b]
+    python benchmarks/end_to_end.py [--model tinyllama-1.1b] [--reps 3] [--hf-reps 2] [--dir D] [--memory-7b] [--cold]
 
 1. the embedded default (`modelinit init`, in-process engine) vs transformers `from_config` +
    `save_pretrained` (benchmarks/baselines/hf_init_save.py, same preset, bf16), and the strongest
@@ -10,7 +10,9 @@
    bytes, 1 MiB messages, into the same O_DIRECT file writer and into a discard sink
    (benchmarks/baselines/grpc_ceiling.py), rep by rep in turn; the ceiling times only its stream
    (after its imports and its server's start), so the library call `Client(target).init_model` is
-   also timed alone, in a process of its own, beside the CLI's whole process;
+   also timed alone, in a process of its own, beside the CLI's whole process. One server serves
+   every rep, so only its first request hashes the shards (it remembers their digests); the
+   first request is reported apart, and ``--cold`` starts a fresh server for every rep instead;
 3. (--memory-7b) llama-2-7b bf16 through a separately started server to disk: peak RSS of server
    and client.
 Every command runs as its own process, after a sync; peak RSS is sampled from /proc (VmHWM).
@@ -122,6 +124,8 @@ def main() -> None:
     ap.add_argument("--hf-reps", type=int, default=2, help="repetitions of the transformers baseline")
     ap.add_argument("--dir", default=None, help="scratch folder for every output (default: the system temp dir)")
     ap.add_argument("--memory-7b", action="store_true")
+    ap.add_argument("--cold", action="store_true",
+                    help="a fresh server for every rep, so that each served run is a first request (the server hashes)")
     args = ap.parse_args()
     byte_compile()
     work = pathlib.Path(tempfile.mkdtemp(prefix="modelinit-bench-", dir=args.dir))
@@ -159,7 +163,10 @@ def main() -> None:
     srv, lib, srv_cpu, client_cpu = [], [], [], []
     ceil, discard, ceil_cpu = [], [], []
     try:
-        for _ in range(args.reps):
+        for rep in range(args.reps):
+            if args.cold and rep:
+                server.stop()
+                server = Server()  # a server that has hashed nothing: every rep is a first request
             before = server.cpu()
             t, _, _, cpu = run(init + ["--server", server.target, "--out", str(work / "srv")])
             srv.append(t)
@@ -185,9 +192,11 @@ def main() -> None:
     print(f"served + CLI client:  {best_median(srv)}  ({max(served):.2f} GB/s best; server peak RSS {server.peak / 1e9:.2f} GB)")
     # The server remembers the digest of every shard it hashed whole (modelinit_server.produce.digests):
     # its first request hashes each byte, the repeats of the same model hash nothing.
+    if args.cold:
+        print("  (--cold: a fresh server for every rep: each served run above hashed every byte on the server)")
     print(f"  first request of the fresh server (it hashes): {srv[0]:.2f} s, {served[0] / statistics.median(ceil):.0%} of the "
           f"median ceiling; server CPU {srv_cpu[0]:.2f} s")
-    if len(srv) > 1:
+    if len(srv) > 1 and not args.cold:
         print(f"  repeats (the shards' digests known): {best_median(srv[1:])}, "
               f"{statistics.median(served[1:]) / statistics.median(ceil):.0%} of the median ceiling (median vs median); "
               f"server CPU median {statistics.median(srv_cpu[1:]):.2f} s")
