@@ -183,6 +183,26 @@ def test_a_server_hashes_a_shard_once_whatever_asks_for_it_again(fresh_server, t
     assert hashed["client"] == sum(len(b) for n, b in got.items() if n != "modelinit.json")
 
 
+def test_a_stream_resumed_inside_a_known_shard_hashes_nothing_again(fresh_server, relay, tmp_path, expected,
+                                                                   monkeypatch, caplog):
+    """A flipped bit makes the client ask again from inside a shard the server produced whole
+    before: the server takes the digest it remembers instead of regenerating the bytes before the
+    offset to hash them (only the small JSON files are hashed), and the files are the embedded run's."""
+    from modelinit import remote
+
+    with modelinit.Client(fresh_server) as c:
+        c.init_model(SPEC, out_dir=tmp_path / "first", **RUN)
+    hashed = _count_sha256(monkeypatch)
+    monkeypatch.setattr(remote, "MAX_CHUNK", 4096)  # several data messages per shard: the third is inside the first
+    target, handler = relay(fresh_server, _data_messages(lambda call, n, raw: flip_bit(raw) if (call, n) == (0, 2) else raw))
+    with caplog.at_level(logging.WARNING, logger="modelinit.client"), modelinit.Client(target) as c:
+        c.init_model(SPEC, out_dir=tmp_path / "model", parallel=1, **RUN)
+    got = read_folder(tmp_path / "model")
+    assert got == expected and handler.init_calls == 2
+    assert any("after byte 8192 failed its CRC32C" in r.getMessage() for r in caplog.records)  # resumed at byte 8192
+    assert hashed == {"client": 0, "server": sum(len(b) for n, b in got.items() if n.endswith(".json") and n != "modelinit.json")}
+
+
 @pytest.mark.parametrize("cores, streams", [(2, 1), (7, 1), (8, 2), (16, 4)])
 def test_files_in_flight_by_default_follow_the_clients_cores(server_target, relay, tmp_path, expected, monkeypatch,
                                                             cores, streams):
