@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import modelinit
 import pytest
-from modelinit_server.service.server import BackgroundServer
+from modelinit_server.service.server import BackgroundServer, ServerConfig
 
 from tests.support import ServerProcess
 from tests.support.azure_server import azure_container, azure_env, azure_server  # noqa: F401 - fixtures
@@ -23,6 +23,21 @@ def server_target():
     server = BackgroundServer()
     yield server.target
     server.stop()
+
+
+@pytest.fixture()
+def background_server():
+    """Starts real in-process servers of this test's own: ``background_server(**ServerConfig fields)``
+    (loopback, a free port unless given); all stopped at the test's end."""
+    servers: list[BackgroundServer] = []
+
+    def start(**config) -> BackgroundServer:
+        servers.append(BackgroundServer(ServerConfig(**{"host": "127.0.0.1", "port": 0, **config})))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.stop()
 
 
 @pytest.fixture()

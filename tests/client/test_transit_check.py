@@ -14,7 +14,6 @@ import logging
 import modelinit
 import pytest
 from modelinit.errors import ModelInitError
-from modelinit_server.service.server import BackgroundServer
 
 from tests.support import TINY, read_folder
 from tests.support.relay import flip_bit, is_data, without_crc
@@ -142,11 +141,9 @@ def _count_crc32c(monkeypatch) -> dict[str, int]:
 
 
 @pytest.fixture()
-def fresh_server():
-    """A server of this test's own: it has hashed nothing yet."""
-    server = BackgroundServer()
-    yield server.target
-    server.stop()
+def fresh_server(background_server):
+    """The target of a server of this test's own: it has hashed nothing yet."""
+    return background_server().target
 
 
 @pytest.mark.parametrize("rehash", [False, True], ids=["default", "rehash"])

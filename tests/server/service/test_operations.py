@@ -31,19 +31,6 @@ def health_status(target: str, timeout: float = WAIT) -> int:
         return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout).status
 
 
-@pytest.fixture()
-def embedded():
-    servers = []
-
-    def start(**kwargs) -> BackgroundServer:
-        servers.append(BackgroundServer(ServerConfig(host="127.0.0.1", port=0, **kwargs)))
-        return servers[-1]
-
-    yield start
-    for s in servers:
-        s.stop()
-
-
 def test_killed_server_restarted_client_resumes_byte_identical(tmp_path, reference, caplog):
     first = ServerProcess()
     port = first.target.rsplit(":", 1)[1]
@@ -130,8 +117,8 @@ def test_cancelled_client_frees_the_stream_and_its_memory(tmp_path):
         assert server.stop() == 0
 
 
-def test_stalled_reader_times_out_and_frees_the_stream(embedded):
-    server = embedded(streams=StreamPolicy(idle_timeout=0.5))
+def test_stalled_reader_times_out_and_frees_the_stream(background_server):
+    server = background_server(streams=StreamPolicy(idle_timeout=0.5))
     request = modelinit.client.model_request(MEDIUM, seed=3)
     with grpc.insecure_channel(server.target) as ch:
         call = pb_grpc.ModelInitStub(ch).Init(pb.InitRequest(request=request), timeout=10 * WAIT)  # a hang guard
@@ -240,8 +227,8 @@ def test_sigterm_reports_not_serving_drains_and_exits_zero(tmp_path, reference):
     assert server.proc.wait(WAIT) == 0
 
 
-def test_limits_name_the_flag(embedded):
-    server = embedded(limits=Limits(max_params=1_000_000, max_request_bytes=4096))
+def test_limits_name_the_flag(background_server):
+    server = background_server(limits=Limits(max_params=1_000_000, max_request_bytes=4096))
     with modelinit.Client(server.target) as c:
         with pytest.raises(ModelInitError) as e:
             c.plan("gpt2")
@@ -262,11 +249,11 @@ def test_limits_validate():
         StreamPolicy(max_streams=0)
 
 
-def test_token_auth_with_tls_round_trip(embedded, tmp_path):
+def test_token_auth_with_tls_round_trip(background_server, tmp_path):
     from tests.support.tls_certs import make_certs
 
     certs = make_certs(tmp_path / "certs")
-    server = embedded(tls_cert=str(certs.server_cert), tls_key=str(certs.server_key), tls_client_ca=str(certs.ca),
+    server = background_server(tls_cert=str(certs.server_cert), tls_key=str(certs.server_key), tls_client_ca=str(certs.ca),
                       token="s3cret-token")
     target = f"localhost:{server.running.port}"
     mtls = dict(ca=str(certs.ca), cert=str(certs.client_cert), key=str(certs.client_key))
@@ -282,16 +269,16 @@ def test_token_auth_with_tls_round_trip(embedded, tmp_path):
     wait_until(lambda: server.running.metrics.value("modelinit_rejected_total", reason="unauthenticated") == 2, what="the count")
 
 
-def test_health_needs_no_token(embedded):
-    server = embedded(token="abc")
+def test_health_needs_no_token(background_server):
+    server = background_server(token="abc")
     assert health_status(server.target) == health_pb2.HealthCheckResponse.SERVING
     with modelinit.Client(server.target) as c, pytest.raises(ModelInitError) as e:
         c.plan("gpt2")
     assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
 
 
-def test_metrics_count_requests_bytes_and_tensors(embedded, tmp_path):
-    server = embedded(metrics_port=0, metrics_host="127.0.0.1")
+def test_metrics_count_requests_bytes_and_tensors(background_server, tmp_path):
+    server = background_server(metrics_port=0, metrics_host="127.0.0.1")
     with modelinit.Client(server.target) as c:
         result = c.init_model(TINY["bert"], seed=1, out_dir=tmp_path)
         with pytest.raises(ModelInitError):
@@ -310,11 +297,11 @@ def test_metrics_count_requests_bytes_and_tensors(embedded, tmp_path):
     assert "modelinit_inflight_streams 0.0" in text
 
 
-def test_request_id_is_returned_and_logged(embedded, caplog):
+def test_request_id_is_returned_and_logged(background_server, caplog):
     from modelinit_server.service.observability import RequestIdFilter
 
     caplog.handler.addFilter(RequestIdFilter())
-    server = embedded()
+    server = background_server()
     with grpc.insecure_channel(server.target) as ch:
         stub = pb_grpc.ModelInitStub(ch)
         request = pb.PlanRequest(request=modelinit.client.model_request("gpt2", seed=0))
@@ -428,10 +415,10 @@ def test_sigterm_past_the_grace_period_client_resumes_on_another_replica(tmp_pat
     assert read_folder(tmp_path) == reference
 
 
-def test_reflection_lists_the_services(embedded):
+def test_reflection_lists_the_services(background_server):
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-    server = embedded(reflection=True)
+    server = background_server(reflection=True)
     with grpc.insecure_channel(server.target) as ch:
         stub = reflection_pb2_grpc.ServerReflectionStub(ch)
         (answer,) = list(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=WAIT))
@@ -439,10 +426,10 @@ def test_reflection_lists_the_services(embedded):
     assert {"modelinit.v1.ModelInit", "grpc.health.v1.Health"} <= names
 
 
-def test_cli_token_from_env_and_file(embedded, tmp_path, monkeypatch, capsys):
+def test_cli_token_from_env_and_file(background_server, tmp_path, monkeypatch, capsys):
     from modelinit.cli import main
 
-    server = embedded(token="t0ken")
+    server = background_server(token="t0ken")
     monkeypatch.delenv("MODELINIT_TOKEN", raising=False)
     assert main(["plan", "gpt2", "--server", server.target, "--retry-deadline", "0"]) == 1
     assert "bearer token" in capsys.readouterr().err

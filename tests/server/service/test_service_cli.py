@@ -38,19 +38,6 @@ def serve_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "modelinit.cli", "serve", "--device", "reference", *args]
 
 
-@pytest.fixture()
-def embedded():
-    servers = []
-
-    def start(**kwargs) -> BackgroundServer:
-        servers.append(BackgroundServer(ServerConfig(**{"host": "127.0.0.1", "port": 0, **kwargs})))
-        return servers[-1]
-
-    yield start
-    for s in servers:
-        s.stop()
-
-
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
     return make_certs(tmp_path_factory.mktemp("tls"))
@@ -85,28 +72,28 @@ def test_second_serve_on_a_busy_port_refuses_to_start(server_process):
         assert c.plan(TINY["gpt2"]).total_params > 0
 
 
-def test_embedded_server_on_a_busy_port_raises_oserror(embedded):
-    first = embedded()
+def test_embedded_server_on_a_busy_port_raises_oserror(background_server):
+    first = background_server()
     port = first.running.port
     with pytest.raises(OSError, match=rf"^port 127\.0\.0\.1:{port} is already in use"):
-        embedded(port=port)
+        background_server(port=port)
 
 
-def test_metrics_port_in_use_is_a_one_line_error(embedded):
+def test_metrics_port_in_use_is_a_one_line_error(background_server):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
         with pytest.raises(OSError, match=rf"^metrics port 127\.0\.0\.1:{port} is already in use"):
-            embedded(metrics_port=port)
+            background_server(metrics_port=port)
 
 
 # --- 2. the metrics interface follows --host ----------------------------------------------------
 
-def test_metrics_listen_where_grpc_does_unless_told_otherwise(embedded):
-    loopback = embedded(metrics_port=0)
+def test_metrics_listen_where_grpc_does_unless_told_otherwise(background_server):
+    loopback = background_server(metrics_port=0)
     assert loopback.running.metrics.http_address == ("127.0.0.1", loopback.running.metrics_port)
-    everywhere = embedded(metrics_port=0, metrics_host="0.0.0.0")
+    everywhere = background_server(metrics_port=0, metrics_host="0.0.0.0")
     assert everywhere.running.metrics.http_address[0] == "0.0.0.0"
 
 
@@ -207,8 +194,8 @@ def test_size_caps_are_on_by_default_and_the_cli_agrees():
     assert (off.max_params, off.max_dim, off.max_tensors) == (0, 0, 0)
 
 
-def test_the_largest_preset_fits_the_default_caps(embedded):
-    server = embedded()  # default limits
+def test_the_largest_preset_fits_the_default_caps(background_server):
+    server = background_server()  # default limits
     with modelinit.Client(server.target) as c:
         plan = c.plan("deepseek-v3")
     assert plan.total_params > 600e9 and plan.tensor_count > 40_000
@@ -221,8 +208,8 @@ def test_the_largest_preset_fits_the_default_caps(embedded):
     # One vocabulary of 2^25 rows: 2.1e9 parameters, a dimension over 2^24.
     ({**TINY["gpt2"], "vocab_size": 1 << 25}, "--max-dim"),
 ])
-def test_default_caps_refuse_oversized_models(embedded, config, flag):
-    server = embedded()
+def test_default_caps_refuse_oversized_models(background_server, config, flag):
+    server = background_server()
     with modelinit.Client(server.target) as c, pytest.raises(ModelInitError) as e:
         c.plan(config)
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and flag in e.value.details, e.value.details
@@ -259,8 +246,8 @@ def test_cli_plan_against_a_closed_port_is_one_line_and_fast():
         f"modelinit: error: cannot reach 127.0.0.1:{port}: connection refused; check --server (host:port) and that the server is running"]
 
 
-def test_tls_with_the_wrong_ca_fails_fast_with_a_trust_message(embedded, certs, caplog):
-    server = embedded(tls_cert=certs.server_cert, tls_key=certs.server_key)
+def test_tls_with_the_wrong_ca_fails_fast_with_a_trust_message(background_server, certs, caplog):
+    server = background_server(tls_cert=certs.server_cert, tls_key=certs.server_key)
     with (recording_rpcs() as rpcs, caplog.at_level("WARNING", logger="modelinit.client"),
           modelinit.Client(server.target, ca=certs.other_ca) as c, pytest.raises(ModelInitError) as e):
         c.plan("gpt2")
@@ -271,8 +258,8 @@ def test_tls_with_the_wrong_ca_fails_fast_with_a_trust_message(embedded, certs, 
         assert c.plan(TINY["gpt2"]).total_params > 0
 
 
-def test_tls_client_against_a_plaintext_server_fails_fast(embedded, certs, caplog):
-    server = embedded()
+def test_tls_client_against_a_plaintext_server_fails_fast(background_server, certs, caplog):
+    server = background_server()
     with (recording_rpcs() as rpcs, caplog.at_level("WARNING", logger="modelinit.client"),
           modelinit.Client(server.target, ca=certs.ca) as c, pytest.raises(ModelInitError) as e):
         c.plan("gpt2")
@@ -280,8 +267,8 @@ def test_tls_client_against_a_plaintext_server_fails_fast(embedded, certs, caplo
     assert "does not speak TLS" in e.value.details
 
 
-def test_plaintext_client_against_a_tls_server_fails_fast(embedded, certs, caplog):
-    server = embedded(tls_cert=certs.server_cert, tls_key=certs.server_key)
+def test_plaintext_client_against_a_tls_server_fails_fast(background_server, certs, caplog):
+    server = background_server(tls_cert=certs.server_cert, tls_key=certs.server_key)
     with (recording_rpcs() as rpcs, caplog.at_level("WARNING", logger="modelinit.client"),
           modelinit.Client(server.target) as c, pytest.raises(ModelInitError) as e):
         c.plan("gpt2")
@@ -315,8 +302,8 @@ def test_a_server_lost_after_it_answered_is_retried_until_the_deadline(caplog):
     assert waited >= 0.9 * policy.deadline, waited  # ... and not before it
 
 
-def test_a_dead_first_replica_is_skipped(embedded, tmp_path):
-    server = embedded()
+def test_a_dead_first_replica_is_skipped(background_server, tmp_path):
+    server = background_server()
     dead = f"127.0.0.1:{free_port()}"
     with modelinit.Client(f"{dead},{server.target}", retry=RetryPolicy(deadline=10, initial_backoff=0.05, max_backoff=0.1)) as c:
         assert c.plan(TINY["gpt2"]).total_params > 0
