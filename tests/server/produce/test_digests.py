@@ -10,8 +10,8 @@ from modelinit_server.messages import request_from_pb
 from modelinit_server.produce import digests as memo
 from modelinit_server.produce import file_bytes as files
 
-from tests.server.produce.test_files import collect
 from tests.support import TINY
+from tests.support.file_events import collect
 
 
 def _plan(**kw):

@@ -7,28 +7,15 @@ from modelinit_server.core.planner import build_plan
 from modelinit_server.engine.backends import REFERENCE
 from modelinit_server.messages import request_from_pb
 from modelinit_server.produce import file_bytes as files
-from modelinit_wire.events import Begin, Data, End
+from modelinit_wire.events import Begin, End
 
 from tests.support import TINY
+from tests.support.file_events import collect
 
 
 @pytest.fixture(scope="module")
 def plan():
     return build_plan(request_from_pb(mc.model_request(TINY["gpt2"], seed=3, dtype="bfloat16", max_shard_size="300KB")))
-
-
-def collect(source) -> tuple[dict[int, bytes], dict[int, str | None]]:
-    data, ends, cur = {}, {}, None
-    for ev in source:
-        if isinstance(ev, Begin):
-            cur = ev.index
-            data[cur] = b""
-        elif isinstance(ev, Data):
-            data[cur] += bytes(ev.data)  # copy now: with a ring the buffer is reused later
-        else:
-            assert isinstance(ev, End)
-            ends[ev.index] = ev.sha256
-    return data, ends
 
 
 def test_segments_through_a_buffer_ring_and_prefetch_equal_the_whole_files(plan):
