@@ -15,7 +15,7 @@ import modelinit
 import pytest
 from modelinit.errors import ModelInitError
 
-from tests.support import TINY, read_folder
+from tests.support import TINY, ray_cluster, read_folder
 
 ray = pytest.importorskip("ray", reason="ray is in the test extra (modelinit[ray])")
 import modelinit.ray  # noqa: E402 - after the skip: it names Ray's errors on use
@@ -29,12 +29,36 @@ BIGGER = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A local Ray cluster of 2 CPUs, joined by the calls below (they leave it running)."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}})
-    yield
+def _started():
+    """The module's cluster, started once in a process of its own (tests/support/ray_cluster.py
+    says why not by ``ray.init()`` here), and joined; or why it could not be."""
+    try:
+        running = ray_cluster.start(num_cpus=2)
+    except ray_cluster.RayStartError as e:
+        yield {"error": str(e), "reported": False}
+        return
+    try:
+        ray.init(address=running.address, log_to_driver=False,
+                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}})
+    except Exception as e:  # noqa: BLE001 - reported below as the cluster's failure, with its log
+        running.stop()
+        yield {"error": f"joining the cluster at {running.address} failed: {e!r}", "reported": False}
+        return
+    yield {"error": None, "address": running.address}
     ray.shutdown()
+    running.stop()
+
+
+@pytest.fixture()
+def cluster(_started):
+    """A local Ray cluster of 2 CPUs that the calls below join. A cluster that did not start fails
+    the first test that needs it, with Ray's output, and skips the others (one failure, not five)."""
+    if _started["error"]:
+        if not _started["reported"]:
+            _started["reported"] = True
+            pytest.fail(f"the Ray cluster did not start: {_started['error']}", pytrace=False)
+        pytest.skip("the Ray cluster did not start (the module's first Ray test failed with why)")
+    yield _started["address"]
 
 
 def _one_writer(tmp_path: pathlib.Path, spec, **run) -> dict[str, bytes]:
