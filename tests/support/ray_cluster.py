@@ -1,13 +1,15 @@
 """A local Ray cluster of the tests' own, started in a process of its own.
 
-``ray.init()`` from the pytest process starts the GCS and the raylet itself, forking with a Python
-``preexec_fn`` from a process whose other threads (the in-process gRPC servers and clients of the
-tests that ran before) may hold locks the child then waits for; under load the raylet does not
-register within Ray's fixed 30 s, and every test fails at setup with "Failed to get node info:
-Deadline Exceeded". Here ``ray start --head --block`` runs as a fresh process (new session, its
-own short temp dir, loopback only, no dashboard), its readiness is awaited with a generous
-deadline and one retry, and the tests only *join* it (``ray.init(address=...)``), which starts no
-process. Stopping it kills its whole process group, so no raylet or worker outlives the module.
+``ray.init()`` from the pytest process starts the GCS and the raylet itself: it forks them (with
+a Python ``preexec_fn``) from a process that, by then, runs the gRPC threads of every in-process
+server and client the earlier tests left (gRPC logs "Other threads are currently calling into
+gRPC, skipping fork() handlers"), and waits a fixed 30 s for the raylet to register. Once, on a
+fresh CI-class machine, that wait ran out ("Failed to get node info: Deadline Exceeded") and all
+five Ray tests failed at setup, while the same module alone passed. Here ``ray start --head
+--block`` runs as a fresh process instead (a new session, a clean environment, its own short temp
+dir, loopback only, no dashboard); its readiness is awaited with a generous deadline and one
+retry, and the tests only *join* it (``ray.init(address=...)``, which starts no process). Stopping
+it kills its whole process group, so no GCS, raylet or worker outlives the module.
 """
 from __future__ import annotations
 
