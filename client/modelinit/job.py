@@ -242,7 +242,7 @@ def _container(image: str, args: list[str], resources: dict[str, Any], secret: s
     c: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
-        "imagePullPolicy": "IfNotPresent",
+        "imagePullPolicy": "Always",  # a re-pushed tag reaches every pod alike
         "command": ["modelinit"],  # the server images' ENTRYPOINT is `modelinit serve`
         "args": args,
         "env": env,

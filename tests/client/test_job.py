@@ -143,7 +143,7 @@ def check_kueue(job: dict) -> None:
 
 @pytest.mark.parametrize("version", SCHEMA_VERSIONS)
 def test_init_job_validates_against_kubernetes_schema(rendered, version):
-    assert sorted(o["kind"] for o in rendered) == ["Job", "ServiceAccount"]
+    assert sorted(o["kind"] for o in rendered) == ["Job", "NetworkPolicy", "ServiceAccount"]
     for obj in rendered:
         validate_strict(obj, version)
 

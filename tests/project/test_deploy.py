@@ -365,6 +365,40 @@ def test_service_pdb_and_network_policy_match(overlay, rendered):
         "the example training Job's namespace must be admitted to the gRPC port"
 
 
+def test_init_job_network_policy(rendered):
+    """deploy/k8s/init-job's NetworkPolicy: it selects the writer pods (the Job's, `modelinit
+    job`'s, the JobSet's) and lets them reach DNS, the store over HTTPS and the servers' gRPC port
+    only; nothing may reach them."""
+    from modelinit.job import job_manifest
+
+    objects = kustomize(K8S / "init-job")
+    job, np = one(objects, "Job"), one(objects, "NetworkPolicy")
+    assert np["metadata"]["namespace"] == job["metadata"]["namespace"]
+    printed = job_manifest("gpt2", parts=2, out="s3://b/p", server="dns:///x:50051")
+    (jobset,) = [o for o in kustomize(K8S / "jobset") if o["kind"] == "JobSet"]
+    writers = next(r for r in jobset["spec"]["replicatedJobs"] if r["name"] == "model-initializer")
+    for pod_template in (job["spec"]["template"], printed["spec"]["template"], writers["template"]["spec"]["template"]):
+        assert selects(np["spec"]["podSelector"], pod_template["metadata"]["labels"])
+    assert jobset["metadata"]["namespace"] == np["metadata"]["namespace"]
+
+    assert np["spec"]["policyTypes"] == ["Ingress", "Egress"] and not np["spec"].get("ingress"), "no ingress at all"
+    rules = np["spec"]["egress"]
+    assert len(rules) == 3
+    dns, store, server = rules
+    (peer,) = dns["to"]
+    assert peer == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
+    assert sorted((p["protocol"], p["port"]) for p in dns["ports"]) == [("TCP", 53), ("UDP", 53)]
+    assert store["to"] == [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]
+    assert store["ports"] == [{"protocol": "TCP", "port": 443}]
+    # The servers: their namespace and pod labels, on the port `modelinit serve` gets.
+    dep, _, _, _, cfg = serve_args(rendered["gpu"])
+    (peer,) = server["to"]
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": dep["metadata"]["namespace"]}}
+    assert selects(peer["podSelector"], dep["spec"]["template"]["metadata"]["labels"])
+    assert server["ports"] == [{"protocol": "TCP", "port": cfg.port}]
+
+
 # --- examples: the training Job and Kueue -----------------------------------------------------
 
 def test_training_job_init_container():
@@ -384,10 +418,14 @@ def test_training_job_init_container():
     grpc_port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc")
     assert args.server == f"dns:///{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local:{grpc_port}"
 
-    # The token: MODELINIT_TOKEN from a Secret, which the CLI reads as --token's default.
+    # The token: MODELINIT_TOKEN (--token's default) names, with @, a file of the modelinit-token
+    # Secret mounted into the container, which the CLI reads (not the Secret as an env var).
     (tok,) = [e for e in init["env"] if e["name"] == "MODELINIT_TOKEN"]
-    assert tok["valueFrom"]["secretKeyRef"] == {"name": "modelinit-token", "key": "token"}
+    assert set(tok) == {"name", "value"} and tok["value"].startswith("@")
+    vol, key = mounted_file(pod, init, tok["value"][1:])
+    assert (vol["secret"]["secretName"], key) == ("modelinit-token", "token")
     assert "--token" not in cmd
+    assert not init.get("envFrom") and all("secretKeyRef" not in e.get("valueFrom", {}) for e in init["env"])
 
 
 def test_cli_reads_the_token_from_the_environment(monkeypatch):
