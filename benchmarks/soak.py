@@ -349,9 +349,12 @@ def trend(samples: list[dict], metric: str, k: float, unit: float) -> dict:
     and the verdict."""
     ys = [s[metric] for s in samples]
     n = len(samples)
-    q = max(1, (n - 1) // 4)
-    out = {"start": ys[0], "warm": ys[n // 2], "end": ys[-1], "max": max(ys),
-           "q1_median": statistics.median(ys[1:1 + q] or ys[:1]), "q4_median": statistics.median(ys[-q:])}
+    # the medians of each quarter of the samples after the start: a plateau shows as Q3 ~ Q4
+    after = ys[1:] or ys
+    quarters = [statistics.median(after[len(after) * i // 4:max(len(after) * (i + 1) // 4, len(after) * i // 4 + 1)])
+                for i in range(4)]
+    out = {"start": ys[0], "warm": ys[n // 2], "end": ys[-1], "max": max(ys), "quarter_medians": quarters,
+           "q1_median": quarters[0], "q4_median": quarters[3]}
     half = samples[n // 2:]
     if len(half) < 4:
         return {**out, "verdict": "too few samples"}
@@ -445,14 +448,15 @@ def main() -> int:
         print(f"  UNEXPECTED {line}")
     print(f"\ntrend over the second half (after warm-up), against requests; threshold = max({args.k:g} x 1.4826 x MAD of the "
           "residuals, one unit)")
-    print(f"{'metric':<9} {'start':>8} {'warm':>8} {'end':>8} {'Q1 med':>8} {'Q4 med':>8} {'slope/1k':>9} {'growth':>8} "
-          f"{'threshold':>9}  verdict")
+    print(f"{'metric':<9} {'start':>7} {'warm':>7} {'end':>7} {'Q1 med':>7} {'Q2 med':>7} {'Q3 med':>7} {'Q4 med':>7} "
+          f"{'slope/1k':>9} {'growth':>8} {'threshold':>9}  verdict")
     for m, t in trends.items():
         if "slope_per_1k_requests" in t:
-            print(f"{m:<9} {t['start']:>8.1f} {t['warm']:>8.1f} {t['end']:>8.1f} {t['q1_median']:>8.1f} {t['q4_median']:>8.1f} "
+            quarters = " ".join(f"{q:>7.1f}" for q in t["quarter_medians"])
+            print(f"{m:<9} {t['start']:>7.1f} {t['warm']:>7.1f} {t['end']:>7.1f} {quarters} "
                   f"{t['slope_per_1k_requests']:>9.3f} {t['growth_over_half']:>8.3f} {t['threshold']:>9.3f}  {t['verdict']}")
         else:
-            print(f"{m:<9} {t['start']:>8.1f} {t['warm']:>8.1f} {t['end']:>8.1f}  {t['verdict']}")
+            print(f"{m:<9} {t['start']:>7.1f} {t['warm']:>7.1f} {t['end']:>7.1f}  {t['verdict']}")
     print(f"verdict: {verdict}; server exit status on SIGTERM: {exit_code}")
 
     failed = counts["unexpected"] > 0 or died or exit_code != 0
