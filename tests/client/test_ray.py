@@ -37,15 +37,16 @@ def _started():
     except ray_cluster.RayStartError as e:
         yield {"error": str(e), "reported": False}
         return
-    try:
-        ray.init(address=running.address, log_to_driver=False,
-                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}})
-    except Exception as e:  # noqa: BLE001 - reported below as the cluster's failure, with its log
-        running.stop()
-        yield {"error": f"joining the cluster at {running.address} failed: {e!r}", "reported": False}
-        return
-    yield {"error": None, "address": running.address}
-    ray.shutdown()
+    with ray_cluster.driver_env():
+        try:
+            ray.init(address=running.address, log_to_driver=False,
+                     runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}})
+        except Exception as e:  # noqa: BLE001 - reported below as the cluster's failure, with its log
+            running.stop()
+            yield {"error": f"joining the cluster at {running.address} failed: {e!r}", "reported": False}
+            return
+        yield {"error": None, "address": running.address}
+        ray.shutdown()
     running.stop()
 
 

@@ -21,8 +21,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
+#: Set in the joining process too (:func:`driver_env`). Ray 2.60 turns token authentication on for
+#: a cluster that ``ray start`` finds a token for in ``~/.ray/auth_token`` (any earlier local
+#: ``ray.init()`` on the machine writes one), while a driver given an explicit address sends none
+#: unless told: its join is then refused ("InvalidAuthToken"). A loopback test cluster runs without.
+DRIVER_ENV = {"RAY_AUTH_MODE": "disabled"}
 #: How long one start may take before it is abandoned (Ray waits 30 s for its raylet itself).
 STARTUP_S = 120.0
 ATTEMPTS = 2
@@ -103,7 +110,7 @@ def start(num_cpus: int = 2, attempts: int = ATTEMPTS) -> RayCluster:
     """A new local cluster of ``num_cpus`` CPUs; raises :class:`RayStartError` after ``attempts``
     failed starts."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    env.update(RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1", **DRIVER_ENV)
     failures = []
     for attempt in range(1, attempts + 1):
         try:
@@ -114,3 +121,18 @@ def start(num_cpus: int = 2, attempts: int = ATTEMPTS) -> RayCluster:
         cluster.attempts = failures
         return cluster
     raise RayStartError("a local Ray cluster did not start:\n" + "\n".join(failures))
+
+
+@contextmanager
+def driver_env() -> Iterator[None]:
+    """:data:`DRIVER_ENV` in this process's environment while a test joins and uses the cluster."""
+    saved = {k: os.environ.get(k) for k in DRIVER_ENV}
+    os.environ.update(DRIVER_ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
