@@ -20,7 +20,7 @@ import * as operator from '@kubernetes-models/prometheus-operator/monitoring.cor
 
 const require = createRequire(import.meta.url);
 const { EditorState } = require('@codemirror/state');
-const { syntaxTree, syntaxTreeAvailable } = require('@codemirror/language');
+const { ensureSyntaxTree } = require('@codemirror/language');
 const { promQLLanguage, LanguageType } = require('@prometheus-io/codemirror-promql');
 const { Parser } = require('@prometheus-io/codemirror-promql/dist/cjs/parser');
 const { getType } = require('@prometheus-io/codemirror-promql/dist/cjs/parser/type');
@@ -38,12 +38,16 @@ function unquote(text) {
 
 function checkExpr(expr) {
   const state = EditorState.create({ doc: expr, extensions: language });
-  const tree = syntaxTree(state);
+  // syntaxTree(state) returns what a parse finished within CodeMirror's editor time budget (tens
+  // of ms): on a loaded machine that is a partial tree, whose cut shows as syntax errors. Parse to
+  // the end whatever it takes; null only if even a minute was not enough.
+  const tree = ensureSyntaxTree(state, state.doc.length, 60_000);
+  if (tree === null) throw new Error(`PromQL parse of ${JSON.stringify(expr)} did not finish in 60 s`);
   const parser = new Parser(state);
   parser.analyze();
   const result = {
     expr,
-    complete: syntaxTreeAvailable(state),
+    complete: tree.length >= state.doc.length,
     type: TYPES[getType(tree.topNode.firstChild)] ?? null,
     diagnostics: parser.getDiagnostics().map((d) => `${d.severity}: ${d.message} at ${d.from}..${d.to}`),
     syntax_errors: [],
