@@ -42,7 +42,10 @@ QUEUE = "training-queue"
 SECRET = "modelinit-store"
 """The store-credentials Secret deploy/k8s/init-job reads (AWS_ACCESS_KEY_ID, ... as env vars)."""
 TOKEN_SECRET = "modelinit-token"
-"""The token Secret of docs/deploy.md (key ``token``), read with ``--server``."""
+"""The token Secret of docs/deploy.md (key ``token``), mounted as a file with ``--server``."""
+TOKEN_DIR = "/var/run/modelinit"
+"""Where the pods mount that Secret; ``MODELINIT_TOKEN=@{TOKEN_DIR}/token`` (the client reads
+``@PATH`` as the file's content), so the token is a file, never an env var's value."""
 BACKOFF_LIMIT_PER_INDEX = 3
 EXIT_BAD_INPUT = 2
 """What ``modelinit init`` exits with for bad input (spec, flags): every part would fail alike."""
@@ -238,7 +241,7 @@ def _container(image: str, args: list[str], resources: dict[str, Any], secret: s
         {"name": "NUMBA_NUM_THREADS", "valueFrom": {"resourceFieldRef": {"containerName": CONTAINER, "resource": "limits.cpu"}}},
     ]
     if server is not None:
-        env.append({"name": "MODELINIT_TOKEN", "valueFrom": {"secretKeyRef": {"name": TOKEN_SECRET, "key": "token", "optional": True}}})
+        env.append({"name": "MODELINIT_TOKEN", "value": f"@{TOKEN_DIR}/token"})
     c: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
@@ -258,6 +261,8 @@ def _container(image: str, args: list[str], resources: dict[str, Any], secret: s
         # Optional: a missing Secret fails the pods with the store's credential error, instead
         # of leaving them in CreateContainerConfigError holding the queue's quota.
         c["envFrom"] = [{"secretRef": {"name": secret, "optional": True}}]
+    if server is not None:
+        c["volumeMounts"].append({"name": "token", "mountPath": TOKEN_DIR, "readOnly": True})
     if mount is not None:
         c["volumeMounts"].append({"name": "checkpoint", "mountPath": mount})
     return c
@@ -305,6 +310,11 @@ def job_manifest(spec: str, *, parts: int, out: str, seed: int | None = None, po
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [_container(image, args, resources, secret, server, mount)],
         "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]
+        # Optional: without the Secret the pods start and `modelinit init` stops at once with
+        # exit 2 ("cannot read token file"), which fails the Job, instead of pods held in
+        # ContainerCreating on the queue's quota. 0440: readable by the pods' group (fsGroup).
+        + ([{"name": "token", "secret": {"secretName": TOKEN_SECRET, "optional": True, "defaultMode": 0o440,
+                                         "items": [{"key": "token", "path": "token"}]}}] if server is not None else [])
         + ([{"name": "checkpoint", "persistentVolumeClaim": {"claimName": pvc}}] if mount is not None else []),
     })
     # Not app.kubernetes.io/name: modelinit, which the server's Service and PDB select.
@@ -348,7 +358,7 @@ def add_job_parser(sub) -> argparse.ArgumentParser:
     req.add_argument("--architecture", default=None, metavar="CLASS", help="model class overriding the spec's")
     req.add_argument("--algorithm-version", type=int, default=None, metavar="V", help="generation algorithm (default: the newest)")
     req.add_argument("--server", default=None, metavar="TARGET",
-                     help="pods fetch from these modelinit servers (token from the Secret modelinit-token); default: embedded")
+                     help="pods fetch from these modelinit servers (token: the Secret modelinit-token, mounted as a file); default: embedded")
     req.add_argument("--device", default=None, choices=_DEVICES, help="embedded engine (default cpu; cuda with --gpus)")
     k8s = p.add_argument_group("Kubernetes")
     k8s.add_argument("--name", default=None, help="Job name (default modelinit-init-<spec>-<hash of the request>)")

@@ -197,7 +197,14 @@ def test_modelinit_job_prints_a_valid_indexed_job(variant, capsys):
         assert (args.policy, args.max_shard_size, args.algorithm_version) == ("megatron", "2GB", 2)
     if variant == "server":
         env = {e["name"]: e for e in c["env"]}
-        assert env["MODELINIT_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == mjob.TOKEN_SECRET
+        # The token is a file of the mounted Secret, never an env var's value (secrets as files).
+        assert env["MODELINIT_TOKEN"] == {"name": "MODELINIT_TOKEN", "value": f"@{mjob.TOKEN_DIR}/token"}
+        assert not any("secretKeyRef" in e.get("valueFrom", {}) for e in c["env"])
+        (tmount,) = [m for m in c["volumeMounts"] if m["name"] == "token"]
+        assert tmount == {"name": "token", "mountPath": mjob.TOKEN_DIR, "readOnly": True}
+        tvol = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "token")
+        assert tvol["secret"]["secretName"] == mjob.TOKEN_SECRET
+        assert tvol["secret"]["items"] == [{"key": "token", "path": "token"}]
         assert args.server.startswith("dns:///") and job["metadata"]["name"] == "gpt2-init"
         assert c["envFrom"] == [{"secretRef": {"name": "store", "optional": True}}]
     if variant == "pvc":

@@ -18,6 +18,8 @@ from typing import NamedTuple
 import pytest
 import yaml
 
+from modelinit.job import job_manifest
+
 from tests.support import REPO
 from tests.support.deploy import DEPLOY, EXAMPLES, kustomize
 from tests.support.scanner import CHECKOV, scan
@@ -25,6 +27,8 @@ from tests.support.scanner import CHECKOV, scan
 #: The Kustomize directories scanned, rendered (deploy/k8s/base too: the scanner judges it alone).
 RENDERED = ("k8s/base", "k8s/overlays/cpu", "k8s/overlays/gpu", "k8s/overlays/gpu-tls", "k8s/init-job", "k8s/jobset",
             "k8s/kubeflow-trainer", "monitoring")
+#: The Job `modelinit job` prints, scanned as a source of its own.
+PRINTED_JOB = "modelinit job --server"
 SERVER_OVERLAYS = ("k8s/base", "k8s/overlays/cpu", "k8s/overlays/gpu", "k8s/overlays/gpu-tls")
 
 
@@ -46,6 +50,10 @@ DELIBERATE = (
     Deliberate("CKV_K8S_43", "Job.training.modelinit-init-deepseek-v3", ("k8s/init-job",), RELEASE_DIGEST),
     Deliberate("CKV_K8S_43", "Job.training.llama-3-8b-pretrain", ("examples/training-job.yaml",),
                "placeholder images (the user's client build and trainer): pinned by whoever fills them in"),
+    Deliberate("CKV_K8S_43", "Job.training.modelinit-init-deepseek-v3-b3936b4a", (PRINTED_JOB,),
+               "the image is --image's (default: the release tag): pass a digest reference to pin it"),
+    Deliberate("CKV_K8S_35", "Job.training.modelinit-init-deepseek-v3-b3936b4a", (PRINTED_JOB,),
+               "--secret's store keys: the same reason as the init Job's (the token is a mounted file)"),
     Deliberate("CKV_K8S_14", "Deployment.modelinit.modelinit", ("k8s/base",),
                "the base is never applied alone: each overlay's `images:` entry sets the tag"),
     Deliberate("CKV_K8S_35", "Job.training.modelinit-init-deepseek-v3", ("k8s/init-job",),
@@ -74,6 +82,11 @@ def render(into: pathlib.Path) -> dict[str, str]:
         source = f"examples/{path.name}"
         shutil.copyfile(path, into / _file_name(source))
         names[_file_name(source)] = source
+    # What `modelinit job --server ... --secret ...` prints (its pods meet init-job's NetworkPolicy).
+    (into / _file_name(PRINTED_JOB)).write_text(yaml.safe_dump(job_manifest(
+        "deepseek-v3", parts=4, out="s3://checkpoints/deepseek-v3", seed=42, secret="modelinit-store",
+        server="dns:///modelinit.modelinit.svc.cluster.local:50051")))
+    names[_file_name(PRINTED_JOB)] = PRINTED_JOB
     return names
 
 
@@ -150,5 +163,5 @@ def test_scan_catches_a_finding_put_back(rendered, found, tmp_path):
     _put_back(copy / _file_name("k8s/init-job"), no_network_policy)
     _put_back(copy / _file_name("examples/training-job.yaml"), token_from_env)
     new = findings(copy, names) - found
-    assert {(f.check, f.source) for f in new} == {("CKV2_K8S_6", "k8s/init-job"),
+    assert {(f.check, f.source) for f in new} == {("CKV2_K8S_6", "k8s/init-job"), ("CKV2_K8S_6", PRINTED_JOB),
                                                   ("CKV_K8S_35", "examples/training-job.yaml")}, new
