@@ -9,7 +9,7 @@ one process's files:
 * a shard goes to a hidden temp file with ``O_DIRECT`` where the filesystem allows it
   (:class:`~modelinit.direct_file.DirectFile`: no page-cache copy) and is renamed into place
   complete, so a file appears only whole; a killed process leaves only its temp file, which the
-  next run of that part deletes (:meth:`abort_pending`);
+  next run of that part deletes (:meth:`LocalPrefix.abort_pending`);
 * an e_tag is the file's identity (inode, modification time in ns, size): a file replaced by
   anyone gets a new one, so a part's record matches only the very file it wrote;
 * a create-once (``put(create=True)``) writes a temp file and links it into place: ``link(2)``

@@ -1,8 +1,9 @@
 """Init policies as data: ordered rules that match tensors and give them a distribution.
 
-A policy resolves every tensor of a model to exactly one engine :class:`Sampler`; a tensor that
-no rule matches is an error that names it (never a silent default). Presets are ordinary rule
-lists built from the model (they need its ``initializer_range`` and depth).
+A policy resolves every tensor of a model to exactly one engine
+:class:`~modelinit_server.engine.sampler.Sampler`; a tensor that no rule matches is an error that
+names it (never a silent default). Presets are ordinary rule lists built from the model (they
+need its ``initializer_range`` and depth).
 
     rules       the rule language: Match, Distribution, Rule (validated), the depth divisor
     presets     PRESETS: hf-default, bert-tf, gpt2, megatron, torchtitan-llama3, xavier, ...
