@@ -142,9 +142,8 @@ def timeline(model: str, dtype: str, folder: str) -> None:
     import threading
 
     import modelinit
-    from modelinit import client as client_module
-    from modelinit import direct_file
-    from modelinit_server.engine import backends
+    from modelinit import direct_file, writer
+    from modelinit_server.service import embedded
 
     lock = threading.Lock()
     acc: dict[str, float] = {}
@@ -153,7 +152,7 @@ def timeline(model: str, dtype: str, folder: str) -> None:
         with lock:
             acc[key] = acc.get(key, 0.0) + value
 
-    select = backends.select
+    select = embedded.select  # the name the embedded engine calls (imported from engine.backends)
 
     def timed_select(*a, **k):
         backend = select(*a, **k)
@@ -175,7 +174,7 @@ def timeline(model: str, dtype: str, folder: str) -> None:
         write(self, data)
         add("write wall", time.perf_counter() - w)
 
-    events_of = client_module.write_files  # the name the client calls
+    events_of = writer.write_files  # the name FolderWriter.write calls
 
     def timed_write_files(source, *a, **k):
         class Timed:
@@ -214,9 +213,9 @@ def timeline(model: str, dtype: str, folder: str) -> None:
     from modelinit import stream
     from modelinit_server.produce import file_bytes
 
-    backends.select = timed_select
+    embedded.select = timed_select
     direct_file.DirectFile.write = timed_write
-    client_module.write_files = timed_write_files
+    writer.write_files = timed_write_files
     import types
 
     # the producer's hasher (file_bytes) and the writer's (StreamCheck.sha256, when it hashes), nobody else's
@@ -229,7 +228,7 @@ def timeline(model: str, dtype: str, folder: str) -> None:
         with modelinit.Client() as client:
             client.init_model(model, seed=0, out_dir=out, dtype=dtype)
     finally:
-        backends.select, direct_file.DirectFile.write, client_module.write_files = select, write, events_of
+        embedded.select, direct_file.DirectFile.write, writer.write_files = select, write, events_of
         stream.hashlib = file_bytes.hashlib = _hashlib
         shutil.rmtree(out, ignore_errors=True)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0

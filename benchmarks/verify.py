@@ -3,6 +3,7 @@ against one file at a time.
 
     python benchmarks/verify.py                      # about 2 files of 1 GB each (bfloat16)
     python benchmarks/verify.py --files 4 --size-gb 0.5 --repeat 5
+    python benchmarks/verify.py --smoke --repeat 1   # a tiny model: that the script runs (tests/project/test_benchmarks.py)
 
 Writes a checkpoint of about ``--files`` shards once (``modelinit init``, embedded), reads it once to warm
 the page cache (what is timed is hashing and checking, not the disk), then times
@@ -27,6 +28,8 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=2)
     ap.add_argument("--size-gb", type=float, default=1.0, help="each file's size")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny Llama in files of about 100 KB instead (that the script runs; its figures mean nothing)")
     args = ap.parse_args()
 
     import modelinit
@@ -38,6 +41,10 @@ def main() -> None:
     spec = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 2048, "intermediate_size": 8192,
             "num_hidden_layers": layers, "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 32000,
             "tie_word_embeddings": False}
+    if args.smoke:
+        spec |= {"hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 4, "vocab_size": 1000}
+        args.size_gb = 1e-4
     with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
         out = pathlib.Path(tmp) / "ckpt"
         with modelinit.Client() as c:

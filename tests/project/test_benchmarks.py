@@ -1,0 +1,162 @@
+"""Every script in benchmarks/ runs, in a small mode, as a subprocess: a name they use that moved or
+was renamed breaks a test here instead of a benchmark nobody runs (issue 42: floor.py's
+``--timeline`` patched ``modelinit.client.write_files`` long after it moved to ``modelinit.writer``).
+
+No figure is asserted (timings never go in pass/fail tests): only that each script exits 0 and
+prints its report's labels. One case per script (the id names it), each in the smallest mode it has:
+
+* ``std_normal_cdf``, ``engine_cpu``: one repetition, 64K elements, one thread.
+* ``engine_gpu``: 4096 elements, one launch; without CUDA the script says so and exits 1 after its
+  imports: that is checked and the case skips (the CUDA part runs in benchmarks/gpu_session.sh).
+* ``floor``: bert-base-uncased (the smallest preset; floor plans presets only), one rep, on the CPU
+  (``--device cuda`` needs a GPU); ``floor --timeline``: one in-process job, each patched stage
+  reported (a patch that misses its name leaves its stage out).
+* ``end_to_end``: bert-base-uncased, one rep, one rep of the baselines: it runs all three of
+  benchmarks/baselines/ (hf_init_save, torch_loop, grpc_ceiling).
+* ``object_store``: a tiny gpt2 config.json, one repeat, parts 1, no iterator ceiling (moto).
+* ``probe``: the tiny gpt2 config, batch 1 x 8 tokens.
+* ``verify``: ``--smoke`` (a tiny Llama in four files).
+* ``init_module``: TinyLlama's shape with one layer, float32, one repeat, CPU (``--device cuda``
+  needs a GPU).
+* ``init_module_ranks``: world 1, layout tp (its worker imports what fsdp uses too), one layer,
+  one repeat, one thread.
+* ``init_module_stacks``: a real run of both stacks in their smallest flavor (torchtitan's
+  ``debugmodel``, one repeat); torchtitan comes from tests/support/stacks.py (skips without a
+  package index and no copy), megatron-core from the test extra.
+* ``soak``: not run here: tests/server/service/test_soak_smoke.py runs it in a small mode (this
+  only checks that it does).
+* ``gpu_session.sh``: ``bash -n`` and every script and test module it names exists (its steps
+  need a GPU).
+
+Measured on the 2-core development machine (shared): 118 s for the module, over its 90 s target;
+end_to_end ~30 s (ten processes: warm-up, embedded, both baselines, server, library call, two
+ceilings), init_module ~19 s, init_module_ranks and init_module_stacks ~17 s each, object_store
+~10 s, probe ~7 s, the rest under 6 s each: mostly the imports of torch and transformers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import REPO, TINY
+
+BENCH = REPO / "benchmarks"
+TIMEOUT = 300
+
+
+def run(args: list[str], tmp_path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT,
+                          env={**os.environ, "TMPDIR": str(tmp_path), **(env or {})})
+
+
+def ok(done: subprocess.CompletedProcess, *labels: str) -> None:
+    """The script exited 0 and printed each of ``labels`` (the report's lines, never their figures)."""
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for label in labels:
+        assert label in done.stdout, (label, done.stdout[-3000:])
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY["gpt2"]))
+    return path
+
+
+def test_std_normal_cdf(tmp_path):
+    ok(run([str(BENCH / "std_normal_cdf.py"), "--repeat", "1"], tmp_path))
+
+
+def test_engine_cpu(tmp_path):
+    ok(run([str(BENCH / "engine_cpu.py"), "--n", "64K", "--threads", "1", "--repeat", "1", "--reference-n", "16K"],
+           tmp_path), "kernel", "torch", "numpy reference")
+
+
+def test_engine_gpu(tmp_path):
+    done = run([str(BENCH / "engine_gpu.py"), "--elements", "4096", "--repeats", "1"], tmp_path)
+    if done.returncode == 1 and "no CUDA device" in done.stderr:
+        pytest.skip("no CUDA: its imports ran and it refused as it should; the CUDA part runs in gpu_session.sh")
+    ok(done)
+
+
+def test_floor(tmp_path):
+    ok(run([str(BENCH / "floor.py"), "--model", "bert-base-uncased", "--reps", "1", "--device", "cpu",
+            "--dir", str(tmp_path), "--json", str(tmp_path / "floor.json")], tmp_path),
+       "compute floor", "floor = max(a, b)", "modelinit init (embedded")
+    assert {"floor", "ratio", "median"} <= json.loads((tmp_path / "floor.json").read_text()).keys()
+
+
+def test_floor_timeline(tmp_path):
+    done = run([str(BENCH / "floor.py"), "--timeline", "--model", "bert-base-uncased", "--dir", str(tmp_path)], tmp_path)
+    # each stage's line appears only if its patch hit the name the job calls
+    ok(done, "timeline of one in-process job", "fill wall", "write wall", "sha256 update wall",
+       "writer waits for the next event")
+
+
+def test_end_to_end(tmp_path):
+    ok(run([str(BENCH / "end_to_end.py"), "--model", "bert-base-uncased", "--reps", "1", "--hf-reps", "1",
+            "--dir", str(tmp_path)], tmp_path),
+       "embedded default:", "transformers:", "plain PyTorch loop:", "served + CLI client:", "raw gRPC ceiling:")
+
+
+def test_object_store(tmp_path, tiny_config):
+    pytest.importorskip("moto")
+    ok(run([str(BENCH / "object_store.py"), "--model", str(tiny_config), "--parts", "1", "--repeat", "1",
+            "--no-iter-ceiling", "--dir", str(tmp_path), "--json", str(tmp_path / "os.json")], tmp_path),
+       "modelinit to S3 / the library's own upload", "scaling:")
+
+
+def test_probe(tmp_path, tiny_config):
+    ok(run([str(BENCH / "probe.py"), "--models", str(tiny_config), "--batch", "1", "--seq", "8",
+            "--json", str(tmp_path / "probe.json")], tmp_path), "peak RSS")
+
+
+def test_verify(tmp_path):
+    ok(run([str(BENCH / "verify.py"), "--smoke", "--repeat", "1"], tmp_path), "verify --no-regenerate", "speed-up")
+
+
+def test_init_module(tmp_path):
+    ok(run([str(BENCH / "init_module.py"), "--layers", "1", "--dtype", "float32", "--repeat", "1"], tmp_path),
+       "init_module_")
+
+
+def test_init_module_ranks(tmp_path):
+    ok(run([str(BENCH / "init_module_ranks.py"), "--worlds", "1", "--layout", "tp", "--layers", "1",
+            "--repeat", "1", "--threads", "1"], tmp_path), "tp")
+
+
+def test_init_module_stacks(tmp_path):
+    from tests.support.stacks import install_torchtitan
+
+    install_torchtitan()  # puts tests/.stacks on PYTHONPATH, which the subprocess inherits
+    pytest.importorskip("megatron.core")
+    ok(run([str(BENCH / "init_module_stacks.py"), "--flavor", "debugmodel", "--repeat", "1", "--stack", "both"],
+           tmp_path), "init_module_", "Megatron's own CPU init")
+
+
+def test_soak_has_its_own_smoke_test():
+    smoke = REPO / "tests" / "server" / "service" / "test_soak_smoke.py"
+    assert "benchmarks\" / \"soak.py\"" in smoke.read_text()
+
+
+def test_gpu_session_sh():
+    script = BENCH / "gpu_session.sh"
+    syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    named = set(re.findall(r"(?:benchmarks|tests)/[\w/]+\.py", script.read_text()))
+    assert named and not [p for p in named if not (REPO / p).is_file()]
+
+
+COVERED = {"std_normal_cdf", "engine_cpu", "engine_gpu", "floor", "end_to_end", "object_store", "probe", "verify",
+           "init_module", "init_module_ranks", "init_module_stacks", "soak", "gpu_session.sh",
+           "baselines/hf_init_save", "baselines/torch_loop", "baselines/grpc_ceiling"}  # baselines: by end_to_end
+
+
+def test_every_script_has_a_case():
+    scripts = {str(p.relative_to(BENCH).with_suffix("")) for p in BENCH.rglob("*.py")} | {"gpu_session.sh"}
+    assert scripts == COVERED, "a script in benchmarks/ without a case here (or a case without its script)"
