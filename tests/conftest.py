@@ -40,6 +40,13 @@ def background_server():
         s.stop()
 
 
+@pytest.fixture(scope="module")
+def embedded():
+    """An embedded client (no server: the engine in this process), one per test module."""
+    with modelinit.Client() as c:
+        yield c
+
+
 @pytest.fixture()
 def client(server_target):
     with modelinit.Client(server_target) as c:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 
-import modelinit
 import pytest
 
 from tests.support import TINY
@@ -30,12 +29,6 @@ from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # no_dist=True says so
 
 REQUEST = dict(seed=3, dtype="bfloat16", max_shard_size="100KB")
-
-
-@pytest.fixture(scope="module")
-def embedded():
-    with modelinit.Client() as c:
-        yield c
 
 
 def s3fs_for(server):

@@ -25,12 +25,6 @@ SHARD = "model-00002-of-00005.safetensors"
 INDEX = "model.safetensors.index.json"
 
 
-@pytest.fixture(scope="module")
-def embedded():
-    with modelinit.Client() as c:
-        yield c
-
-
 @pytest.fixture()
 def upload(store, embedded):
     """The tiny GPT-2 written to ``SCHEME://CONTAINER/m`` (5 shards, index, config, manifest): its URL."""

@@ -140,12 +140,6 @@ rules:
 
 
 @pytest.fixture(scope="module")
-def embedded():
-    with modelinit.Client() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def policy_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("policy") / "policy.yaml"
     path.write_text(POLICY_YAML)

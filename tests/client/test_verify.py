@@ -22,12 +22,6 @@ INDEX = "model.safetensors.index.json"
 
 
 @pytest.fixture(scope="module")
-def embedded():
-    with modelinit.Client() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def pristine(embedded, tmp_path_factory):
     """A sharded folder (5 shards, index, config) written once; tests work on copies."""
     out = tmp_path_factory.mktemp("pristine") / "model"

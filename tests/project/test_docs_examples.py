@@ -8,7 +8,6 @@ import json
 import re
 import textwrap
 
-import modelinit
 import pytest
 import yaml
 from modelinit_wire import policy_file
@@ -63,12 +62,6 @@ def test_the_docs_have_policy_examples():
 
 def _rule_names(policy: pb.Policy) -> dict[str, pb.Rule]:
     return {r.name or f"rule[{i}]": r for i, r in enumerate(policy.rules)}
-
-
-@pytest.fixture(scope="module")
-def embedded():
-    with modelinit.Client() as c:
-        yield c
 
 
 @pytest.mark.parametrize("where, policy", EXAMPLES, ids=[w for w, _ in EXAMPLES])

@@ -50,3 +50,10 @@ def install_torchtitan():
     import torchtitan
 
     return torchtitan
+
+
+#: The Hugging Face config of the torchtitan tests' model: torchtitan's own debugmodel flavor
+#: (dim 256, 16 heads, FFN 768, vocabulary 2048) cut to 2 layers, with 4 KV heads.
+TORCHTITAN_HF = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_layers": 2,
+                 "num_attention_heads": 16, "num_key_value_heads": 4, "intermediate_size": 768, "vocab_size": 2048,
+                 "tie_word_embeddings": False, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5}

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import grpc
-import modelinit
 import modelinit.client as mc
 import pytest
 from modelinit.errors import ModelInitError
@@ -30,12 +29,6 @@ PAIRS = {
     "llama": (TINY["llama"], "LlamaModel", "LlamaForCausalLM", "model"),
     "gpt2": (TINY["gpt2"], "GPT2Model", "GPT2LMHeadModel", "transformer"),
 }
-
-
-@pytest.fixture(scope="module")
-def embedded():
-    with modelinit.Client() as c:
-        yield c
 
 
 def tensor_bytes(config: dict, architecture: str, version: int, seed: int = 11, dtype: str = "bfloat16") -> tuple:

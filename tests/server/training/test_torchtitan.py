@@ -25,14 +25,12 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 import modelinit  # noqa: E402
 
 from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
-from tests.support.stacks import install_torchtitan  # noqa: E402
+from tests.support.stacks import TORCHTITAN_HF, install_torchtitan  # noqa: E402
 
 SEED = 7
 #: torchtitan's llama3 "debugmodel" flavor (dim 256, 6 layers, 16 heads, FFN 768, vocabulary 2048), made
 #: smaller where the test's speed asks (2 layers, 4 KV heads: grouped-query attention).
-HF = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_layers": 2,
-      "num_attention_heads": 16, "num_key_value_heads": 4, "intermediate_size": 768, "vocab_size": 2048,
-      "tie_word_embeddings": False, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5}
+HF = TORCHTITAN_HF
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -20,7 +20,7 @@ stats = pytest.importorskip("scipy.stats")
 
 import modelinit  # noqa: E402
 
-from tests.server.training.test_torchtitan import HF  # noqa: E402
+from tests.support.stacks import TORCHTITAN_HF as HF  # noqa: E402
 from tests.support.stacks import install_torchtitan  # noqa: E402
 
 #: torchtitan's own debugmodel flavor (dim 256, 16 heads and KV heads, FFN 768, vocabulary 2048), cut to 2 layers.
