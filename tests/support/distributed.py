@@ -12,8 +12,14 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
 
 @contextlib.contextmanager
 def no_collectives() -> Iterator[None]:
-    """While inside, any collective of torch.distributed raises (init_module_ must not communicate)."""
+    """While inside, any collective of torch.distributed raises (init_module_ must not communicate).
+
+    Two nets: the public ``torch.distributed.*`` calls are replaced by one that raises at once, and
+    torch's ``CommDebugMode`` (a dispatch mode) counts every collective op that runs, the
+    functional ones DTensor itself issues (``torch.ops._c10d_functional``: ``full_tensor()``,
+    redistributions) included, which no public name is called for; any count fails at the exit."""
     import torch.distributed as d
+    from torch.distributed.tensor.debug import CommDebugMode
 
     saved = {n: getattr(d, n) for n in COLLECTIVES if hasattr(d, n)}
 
@@ -22,11 +28,16 @@ def no_collectives() -> Iterator[None]:
 
     for n in saved:
         setattr(d, n, refuse)
+    counted = CommDebugMode()
     try:
-        yield
+        with counted:
+            yield
     finally:
         for n, f in saved.items():
             setattr(d, n, f)
+    if counted.get_total_counts():
+        calls = {str(op): k for op, k in counted.get_comm_counts().items()}
+        raise AssertionError(f"init_module_ must not communicate; it ran the collectives {calls}")
 
 
 def same_bytes(a, b) -> bool:

@@ -22,7 +22,7 @@ import modelinit  # noqa: E402
 from modelinit_server.training import init_module_, strip_wrappers  # noqa: E402
 from modelinit_server.training.fill import Filler  # noqa: E402
 
-from tests.support.distributed import exit_rank, no_collectives  # noqa: E402
+from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
 
 SEED = 1234
 
@@ -67,11 +67,6 @@ def _fused_reference(files: dict, n_layers: int, n_experts: int) -> dict:
     return ref
 
 
-def _same_bytes(a, b) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-        a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
-
-
 # --- one process ------------------------------------------------------------------------------
 
 
@@ -82,7 +77,7 @@ def test_llama_equals_files(tmp_path, dtype):
     files, fingerprint = _files(_config_dict(model), dtype, tmp_path)
     state = model.state_dict()
     assert set(state) == set(files)
-    assert [k for k in state if not _same_bytes(state[k], files[k])] == []
+    assert [k for k in state if not same_bytes(state[k], files[k])] == []
     assert summary.fingerprint == fingerprint
     assert summary.tensors == len(state) and summary.elements == sum(t.numel() for t in state.values())
     assert summary.dtypes == (dtype,) and summary.architecture == "LlamaForCausalLM"
@@ -103,7 +98,7 @@ def test_cuda_module_equals_files(tmp_path, dtype):
         if cls is transformers.MixtralForCausalLM:
             files = _fused_reference(files, 2, 4)
         state = model.state_dict()
-        assert [k for k in state if not _same_bytes(state[k].cpu(), files[k])] == []
+        assert [k for k in state if not same_bytes(state[k].cpu(), files[k])] == []
         assert summary.fingerprint == fingerprint
     spec, sampler = TensorSpec("w", (300, 64), kind="linear", role="mlp_out", param="weight"), Sampler("normal", std=0.02)
     whole, half = torch.empty(300, 64), torch.empty(300, 32, device="cuda")
@@ -118,7 +113,7 @@ def test_tied_llama_filled_once(tmp_path):
     summary = init_module_(model, seed=SEED)
     files, _ = _files(_config_dict(model), "float32", tmp_path)
     assert "lm_head.weight" not in files
-    assert _same_bytes(model.lm_head.weight, files["model.embed_tokens.weight"])
+    assert same_bytes(model.lm_head.weight, files["model.embed_tokens.weight"])
     assert summary.tensors == len(files)
 
 
@@ -138,7 +133,7 @@ def test_mixtral_fused_experts_equal_per_expert_files(tmp_path, monkeypatch, pro
     assert "model.layers.0.block_sparse_moe.experts.3.w2.weight" in files  # the hub's per-expert layout
     ref = _fused_reference(files, 2, 4)
     state = model.state_dict()
-    assert [k for k in state if not _same_bytes(state[k], ref[k])] == []
+    assert [k for k in state if not same_bytes(state[k], ref[k])] == []
     assert summary.fingerprint == fingerprint
 
 
@@ -201,7 +196,7 @@ def test_nomic_bert_fused_qkv_equals_the_files(tmp_path):
     qkv = next(v for k, v in files.items() if k.endswith("layers.0.attn.Wqkv.weight"))
     state = model.state_dict()
     got = torch.cat([state[f"layers.0.self_attn.{p}_proj.weight"] for p in "qkv"], 0)
-    assert _same_bytes(got, qkv)
+    assert same_bytes(got, qkv)
     assert summary.fingerprint == fingerprint
 
 
@@ -244,7 +239,7 @@ def test_every_family_equals_what_save_pretrained_writes(tmp_path, family):
     for f in sorted((tmp_path / "theirs").glob("*.safetensors")):
         theirs.update(safetensors_torch.load_file(f))
     assert sorted(theirs) == sorted(files)
-    assert [k for k in files if not _same_bytes(theirs[k], files[k])] == []
+    assert [k for k in files if not same_bytes(theirs[k], files[k])] == []
     if family == "clip":  # the constructor's value, as transformers' from_config leaves it
         assert files["logit_scale"].shape == () and files["logit_scale"].item() == torch.tensor(2.6592).item()
 
@@ -302,7 +297,7 @@ def test_base_class_shares_the_head_classes_backbone():
     init_module_(head, seed=SEED)
     init_module_(base, seed=SEED)
     for name, t in base.state_dict().items():
-        assert _same_bytes(t, head.state_dict()["model." + name]), name
+        assert same_bytes(t, head.state_dict()["model." + name]), name
 
 
 def test_wrappers_are_ignored(tmp_path):
@@ -314,7 +309,7 @@ def test_wrappers_are_ignored(tmp_path):
     init_module_(model, seed=SEED)
     files, _ = _files(_config_dict(model), "float32", tmp_path)
     state = {strip_wrappers(k): v for k, v in model.state_dict().items()}
-    assert [k for k in files if not _same_bytes(state[k], files[k])] == []
+    assert [k for k in files if not same_bytes(state[k], files[k])] == []
     assert strip_wrappers("_orig_mod.model._fsdp_wrapped_module.layers.0.w") == "model.layers.0.w"
 
 
@@ -351,7 +346,7 @@ def test_plain_module_with_policy():
     b.head.weight.data.fill_(7)
     s = init_module_(a, seed=SEED, policy=POLICY)
     init_module_(b, seed=SEED, policy=POLICY)
-    assert all(_same_bytes(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert all(same_bytes(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     assert s.skipped == ("steps",) and s.tensors == 10
     assert torch.all(a.embed.weight[0] == 0) and a.embed.weight[1:].std() > 0.5
     assert torch.all(a.layers[1].attn_norm.weight == 1) and torch.all(a.layers[0].proj.bias == 0)
@@ -392,7 +387,7 @@ def test_ddp_and_fsdp1_wrapped_models_are_the_models_inside(world_of_one, tmp_pa
         summary = init_module_(wrap(inner), seed=SEED)
         assert summary.architecture == "LlamaForCausalLM" and summary.fingerprint == fingerprint
         state = inner.state_dict()
-        assert [k for k in files if not _same_bytes(state[k], files[k])] == []
+        assert [k for k in files if not same_bytes(state[k], files[k])] == []
     flat = FSDP(transformers.LlamaForCausalLM(_config(LLAMA)), device_id=torch.device("cpu"), use_orig_params=False)
     with pytest.raises(ValueError, match="FSDP1 flat parameter.*fully_shard"):
         init_module_(flat, seed=SEED)
@@ -416,7 +411,7 @@ def test_a_pipeline_stage_is_filled_with_partial(tmp_path):
     summary = init_module_(model, seed=SEED, partial=True)
     state = model.state_dict()
     assert state and all(k.startswith(("model.layers.1.", "model.norm.", "lm_head.")) for k in state)
-    assert [k for k in state if not _same_bytes(state[k], files[k])] == []
+    assert [k for k in state if not same_bytes(state[k], files[k])] == []
     assert summary.missing == len(files) - len(state) and summary.fingerprint == fingerprint
 
 
@@ -583,7 +578,7 @@ def _worker(rank: int, world: int, init_file: str, cases: list, refs: dict):
                     continue
                 full = t.full_tensor() if isinstance(t, DTensor) else t
                 if rank == 0:
-                    assert _same_bytes(full, ref[name]), (kind, layout, name, getattr(t, "placements", None))
+                    assert same_bytes(full, ref[name]), (kind, layout, name, getattr(t, "placements", None))
             d.barrier()
         exit_rank()  # done: no teardown (it has aborted a rank after every check passed)
     finally:
@@ -638,7 +633,7 @@ def test_cuda_dtensors_of_a_world_of_one_equal_files(tmp_path, references):
             assert any(isinstance(t, DTensor) for t in state.values())
             ref = torch.load(references[kind])
             bad = [n for n, t in state.items() if n != "steps"
-                   and not _same_bytes((t.full_tensor() if isinstance(t, DTensor) else t).cpu(), ref[n])]
+                   and not same_bytes((t.full_tensor() if isinstance(t, DTensor) else t).cpu(), ref[n])]
             assert bad == [], (kind, layout, bad)
     finally:
         d.destroy_process_group()
