@@ -7,7 +7,7 @@ against one file at a time.
 
 Writes a checkpoint of about ``--files`` shards once (``modelinit init``, embedded), reads it once to warm
 the page cache (what is timed is hashing and checking, not the disk), then times
-``verify_folder(regenerate=False)`` with the usable cores (``modelinit_wire.usable_cores``) and
+``verify_folder(regenerate=False)`` with the usable cores (``modelinit_host.usable_cores``) and
 with one reader, in turn, best of ``--repeat``. A measurement, not a test: nothing is asserted.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ def main() -> None:
 
     import modelinit
     from modelinit import verify
-    from modelinit_wire.usable_cores import usable_cores
+    from modelinit_host.usable_cores import usable_cores
 
     # A Llama of about files x size-gb in bfloat16: 262 MB of embeddings, 134 MB per layer.
     layers = max(1, int((args.files * args.size_gb * 0.95e9 - 0.262e9) / 0.134e9))  # a margin: shards split at tensors

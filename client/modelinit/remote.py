@@ -24,8 +24,8 @@ from modelinit_wire.constants import MAX_CHUNK
 from modelinit_wire.credentials import make_channel
 from modelinit_wire.data_message import Checked
 from modelinit_wire.events import Begin, Data, End
-from modelinit_wire.heap import keep_large_blocks
-from modelinit_wire.usable_cores import usable_cores
+from modelinit_host.heap import keep_large_blocks
+from modelinit_host.usable_cores import usable_cores
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .errors import ModelInitError
@@ -399,7 +399,7 @@ class RemoteSource:
         except ValueError as e:
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         self.stubs = [ModelInitStub(ch) for ch in self._channels]
-        keep_large_blocks()  # streams fault every received message's pages in otherwise (modelinit_wire.heap)
+        keep_large_blocks()  # streams fault every received message's pages in otherwise (modelinit_host.heap)
         self._reached: set[int] = set()
         """Targets (indices) that ever answered: a connection failure to one of them is a lost
         server, retried; to any other, a wrong address, raised at once."""

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, TypeGuard
 
 import grpc
 from modelinit_wire.events import Begin, Data
-from modelinit_wire.usable_cores import usable_cores
+from modelinit_host.usable_cores import usable_cores
 
 from .bucket import Bucket, is_bucket_url
 from .client import Client

@@ -10,10 +10,7 @@ check it). It holds:
     events       a stream of files as producer and writer see it (Begin, Data, End)
     credentials  TLS/mTLS channel credentials, bearer tokens, PEM reading
     policy_file  the policy text format (JSON/YAML <-> the ``Policy`` message)
-    heap         glibc's heap taught to keep a stream's megabyte blocks (server, remote clients)
     data_message a data message's wire bytes: encoded by the server, read in place by the client
-    usable_cores the cores this process may use (affinity, cgroup quota): the kernels' threads,
-                 the files a job or a verify takes on at once
 
 This ``__init__`` imports nothing, so ``modelinit_wire.constants`` costs no grpc import.
 """

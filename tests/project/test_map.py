@@ -1,10 +1,11 @@
-"""The maps stay true: docs/architecture.md names every module of the three packages,
+"""The maps stay true: docs/architecture.md names every module of the four packages,
 tests/README.md's helper table names every module of tests/support, and every Sphinx-style cross
 reference in the packages' docstrings and comments names something that exists.
 
 The convention of docs/architecture.md: each package has a tree, the first code block after its
 heading (``## The client, top to bottom`` for ``modelinit``, ``## The server, top to bottom`` for
-``modelinit_server``, ``## The wire, top to bottom`` for ``modelinit_wire``). An entry line starts
+``modelinit_server``, ``## The wire, top to bottom`` for ``modelinit_wire``, ``## The host, top to bottom`` for
+``modelinit_host``). An entry line starts
 at two spaces per folder level with its names, ``a | b | c`` (``name`` for ``name.py``, ``name/``
 for a subpackage, whose entries follow two spaces deeper), then two or more spaces and what they
 hold; a line indented deeper than an entry could be continues the text above it. Every module must
@@ -28,6 +29,7 @@ PACKAGES = {  # heading of its tree in docs/architecture.md -> (package, its fol
     "The client, top to bottom": ("modelinit", REPO / "client" / "modelinit"),
     "The server, top to bottom": ("modelinit_server", REPO / "server" / "modelinit_server"),
     "The wire, top to bottom": ("modelinit_wire", REPO / "proto" / "modelinit_wire"),
+    "The host, top to bottom": ("modelinit_host", REPO / "client" / "modelinit_host"),
 }
 ARCHITECTURE = REPO / "docs" / "architecture.md"
 TESTS_README = REPO / "tests" / "README.md"

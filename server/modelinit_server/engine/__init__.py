@@ -17,7 +17,7 @@ What the package holds:
   reproduce the reference's bytes exactly, and the tests check that they do.
 * ``backends``: picks where the bytes are computed (reference, numba or Triton); ``runs``: a block
   of a tensor (a slice, a shard) as runs of consecutive flat indices (the kernels size their
-  threads by ``modelinit_wire.usable_cores``: CPU affinity capped by a cgroup quota);
+  threads by ``modelinit_host.usable_cores``: CPU affinity capped by a cgroup quota);
   ``host_values``: a computed tensor's float64 values, rounded and copied instead of drawn.
 
 What it imports: numpy and ``modelinit_wire.constants`` (the algorithm versions, dtypes and devices

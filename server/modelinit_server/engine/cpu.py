@@ -60,7 +60,7 @@ import warnings
 import numpy as np
 
 from .reference import DTYPE_ITEMSIZE, check_args, check_runs, kernel_scalars, run_offsets, to_dtype, zero_range
-from modelinit_wire.usable_cores import usable_cores
+from modelinit_host.usable_cores import usable_cores
 from .philox import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1
 from .sampler import U2_MAX, Sampler
 from .special import AS241_A, AS241_B, AS241_C, AS241_D, AS241_E, AS241_F, LN2_HI, LN2_LO, LOG_C, SQRT_HALF

@@ -13,7 +13,7 @@ from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from ..core.planner import Plan, build_plan
 from ..engine.backends import DEVICES, Backend, select
-from modelinit_wire.usable_cores import usable_cores
+from modelinit_host.usable_cores import usable_cores
 from ..messages import check_page_size, plan_to_pb, request_from_pb
 from ..produce import file_bytes, tensor_slices
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from modelinit_wire.heap import keep_large_blocks
+from modelinit_host.heap import keep_large_blocks
 from modelinit_wire.v1 import modelinit_pb2
 
 from .. import __version__
 from ..engine.backends import DEVICES, Backend, select
-from modelinit_wire.usable_cores import usable_cores
+from modelinit_host.usable_cores import usable_cores
 from . import data_messages
 from .limits import Limits
 from .malformed import MalformedRequestInterceptor
@@ -167,7 +167,7 @@ async def start(config: ServerConfig) -> Running:
     """Start serving; ValueError for a bad configuration (unavailable device, unreadable TLS
     files, empty token), OSError with a one-line reason if a port cannot be bound (taken: gRPC's
     SO_REUSEPORT is off, so a second server on one port fails here instead of sharing it)."""
-    keep_large_blocks()  # the first stream faulted every message's pages in otherwise (modelinit_wire.heap)
+    keep_large_blocks()  # the first stream faulted every message's pages in otherwise (modelinit_host.heap)
     backend = select(config.device, warmup=True)
     credentials = load_server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca) if config.tls_cert else None
     token = load_token(config.token) if config.token is not None else None

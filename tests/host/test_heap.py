@@ -1,4 +1,4 @@
-"""The C heap of a streaming process (``modelinit_wire.heap``): a stream's megabyte blocks are
+"""The C heap of a streaming process (``modelinit_host.heap``): a stream's megabyte blocks are
 reused, not mapped and page-faulted anew for every message."""
 import os
 import subprocess
@@ -74,14 +74,14 @@ def _from_the_heap(setup: str, **env: str) -> bool:
 @glibc_linux
 def test_a_megabyte_block_comes_from_the_heap_once_taught():
     assert not _from_the_heap("")  # glibc's start: mapped
-    assert _from_the_heap("from modelinit_wire.heap import keep_large_blocks; assert keep_large_blocks()")
-    assert _from_the_heap("from modelinit_wire.heap import keep_large_blocks as k; assert k() and not k()")  # once
+    assert _from_the_heap("from modelinit_host.heap import keep_large_blocks; assert keep_large_blocks()")
+    assert _from_the_heap("from modelinit_host.heap import keep_large_blocks as k; assert k() and not k()")  # once
 
 
 @glibc_linux
 def test_the_environment_still_decides():
     """Nothing is configured: glibc's thresholds set in the environment (which end its adaptation) win."""
-    assert not _from_the_heap("from modelinit_wire.heap import keep_large_blocks; keep_large_blocks()",
+    assert not _from_the_heap("from modelinit_host.heap import keep_large_blocks; keep_large_blocks()",
                               MALLOC_MMAP_THRESHOLD_="131072")
 
 

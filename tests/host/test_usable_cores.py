@@ -14,8 +14,8 @@ from modelinit import cli
 from modelinit import embedded as embedded_source
 from modelinit.embedded import EmbeddedSource
 from modelinit_server.engine import backends
-from modelinit_wire import usable_cores as quota
-from modelinit_wire.usable_cores import usable_cores
+from modelinit_host import usable_cores as quota
+from modelinit_host.usable_cores import usable_cores
 from modelinit_server.service import embedded
 from modelinit_server.service.embedded import EmbeddedService
 
@@ -62,7 +62,7 @@ def test_numbas_pool_is_the_usable_cores_unless_the_user_sets_it(tmp_path):
     if usable_cores() < 2:
         pytest.skip("needs two usable cores to tell a quota of one from the affinity")
     (tmp_path / "cpu.max").write_text("100000 100000\n")
-    code = ("import pathlib, sys; from modelinit_wire import usable_cores as quota; quota.CGROUP = pathlib.Path(sys.argv[1]); "
+    code = ("import pathlib, sys; from modelinit_host import usable_cores as quota; quota.CGROUP = pathlib.Path(sys.argv[1]); "
             "from modelinit_server.engine import cpu; print(cpu.threads() if cpu.available() else 'none')")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "server"), str(REPO / "client"), str(REPO / "proto"), *sys.path])
