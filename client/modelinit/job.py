@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import grpc
 from modelinit_wire.constants import ALGORITHM_VERSIONS, DTYPES
+from modelinit_wire.sizes import UNIT_NAMES, size_in_bytes, split_size
 
 from .bucket import SCHEMES, url_scheme
 from .errors import ModelInitError
@@ -60,11 +61,6 @@ _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _QUANTITY = re.compile(r"^(\d+(\.\d+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-# The size units of --max-shard-size (modelinit_server.core.layout.parse_size, which the thin
-# client cannot import): checked here so that a typo fails now, not in N pods.
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
-_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 _DEVICES = ("cpu", "cuda", "auto")
 
 
@@ -107,12 +103,12 @@ def check_parts(count: Any) -> int:
 
 
 def parse_bytes(text: str, flag: str) -> float:
-    """``5GB`` (10^9), ``500MB``, ``2GiB`` (2^30), ``4096``: the sizes ``--max-shard-size`` takes."""
-    m = _SIZE.match(str(text))
-    unit = m.group(2).upper() if m else None
-    if m is None or unit not in _SIZE_UNITS or float(m.group(1)) <= 0:
-        raise _bad(f"{flag}: cannot parse {text!r}; give bytes or a number with a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-    return float(m.group(1)) * _SIZE_UNITS[unit]
+    """``5GB`` (10^9), ``500MB``, ``2GiB`` (2^30), ``4096``: sizes in the grammar of
+    ``modelinit_wire.sizes`` (``--rate``, ``--memory-budget``), as a float (``0.5GB`` is allowed)."""
+    parts = split_size(str(text))
+    if parts is None or float(parts[0]) <= 0:
+        raise _bad(f"{flag}: cannot parse {text!r}; give bytes or a number with a unit ({UNIT_NAMES})")
+    return float(parts[0]) * parts[1]
 
 
 def parse_rate(text: str, flag: str = "--rate") -> float:
@@ -201,8 +197,11 @@ def _check_request(spec: Any, seed: Any, policy: Any, dtype: Any, max_shard_size
         raise _local_file(policy, "--policy", "a policy file")
     if dtype is not None and dtype not in DTYPES:
         raise _bad(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
-    if max_shard_size is not None:
-        parse_bytes(max_shard_size, "--max-shard-size")
+    if max_shard_size is not None:  # the server's own check, so a typo fails now, not in N pods
+        try:
+            size_in_bytes(str(max_shard_size), "--max-shard-size")
+        except ValueError as e:
+            raise _bad(str(e)) from None
     if algorithm_version is not None and algorithm_version not in ALGORITHM_VERSIONS:
         raise _bad(f"--algorithm-version: {algorithm_version!r} is not one of {', '.join(map(str, ALGORITHM_VERSIONS))}")
     return seed

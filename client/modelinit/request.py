@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Union
 
 import grpc
 from modelinit_wire import policy_file
+from modelinit_wire.spec_argument import Preset, read_spec_argument
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .errors import ModelInitError
@@ -19,20 +19,18 @@ PolicyArg = Union[str, os.PathLike, Mapping[str, Any], None, pb.Policy]
 
 
 def model_spec(spec: Spec) -> pb.ModelSpec:
-    """A preset name, a path to a config.json (or a folder holding one), or a config dict."""
+    """A preset name, a path to a config.json (or a folder holding one), or a config dict
+    (``modelinit_wire.spec_argument``, the rule ``init_module_`` follows too), or the message."""
     if isinstance(spec, pb.ModelSpec):
         return spec
-    if isinstance(spec, Mapping):
-        return pb.ModelSpec(config_json=json.dumps(dict(spec)))
-    path = pathlib.Path(spec)
-    if isinstance(spec, os.PathLike) or path.suffix == ".json" or path.exists():
-        if path.is_dir():
-            path = path / "config.json"
-        try:
-            return pb.ModelSpec(config_json=path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as e:
-            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"spec: cannot read config file {str(path)!r}: {e}") from None
-    return pb.ModelSpec(preset=str(spec))
+    try:
+        named = read_spec_argument(spec)
+    except ValueError as e:
+        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+    if isinstance(named, Preset):
+        return pb.ModelSpec(preset=named.name)
+    document = named.document
+    return pb.ModelSpec(config_json=document if isinstance(document, str) else json.dumps(document))
 
 
 def model_policy(policy: PolicyArg) -> pb.Policy:

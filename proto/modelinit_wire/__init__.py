@@ -11,6 +11,9 @@ check it). It holds:
     credentials  TLS/mTLS channel credentials, bearer tokens, PEM reading
     policy_file  the policy text format (JSON/YAML <-> the ``Policy`` message)
     data_message a data message's wire bytes: encoded by the server, read in place by the client
+    spec_argument the spec a caller gives (preset, config path, dict), read by one rule both sides
+    sizes        ``5GB``, ``2GiB``: the size grammar of max_shard_size and the CLI's size flags
+    quoting      short excerpts of hostile values for error messages
 
 This ``__init__`` imports nothing, so ``modelinit_wire.constants`` costs no grpc import.
 """

@@ -250,6 +250,7 @@ BAD = [
     (["--dtype", "fp8"], "--dtype"),
     (["--policy", "my-policy.yaml"], "--policy"),
     (["--max-shard-size", "5XB"], "--max-shard-size"),
+    (["--max-shard-size", "99999999999999TB"], "--max-shard-size"),  # the server's bound (modelinit_wire.sizes), not only its units
     (["--algorithm-version", "9"], "--algorithm-version"),
     (["--name", "Bad_Name"], "--name"),
     (["--name", "n" * 62], "--name"),  # fits alone, not with "-3"

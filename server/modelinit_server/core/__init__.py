@@ -7,7 +7,6 @@
     planner    Request -> Plan: every tensor resolved, keyed, placed in a shard; the fingerprint
     layout     shard packing, safetensors headers, the HF JSON files
     explain    a plan's tensor groups against the Xavier/LeCun stds, with warnings
-    quoting    short excerpts of hostile values for error messages
 
 May import: the engine (samplers, dtypes, keys) and modelinit_wire.constants. Not grpc, not the
 architectures (they import ``core.tensors``), nothing above (pyproject.toml's contracts).

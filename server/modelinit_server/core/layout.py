@@ -5,43 +5,23 @@ Everything here is bytes-exact and deterministic: the same plan yields the same 
 from __future__ import annotations
 
 import json
-import re
 import struct
 from typing import Any, Mapping, Sequence
 
+from modelinit_wire.sizes import size_in_bytes
+
 from ..engine import SAFETENSORS_DTYPE
-from .quoting import quote
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
 DEFAULT_MAX_SHARD_SIZE = 5 * 10**9
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
-_MAX_SIZE = 2**62
-
 
 def parse_size(text: str) -> int:
-    """Parse ``max_shard_size``: ``"5GB"`` (10^9), ``"500MB"``, ``"1GiB"`` (2^30), ``"4096"``; empty -> 5GB."""
-    if text == "":
-        return DEFAULT_MAX_SHARD_SIZE
-    m = _SIZE_RE.match(text)
-    unit = m.group(2).upper() if m else None
-    if m is None or unit not in _UNITS:
-        raise ValueError(
-            f"max_shard_size: cannot parse {quote(text)}; give bytes or a number with a unit "
-            "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. '5GB'"
-        )
-    if len(m.group(1).partition(".")[0].lstrip("0")) > 19:  # over 10^19: no int or float arithmetic on it
-        raise ValueError(f"max_shard_size: {quote(text)} is absurdly large; use at most 4 EiB")
-    size = int(float(m.group(1)) * _UNITS[unit]) if "." in m.group(1) else int(m.group(1)) * _UNITS[unit]
-    if size <= 0:
-        raise ValueError(f"max_shard_size: must be > 0 bytes, got {quote(text)}")
-    if size > _MAX_SIZE:
-        raise ValueError(f"max_shard_size: {quote(text)} is absurdly large; use at most 4 EiB")
-    return size
+    """Parse ``max_shard_size``: ``"5GB"`` (10^9), ``"500MB"``, ``"1GiB"`` (2^30), ``"4096"``
+    (``modelinit_wire.sizes``, the grammar the CLI checks too); empty -> 5GB."""
+    return DEFAULT_MAX_SHARD_SIZE if text == "" else size_in_bytes(text, "max_shard_size")
 
 
 def pack_shards(nbytes: Sequence[int], max_shard_size: int) -> list[list[int]]:

@@ -192,29 +192,19 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
 
 
 def spec_of(spec: Any) -> ModelSpec:
-    """The architecture spec of what a caller gives: a preset name, a path to a config.json (or a
-    folder holding one), a config dict, or a core ModelSpec."""
-    import os
-    import pathlib
-    from collections.abc import Mapping
+    """The architecture spec of what a caller gives: a core ModelSpec, or what
+    ``modelinit_wire.spec_argument`` reads (a preset name, a path to a config.json or a folder
+    holding one, a config dict), by the rule the client follows too."""
+    from modelinit_wire.spec_argument import Preset, read_spec_argument
 
     from .. import architectures
 
     if isinstance(spec, ModelSpec):
         return spec
-    if isinstance(spec, Mapping):
-        return architectures.from_config(dict(spec))
-    if isinstance(spec, (str, os.PathLike)):
-        path = pathlib.Path(spec)
-        if isinstance(spec, os.PathLike) or path.suffix == ".json" or path.exists():
-            if path.is_dir():
-                path = path / "config.json"
-            try:
-                return architectures.from_config(path.read_text(encoding="utf-8"))
-            except OSError as e:
-                raise ValueError(f"spec: cannot read config file {str(path)!r}: {e}") from None
-        return architectures.from_preset(str(spec))
-    raise ValueError(f"spec: give a preset name, a config.json path or a config dict, got {type(spec).__name__}")
+    named = read_spec_argument(spec)
+    if isinstance(named, Preset):
+        return architectures.from_preset(named.name)
+    return architectures.from_config(named.document)
 
 
 def _core_policy(policy: Any) -> Policy:

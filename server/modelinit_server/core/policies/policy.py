@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..quoting import quote
+from modelinit_wire.quoting import quote
+
 from ..tensors import ModelSpec
 from .presets import PRESETS, RECORDED, has_recorded_rules
 from .rules import Match, Rule

@@ -11,7 +11,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from ..quoting import quote
+from modelinit_wire.quoting import quote
+
 from ..tensors import KINDS, PARAMS, ROLES, ModelSpec, TensorSpec
 from ..variance_scaling import NONLINEARITIES, nonlinearity_gain
 from .truncation import check_trunc_mass
