@@ -4,6 +4,7 @@ size caps, and a client that fails fast on a wrong address or TLS setup but stil
 lost server. Loopback only, free ports, bounded timeouts."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import importlib.util
 import json
@@ -193,6 +194,37 @@ def test_size_caps_are_on_by_default_and_the_cli_agrees():
     off = server_config(_parser().parse_args(["serve", "--max-params", "0", "--max-dim", "0", "--max-tensors", "0"])).limits
     assert (off.max_params, off.max_dim, off.max_tensors) == (0, 0, 0)
 
+
+
+def _leaves(config, prefix=""):
+    """Every plain field of a ServerConfig, its nested StreamPolicy and Limits included: name -> value."""
+    out = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        out.update(_leaves(value, f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else {prefix + f.name: value})
+    return out
+
+
+def test_serve_flags_default_to_the_server_config(monkeypatch):
+    """`modelinit serve`'s flags (client/modelinit/cli.py, so --help needs no server extra) and
+    ServerConfig/StreamPolicy/Limits (the server) write each default down once a side: no default
+    may drift between them, the limits' only as before."""
+    monkeypatch.delenv("MODELINIT_TOKEN", raising=False)  # --token's default is read from it
+    assert _leaves(server_config(_parser().parse_args(["serve"]))) == _leaves(ServerConfig())
+
+
+def test_every_server_config_field_has_a_serve_flag(certs, monkeypatch):
+    """Every field reaches ServerConfig from its flag: set each flag off its default and see every
+    field change (a new field without a flag, or a flag that is dropped, fails here)."""
+    monkeypatch.delenv("MODELINIT_TOKEN", raising=False)
+    argv = ["serve", "--host", "127.0.0.1", "--port", "1", "--device", "reference", "--workers", "3", "--grace", "1",
+            "--shutdown-delay", "2", "--max-streams", "3", "--idle-timeout", "5", "--max-params", "7", "--max-dim", "7",
+            "--max-rank", "2", "--max-tensors", "9", "--max-request-bytes", "4096", "--tls-cert", str(certs.server_cert),
+            "--tls-key", str(certs.server_key), "--tls-client-ca", str(certs.ca), "--token", "t", "--metrics-port", "9",
+            "--metrics-host", "127.0.0.2", "--reflection"]
+    given, defaults = _leaves(server_config(_parser().parse_args(argv))), _leaves(ServerConfig())
+    assert given.keys() == defaults.keys()
+    assert [name for name in given if given[name] == defaults[name]] == []
 
 def test_the_largest_preset_fits_the_default_caps(background_server):
     server = background_server()  # default limits
