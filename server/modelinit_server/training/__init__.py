@@ -19,11 +19,13 @@ the bytes ``modelinit init`` writes for the same model, seed and policy (docs/tr
 The package, top to bottom (pyproject.toml's ``server-training-layers`` contract):
 
     __init__     init_module_ and InitSummary: the policy, the plan (``core.planner.resolve_request``), the loop
+    registry     the stacks init_module_ asks, in order (a new stack: its module and one line there)
     hf_layout    a transformers model's spec, and where each stored tensor sits in its in-memory tensors
     torchtitan_layout   where the tensors of a torchtitan model's Hugging Face spec sit in its parameters
     megatron_layout     where they sit in a Megatron-Core model's local parameters (its sharded_state_dict)
     plain        any other module's spec, from its own tensors
-    probes       a stored tensor's place in an in-memory one, read off probes (views, index probes)
+    stack        Stack, the interface each of the four implements, and Layout, what it returns
+    placement    a stored tensor's place in an in-memory one, read off probes (views, index probes)
     fill         Box / Piece, and Filler: boxes of stored tensors into (local shards of) module tensors
     dtensor      a DTensor's local shard and the global indices it holds (dtensor_index_sets)
     modules      unwrapping wrappers, refusing sharded FSDP1, the module's named tensors, dtype names
@@ -43,11 +45,8 @@ from ..core.policies import Policy, Resolved
 from ..engine import ALGORITHM_VERSION
 from .dtensor import dtensor_index_sets, local_and_index_sets, local_tensor
 from .fill import Filler
-from .hf_layout import hf_model, hf_spec
 from .modules import TORCH_DTYPES, dtype_name, module_tensors, refuse_sharded_fsdp1, strip_wrappers, unwrap
-from .plain import plain_spec
-from .megatron_layout import is_megatron_model, megatron_spec
-from .torchtitan_layout import init_stack_buffers, is_torchtitan_model, torchtitan_spec
+from . import registry
 
 __all__ = ["InitSummary", "dtensor_index_sets", "init_module_", "strip_wrappers", "unwrap"]
 
@@ -104,19 +103,16 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     import torch
 
     version = ALGORITHM_VERSION if algorithm_version in (None, 0) else algorithm_version
-    titan = is_torchtitan_model(module)
-    megatron = not titan and is_megatron_model(unwrap(module))
     if dtype is not None and dtype not in TORCH_DTYPES:
         raise ValueError(f"dtype: {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
     refuse_sharded_fsdp1(module)
     module = unwrap(module)
-    stack_buffers: tuple[str, ...] = ()
-    if (titan or megatron) and spec is None:
-        raise ValueError(f"spec: a {'torchtitan' if titan else 'Megatron-Core'} model is filled with the bytes of the Hugging "
+    stack = registry.stack_of(module)
+    if stack.takes_spec and spec is None:
+        raise ValueError(f"spec: a {stack.name} model is filled with the bytes of the Hugging "
                          "Face model it corresponds to; give its config: init_module_(model, spec='llama-3-8b' (a preset), "
                          "a config.json path or a dict, ...)")
-    if titan:  # its buffers are its own code's; a tied embedding is tied again before the tensors are listed
-        stack_buffers = init_stack_buffers(getattr(module, "_orig_mod", module))
+    stack_buffers = stack.prepare(module)
     named = module_tensors(module)
     if not named:
         raise ValueError("module: it has no parameters or persistent buffers to fill")
@@ -136,24 +132,14 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
         if dtype is not None and td != dtype:
             raise ValueError(f"dtype: {name!r} is {td}, not {dtype}; cast the module or leave dtype unset")
 
-    shapes = {n: tuple(t.shape) for n, t in named}
-    hf = hf_model(module)
-    index_sets: dict[str, tuple] = {}  # a Megatron tensor's global shape, and its indices in it (not a DTensor)
-    if titan:
-        model_spec, pieces, missing = torchtitan_spec(getattr(module, "_orig_mod", module), spec_of(spec), shapes, partial)
-        named = [(n, t) for n, t in named if pieces[n]]  # the stack's own buffers are set already
-        stack_buffers = tuple(n for n in stack_buffers if not pieces.get(n))
-    elif megatron:
-        model_spec, pieces, index_sets, missing = megatron_spec(module, spec_of(spec), {n: t for n, t in named}, partial)
-    elif spec is not None:
-        raise ValueError(f"spec: {type(module).__name__} is not a model of a training stack modelinit maps (torchtitan, "
-                         "Megatron-Core); "
+    if spec is not None and not stack.takes_spec:
+        mapped = ", ".join(s.name for s in registry.STACKS if s.takes_spec)
+        raise ValueError(f"spec: {type(module).__name__} is not a model of a training stack modelinit maps ({mapped}); "
                          "a transformers model carries its own config, any other module is its own spec: leave spec unset")
-    elif hf is not None:
-        model_spec, pieces, missing = hf_spec(hf, shapes, partial)
-    else:
-        missing = 0
-        model_spec, pieces = plain_spec(module, named, real)
+    layout = stack.layout(module, spec_of(spec) if stack.takes_spec else None, named, real, partial)
+    model_spec, pieces, missing, index_sets = layout.spec, layout.pieces, layout.missing, layout.index_sets
+    named = [(n, t) for n, t in named if n not in layout.own_state]  # set by stack.prepare already
+    stack_buffers = tuple(n for n in stack_buffers if not pieces.get(n))
 
     dtypes = sorted({dtype_name(t) for _, t in named})
     plans: dict[str, tuple[list[Resolved], list[tuple[int, int]], str]] = {}

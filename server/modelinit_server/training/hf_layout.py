@@ -22,7 +22,8 @@ import numpy as np
 
 from ..core.tensors import ModelSpec
 from .fill import Box, Piece
-from .probes import MAX_PROBE_ELEMENTS, all_views, pair_box, view_box
+from .placement import MAX_PROBE_ELEMENTS, all_views, pair_box, view_box
+from .stack import Layout
 
 
 
@@ -189,3 +190,23 @@ def _locate(converter, target: str, inputs: list[tuple[str, str]], shapes: dict[
                              "this conversion is not supported")
         located[name] = parts
     return located
+
+
+class TransformersStack:
+    """A transformers model: its spec from its own config and class, as a request with them."""
+
+    name = "transformers"
+    takes_spec = False
+
+    def recognizes(self, module) -> bool:
+        return hf_model(module) is not None
+
+    def prepare(self, module) -> tuple[str, ...]:
+        return ()
+
+    def layout(self, module, spec, named, real, partial) -> Layout:
+        model_spec, pieces, missing = hf_spec(hf_model(module), {n: tuple(t.shape) for n, t in named}, partial)
+        return Layout(model_spec, pieces, missing)
+
+
+STACK = TransformersStack()

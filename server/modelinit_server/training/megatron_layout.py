@@ -31,6 +31,7 @@ import numpy as np
 
 from ..core.tensors import ModelSpec
 from .fill import Box, Piece
+from .stack import Layout
 
 #: Megatron checkpoint key -> Hugging Face name (``{}``: the global layer index). The keys are those
 #: of ``sharded_state_dict()``, which names the local spec's norms as Transformer Engine fuses them
@@ -314,3 +315,22 @@ def _padded(ti: int, want: tuple[int, ...], length: tuple[int, ...]) -> list[Pie
     rest = (0,) * (len(want) - 1)
     return [whole, (ti, (want[0], *rest), tuple(range(len(want))), (want[0], *rest), (extra, *want[1:]))]
 
+
+class MegatronStack:
+    """A Megatron-Core model, filled with the bytes of the Hugging Face model it corresponds to."""
+
+    name = "Megatron-Core"
+    takes_spec = True
+
+    def recognizes(self, module) -> bool:
+        return is_megatron_model(module)
+
+    def prepare(self, module) -> tuple[str, ...]:
+        return ()
+
+    def layout(self, module, spec, named, real, partial) -> Layout:
+        model_spec, pieces, index_sets, missing = megatron_spec(module, spec, dict(named), partial)
+        return Layout(model_spec, pieces, missing, index_sets)
+
+
+STACK = MegatronStack()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..core.tensors import ModelSpec, TensorSpec
 from .fill import Piece
+from .stack import Layout
 
 
 def plain_spec(module, named, real: dict[str, str]) -> tuple[ModelSpec, dict[str, list[Piece]]]:
@@ -45,3 +46,23 @@ def plain_spec(module, named, real: dict[str, str]) -> tuple[ModelSpec, dict[str
         initializer_range=0.02, tied=tied,
     )
     return spec, pieces
+
+
+class PlainStack:
+    """Any module: a spec of its own tensors (asked last: it recognizes every module)."""
+
+    name = "plain"
+    takes_spec = False
+
+    def recognizes(self, module) -> bool:
+        return True
+
+    def prepare(self, module) -> tuple[str, ...]:
+        return ()
+
+    def layout(self, module, spec, named, real, partial) -> Layout:
+        model_spec, pieces = plain_spec(module, named, real)
+        return Layout(model_spec, pieces)
+
+
+STACK = PlainStack()

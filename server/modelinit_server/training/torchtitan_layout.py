@@ -9,10 +9,10 @@ permuted per head for RoPE). Both run here on a twin of the model built on the m
 its config, never on the model itself (whose hooks would gather a sharded tensor):
 
 1. every output of ``to_hf`` that is a view of a parameter (most: renamed, untouched) is located
-   from its strides (:func:`~.probes.view_box`), whatever the size;
+   from its strides (:func:`~.placement.view_box`), whatever the size;
 2. the parameters whose outputs are copies (the fused, permuted projections) are run again as
    index probes, one layer of each structure only, and each output is read back as a box with
-   index arrays (:func:`~.probes.indexed_box`); the other layers of that structure take the same
+   index arrays (:func:`~.placement.indexed_box`); the other layers of that structure take the same
    boxes under their own layer number, checked against the first step's names and shapes.
 
 The spec is the Hugging Face config the model corresponds to (``init_module_(..., spec=...)``):
@@ -32,7 +32,8 @@ import numpy as np
 
 from ..core.tensors import ModelSpec
 from .fill import Box, Piece
-from .probes import MAX_PROBE_ELEMENTS, indexed_box, view_box
+from .placement import MAX_PROBE_ELEMENTS, indexed_box, view_box
+from .stack import Layout
 
 _LAYER = re.compile(r"(?<![A-Za-z0-9_])layers\.(\d+)\.")
 
@@ -262,3 +263,25 @@ def _probe_copies(twin, adapter, params: dict[str, Any], copies: list[str], loca
     if unlocated:
         raise ValueError(f"module: torchtitan's {unlocated[0]!r} could not be located in the model's parameters")
     return out
+
+
+class TorchtitanStack:
+    """A torchtitan model, filled with the bytes of the Hugging Face model it corresponds to."""
+
+    name = "torchtitan"
+    takes_spec = True
+
+    def recognizes(self, module) -> bool:
+        return is_torchtitan_model(module)
+
+    def prepare(self, module) -> tuple[str, ...]:
+        # its buffers are its own code's; a tied embedding is tied again before the tensors are listed
+        return init_stack_buffers(getattr(module, "_orig_mod", module))
+
+    def layout(self, module, spec, named, real, partial) -> Layout:
+        model_spec, pieces, missing = torchtitan_spec(getattr(module, "_orig_mod", module), spec,
+                                                      {n: tuple(t.shape) for n, t in named}, partial)
+        return Layout(model_spec, pieces, missing, own_state=frozenset(n for n, _ in named if not pieces[n]))
+
+
+STACK = TorchtitanStack()

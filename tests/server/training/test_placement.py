@@ -1,4 +1,4 @@
-"""Reading a stored tensor's place in an in-memory one off an index probe (``training.probes``):
+"""Reading a stored tensor's place in an in-memory one off an index probe (``training.placement``):
 a box with index arrays where rows are permuted (a RoPE row order, head-grouped fused
 projections), a plain box where they are consecutive, dims swapped, and a refusal, naming both
 tensors, for a map that is not a product of per-dim index maps."""
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from modelinit_server.training.probes import indexed_box
+from modelinit_server.training.placement import indexed_box
 
 torch = pytest.importorskip("torch")
 

@@ -1,0 +1,63 @@
+"""What a training stack is to ``init_module_``: one interface, :class:`Stack`, and what each
+returns, :class:`Layout`.
+
+A stack recognizes its models (transformers, torchtitan, Megatron-Core, or any other module as
+its own spec) and says, for one module, the spec whose bytes it is filled with and where each of
+its tensors takes them from (pieces of the spec's stored tensors). ``init_module_`` asks the
+stacks of ``stacks.STACKS`` in order and fills what the first that recognizes the module says;
+the fill itself (plans, engines, DTensor shards) is the same for every stack.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..core.tensors import ModelSpec
+from .fill import Piece
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A module as a stack lays it out: its spec and where each of its tensors' bytes are."""
+
+    spec: ModelSpec
+    """The spec the module is filled with the bytes of (``modelinit init`` of it writes them)."""
+    pieces: dict[str, list[Piece]]
+    """Module tensor name (without wrappers) -> the pieces of the spec's tensors it holds."""
+    missing: int = 0
+    """Stored tensors of the spec the module does not hold (a pipeline stage, an expert rank)."""
+    index_sets: dict[str, tuple[tuple[int, ...], list]] = field(default_factory=dict)
+    """For a tensor that is a shard without being a DTensor (Megatron's tensor parallel): the
+    global tensor's shape and the global indices the local one holds per dim. Empty: every
+    tensor says its own (a DTensor's placements, or a whole tensor)."""
+    own_state: frozenset[str] = frozenset()
+    """Module tensors that are the stack's own state, set by :meth:`Stack.prepare` and left as
+    they are (torchtitan: an MoE's load-balancing bias); they draw nothing."""
+
+
+class Stack(Protocol):
+    """A training stack's models, as ``init_module_`` fills them."""
+
+    name: str
+    """How messages name the stack (``torchtitan``, ``Megatron-Core``)."""
+    takes_spec: bool
+    """True: its models carry no Hugging Face config of their own, so ``init_module_`` is given
+    the one each corresponds to (``spec=``) and fills it with that model's bytes. False: a
+    ``spec`` given is refused (the model carries its own, or is its own spec)."""
+
+    def recognizes(self, module: Any) -> bool:
+        """Whether ``module`` (its wrappers removed) is one of this stack's models."""
+        ...
+
+    def prepare(self, module: Any) -> tuple[str, ...]:
+        """Run the stack's own init of what is not a weight (buffers that draw nothing) before the
+        module's tensors are listed; the persistent buffers it set."""
+        ...
+
+    def layout(self, module: Any, spec: ModelSpec | None, named: list[tuple[str, Any]], real: dict[str, str],
+               partial: bool) -> Layout:
+        """The module's :class:`Layout`. ``named``: (name without wrappers, tensor) of every
+        floating-point parameter and persistent buffer, tied names included; ``real``: each
+        name's real one; ``partial``: the module may lack some of the spec's tensors (a pipeline
+        stage). ``ValueError`` for a tensor the spec does not have, or one it lacks unless partial."""
+        ...
