@@ -78,6 +78,10 @@ class InitSummary:
     """Persistent buffers a training stack's own code initialized, which are not weights and draw
     nothing (torchtitan: an MoE's load-balancing bias); its non-persistent ones (RoPE tables, token
     counters) were initialized the same way."""
+    derived_config: dict[str, Any] | None = None
+    """The Hugging Face config document derived from a training stack's own model configuration
+    when no ``spec`` was given (write it to a config.json and ``modelinit init`` it for the same
+    bytes in a folder); None when ``spec`` was given or the model carries its own."""
 
 
 def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = None,
@@ -108,6 +112,8 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     refuse_sharded_fsdp1(module)
     module = unwrap(module)
     stack = registry.stack_of(module)
+    derived = stack.own_config(module) if stack.takes_spec and spec is None else None
+    spec = derived if derived is not None else spec
     if stack.takes_spec and spec is None:
         raise ValueError(f"spec: a {stack.name} model is filled with the bytes of the Hugging "
                          "Face model it corresponds to; give its config: init_module_(model, spec='llama-3-8b' (a preset), "
@@ -174,7 +180,7 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     else:
         fp = hashlib.sha256(",".join(f"{d}:{plans[d][2]}" for d in dtypes).encode()).hexdigest()
     return InitSummary(count, elements, total, fp, version, tuple(dtypes), model_spec.architecture, skipped, missing,
-                       stack_buffers)
+                       stack_buffers, derived)
 
 
 def spec_of(spec: Any) -> ModelSpec:

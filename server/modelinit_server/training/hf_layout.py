@@ -201,6 +201,9 @@ class TransformersStack:
     def recognizes(self, module) -> bool:
         return hf_model(module) is not None
 
+    def own_config(self, module) -> dict | None:
+        return None
+
     def prepare(self, module) -> tuple[str, ...]:
         return ()
 

@@ -325,6 +325,9 @@ class MegatronStack:
     def recognizes(self, module) -> bool:
         return is_megatron_model(module)
 
+    def own_config(self, module) -> dict | None:
+        return None
+
     def prepare(self, module) -> tuple[str, ...]:
         return ()
 

@@ -57,6 +57,9 @@ class PlainStack:
     def recognizes(self, module) -> bool:
         return True
 
+    def own_config(self, module) -> dict | None:
+        return None
+
     def prepare(self, module) -> tuple[str, ...]:
         return ()
 

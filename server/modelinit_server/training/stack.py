@@ -49,6 +49,13 @@ class Stack(Protocol):
         """Whether ``module`` (its wrappers removed) is one of this stack's models."""
         ...
 
+    def own_config(self, module: Any) -> dict[str, Any] | None:
+        """For a stack that takes a spec: the Hugging Face config document that corresponds to the
+        model, derived from the model's own configuration where the mapping is exact (used when no
+        ``spec`` is given). None: this stack derives none (a ``spec`` is then required).
+        ``ValueError`` naming the model's field that has no Hugging Face counterpart."""
+        ...
+
     def prepare(self, module: Any) -> tuple[str, ...]:
         """Run the stack's own init of what is not a weight (buffers that draw nothing) before the
         module's tensors are listed; the persistent buffers it set."""

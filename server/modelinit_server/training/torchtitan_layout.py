@@ -274,6 +274,9 @@ class TorchtitanStack:
     def recognizes(self, module) -> bool:
         return is_torchtitan_model(module)
 
+    def own_config(self, module) -> dict | None:
+        return None
+
     def prepare(self, module) -> tuple[str, ...]:
         # its buffers are its own code's; a tied embedding is tied again before the tensors are listed
         return init_stack_buffers(getattr(module, "_orig_mod", module))

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from modelinit_server.architectures import from_preset  # noqa: E402
+from modelinit_server.architectures import from_config, from_preset  # noqa: E402
 from modelinit_server.training import init_module_, registry  # noqa: E402
 from modelinit_server.training.plain import plain_spec  # noqa: E402
 from modelinit_server.training.stack import Layout  # noqa: E402
@@ -41,8 +41,11 @@ class CountedStack:
     name = "counted"
     takes_spec = True
 
-    def __init__(self):
-        self.specs = []
+    def __init__(self, config=None):
+        self.specs, self.config = [], config
+
+    def own_config(self, module):
+        return self.config
 
     def recognizes(self, module) -> bool:
         return isinstance(module, Counted)
@@ -77,3 +80,14 @@ def test_a_new_stack_is_one_line_in_the_registry(monkeypatch):
     plain.proj = torch.nn.Linear(8, 4, bias=False)
     init_module_(plain, seed=SEED)  # the same tensor as a plain module's: the same bytes
     assert torch.equal(model.proj.weight, plain.proj.weight)
+
+
+def test_a_stack_that_derives_its_config_needs_no_spec(monkeypatch):
+    config = {"model_type": "bert", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "intermediate_size": 16, "vocab_size": 10}
+    stack = CountedStack(config)
+    monkeypatch.setattr(registry, "STACKS", (stack, *registry.STACKS))
+    summary = init_module_(Counted(), seed=SEED)
+    assert stack.specs == [from_config(config)] and summary.derived_config == config
+    given = init_module_(Counted(), seed=SEED, spec="bert-base-uncased")  # a spec given wins, and is not reported
+    assert stack.specs[-1] == from_preset("bert-base-uncased") and given.derived_config is None
