@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import math
 import os
 import pathlib
 import re
@@ -346,7 +347,8 @@ def trend(samples: list[dict], metric: str, k: float, unit: float) -> dict:
     """The metric's start, warm (first sample of the second half), end, first/last-quarter
     medians, and over the second half: the least-squares slope against requests, the growth it
     projects over that half, the threshold (k x 1.4826 x MAD of the residuals, at least ``unit``)
-    and the verdict."""
+    and the verdict: growth beyond that threshold, or a climb still rising (a slope k standard
+    errors above 0, more than ``unit`` over the half, and quarter medians rising to the end)."""
     ys = [s[metric] for s in samples]
     n = len(samples)
     # the medians of each quarter of the samples after the start: a plateau shows as Q3 ~ Q4
@@ -367,9 +369,14 @@ def trend(samples: list[dict], metric: str, k: float, unit: float) -> dict:
     noise = 1.4826 * mad(residuals)
     growth = slope * (xs[-1] - xs[0])
     threshold = max(k * noise, unit)
+    # A slow climb stays under the threshold over one half yet does not stop: its slope is still
+    # k standard errors above 0 and the last quarters still rise (a plateau's do not).
+    spread = math.sqrt(sum(r * r for r in residuals) / (len(half) - 2) / sxx) if sxx else 0.0
+    t_stat = slope / spread if spread else (math.inf if slope > 0 else 0.0)
+    rising = growth > unit and t_stat > k and quarters[1] < quarters[2] < quarters[3]
+    verdict = "growth beyond noise" if growth > threshold else "still rising" if rising else "no growth beyond noise"
     return {**out, "slope_per_1k_requests": slope * 1000, "growth_over_half": growth, "noise_sd": noise,
-            "threshold": threshold, "requests_in_half": xs[-1] - xs[0],
-            "verdict": "no growth beyond noise" if growth <= threshold else "growth beyond noise"}
+            "threshold": threshold, "requests_in_half": xs[-1] - xs[0], "slope_t": t_stat, "verdict": verdict}
 
 
 def cpu_model() -> str:
@@ -428,11 +435,12 @@ def main() -> int:
 
     units = {"rss_mib": PAGE / 2**20, "anon_mib": PAGE / 2**20, "fds": 1, "threads": 1}
     trends = {m: trend(samples, m, args.k, u) for m, u in units.items()}
-    grew = [m for m, t in trends.items() if t["verdict"] == "growth beyond noise"]
+    grew = [m for m, t in trends.items() if t["verdict"] in ("growth beyond noise", "still rising")]
     if any(t["verdict"] == "too few samples" for t in trends.values()):
         verdict = "too few samples for a trend (8 rounds or more)"
     else:
-        verdict = "no growth beyond noise" if not grew else f"growth beyond noise in {', '.join(grew)}"
+        verdict = "no growth beyond noise" if not grew else "growth beyond noise in " + ", ".join(
+            f"{m} ({trends[m]['verdict']})" for m in grew)
     counts = tally.counts()
     refused: dict[str, int] = {}
     for _, got, exp in tally.records:

@@ -25,6 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
 
+import pytest
+
 #: Set in the joining process too (:func:`driver_env`). Ray 2.60 turns token authentication on for
 #: a cluster that ``ray start`` finds a token for in ``~/.ray/auth_token`` (any earlier local
 #: ``ray.init()`` on the machine writes one), while a driver given an explicit address sends none
@@ -125,14 +127,9 @@ def start(num_cpus: int = 2, attempts: int = ATTEMPTS) -> RayCluster:
 
 @contextmanager
 def driver_env() -> Iterator[None]:
-    """:data:`DRIVER_ENV` in this process's environment while a test joins and uses the cluster."""
-    saved = {k: os.environ.get(k) for k in DRIVER_ENV}
-    os.environ.update(DRIVER_ENV)
-    try:
+    """:data:`DRIVER_ENV` in this process's environment while a test joins and uses the cluster
+    (pytest's MonkeyPatch puts the previous values back, unset ones unset)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in DRIVER_ENV.items():
+            patch.setenv(key, value)
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

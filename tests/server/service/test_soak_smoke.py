@@ -61,3 +61,18 @@ def test_the_trend_tells_noise_from_growth():
     assert soak.trend(steady, "fds", 3, 1)["verdict"] == "no growth beyond noise"
     assert soak.trend(steady[:-1] + [{"requests": 9, "fds": 14}], "fds", 3, 1)["verdict"] == "no growth beyond noise"
     assert soak.trend(steady[:3], "fds", 3, 1)["verdict"] == "too few samples"
+
+
+def test_a_slow_climb_under_the_threshold_is_still_rising():
+    """Two noise SDs over the half, below the 3-SD threshold, but steady over 40 samples: the
+    verdict that once let it pass now names it; the same noise without the climb passes."""
+    soak = load_soak()
+    noise = [0.3, -0.3, 0.1, -0.1, 0.2, -0.2, 0.0, 0.3, -0.3, 0.1] * 4
+    sd = 1.4826 * 0.2  # the MAD of this noise is 0.2
+    climb = 2 * sd / 20  # per sample: 2 SDs over the 20 samples of the second half
+    slow = [{"requests": 10 * i, "rss_mib": 700 + e + climb * i} for i, e in enumerate(noise)]
+    flat = [{"requests": 10 * i, "rss_mib": 700 + e} for i, e in enumerate(noise)]
+    verdict = soak.trend(slow, "rss_mib", 3, 0.004)
+    assert verdict["growth_over_half"] < verdict["threshold"]  # under the growth threshold alone
+    assert verdict["verdict"] == "still rising" and verdict["slope_t"] > 3
+    assert soak.trend(flat, "rss_mib", 3, 0.004)["verdict"] == "no growth beyond noise"
