@@ -1,9 +1,11 @@
 """Policy rules: matching, modifiers, presets, and errors that name the problem."""
+import dataclasses
 import math
 
 import pytest
 from modelinit_server.architectures import from_config, from_preset
 from modelinit_server.core.policies import Distribution, Match, Policy, Rule, resolve, truncated_std_factor
+from modelinit_server.core.tensors import TensorSpec
 
 from tests.support import TINY
 
@@ -96,3 +98,21 @@ def test_preserve_std_rescales_to_the_requested_std():
     r = resolve(Policy(rules=(rule,)), model)[0]
     assert r.effective_std == pytest.approx(0.02, rel=1e-12)
     assert r.sampler.std == pytest.approx(0.02 / 0.87962566103423978, rel=1e-12)
+
+
+def test_an_unmatched_tensor_names_the_policy_in_use_and_a_rule_that_fixes_it():
+    """Not the circular 'use a preset such as hf-default' when the call was on hf-default: the
+    preset in use, the presets that would cover the tensor, and a rule in the policy file's form."""
+    model = from_config(TINY["llama"])
+    only_linear = Policy(rules=(Rule(Match(kinds=("linear",)), Distribution("normal", std=0.02)),))
+    with pytest.raises(ValueError) as e:
+        resolve(only_linear, model)
+    message = str(e.value)
+    assert "under 1 rule(s) of its own and no preset" in message
+    assert "presets that cover it: " in message and "hf-default" in message.split("presets that cover it: ")[1]
+    assert '{"match": {"names": ["model.embed_tokens.weight"]}, "init": "zeros"}' in message
+    on_default = Policy(preset="hf-default")
+    plain = dataclasses.replace(model, tensors=model.tensors + (TensorSpec("scale", (4,), kind="other", role="other", param="weight"),))
+    with pytest.raises(ValueError) as e:
+        resolve(on_default, plain)
+    assert "under preset 'hf-default'" in str(e.value) and "such as 'hf-default'" not in str(e.value)

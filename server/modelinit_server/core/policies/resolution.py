@@ -46,12 +46,32 @@ def resolve(policy: Policy, model: ModelSpec) -> list[Resolved]:
     for t in model.tensors:
         rule = next((r for r in rules if r.match.selects(t)), None)
         if rule is None:
-            raise ValueError(
-                f"policy: no rule matches tensor {t.name!r} (kind={t.kind}, role={t.role}, param={t.param}); "
-                "add a rule that selects it or use a preset such as 'hf-default'"
-            )
+            raise ValueError(_unmatched(policy, model, t))
         out.append(_resolve_one(rule, t, model))
     return out
+
+
+def _unmatched(policy: Policy, model: ModelSpec, t: TensorSpec) -> str:
+    """The error for a tensor no rule matches: what the policy is, the presets that would cover
+    the tensor (never the one in use), and a rule that selects it, in the policy file's form."""
+    from .presets import PRESETS
+
+    current = policy.effective_preset
+    where = f"under preset {current!r} and {len(policy.rules)} rule(s) of its own" if current else \
+        f"under {len(policy.rules)} rule(s) of its own and no preset"
+    covering = []
+    for name in PRESETS:
+        if name == current:
+            continue
+        try:
+            if any(r.match.selects(t) for r in rules_for(Policy(preset=name), model)):
+                covering.append(name)
+        except ValueError:  # a preset that does not apply to this model
+            continue
+    presets = f"presets that cover it: {', '.join(covering)}; or " if covering else "no preset covers it; "
+    example = '{"match": {"names": ["%s"]}, "init": "zeros"} (or "ones", {"normal": {"std": 0.02}}, ...)' % t.name
+    return (f"policy: no rule matches tensor {t.name!r} (kind={t.kind}, role={t.role}, param={t.param}) {where}; "
+            f"{presets}add a rule that selects it first, e.g. {example}")
 
 
 def _fans(rule: Rule, t: TensorSpec) -> tuple[int, int]:
