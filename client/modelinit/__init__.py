@@ -5,7 +5,7 @@
         result = client.init_model("bert-base-uncased", seed=42, out_dir="ckpt/")
     modelinit.reproduce("ckpt/", "ckpt-again/")   # the run recorded in ckpt/modelinit.json, byte for byte
 
-The client is thin (no torch); the embedded server needs ``pip install modelinit[server]``.
+The client is thin (no torch); the embedded server needs the ``server`` extra (docs/install.md).
 In the training process, ``modelinit.init_module_(module, seed=42)`` fills a materialized (or
 sharded) module with the same bytes (docs/training.md); it loads the server extra on first use.
 ``modelinit.probe(spec, policies=[...])`` measures what an init does to the signal and the

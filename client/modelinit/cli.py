@@ -169,14 +169,14 @@ def _parser() -> argparse.ArgumentParser:
     _add_request_args(init, from_manifest=True)
     init.add_argument("--out", required=True, metavar="DIR|URL",
                       help="output folder, or an object-store prefix: s3://bucket/prefix (also gs://, az://, file://; "
-                           "needs pip install 'modelinit[cloud]')")
+                           "needs the cloud extra, docs/install.md)")
     init.add_argument("--part", default=None, metavar="K/N",
                       help="write only part K of N (0-based, as JOB_COMPLETION_INDEX): a byte-balanced share of the shards; "
                            "the part that finds all N there writes the index, config.json and modelinit.json")
     init.add_argument("--ray", type=int, default=None, metavar="N",
                       help="write with N Ray tasks, part K/N each, on the Ray cluster of $RAY_ADDRESS or a local one (a task "
                            "whose worker dies is run again); --out must be a bucket or a folder every worker mounts "
-                           "(needs pip install 'modelinit[ray]')")
+                           "(needs the ray extra, docs/install.md)")
     init.add_argument("--quiet", action="store_true", help="no progress bar")
     init.add_argument("--fsync", action="store_true", help="flush every file to stable storage before renaming it (power-loss safe, slower)")
     init.add_argument("--parallel", type=int, default=None, metavar="N",
@@ -385,7 +385,7 @@ def _probe(args: argparse.Namespace) -> int:
     except ModelInitError as e:
         return _fail(e.details, 2)
     try:
-        report, to_json = probe_report()
+        report, to_json = probe_report(table=args.json != "-", plot=bool(args.plot))
         results = probe(args.spec, policies=policies, seed=args.seed, architecture=args.architecture,
                         batch=args.batch, seq=args.seq, memory_budget=budget, proxy=args.proxy)
     except ModelInitError as e:

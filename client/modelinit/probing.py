@@ -1,7 +1,8 @@
 """``modelinit.probe``: is an init sound before the run? (docs/probe.md)
 
 The probe runs in this process (it builds the model, fills it and runs a forward and backward
-pass), so it needs the server and probe extras: ``pip install 'modelinit[probe]'``. This module
+pass), so it needs the server extra (the table and plot of ``modelinit probe``: the probe extra;
+docs/install.md). This module
 only builds the requests; ``modelinit.server_extra`` runs them.
 """
 from __future__ import annotations

@@ -56,7 +56,8 @@ def init_model(spec: Any, *, parts: int, out_dir: str | os.PathLike, seed: int, 
         import ray
     except ImportError:
         raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
-                             "modelinit.ray needs Ray: pip install 'modelinit[ray]'") from None
+                             "modelinit.ray needs Ray: install modelinit with the 'ray' extra (from a clone: pip install -e '.[ray]'; "
+                             "docs/install.md)") from None
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, log_to_driver=False)

@@ -15,13 +15,16 @@ from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .errors import ModelInitError
 
+#: How an error tells which extra to install (docs/install.md): one way, from a clone or a wheel.
+_EXTRA = "install modelinit with the '{extra}' extra (from a clone: pip install -e '.[{extra}]'; docs/install.md)"
+
 
 def serve(args: argparse.Namespace, fail: Callable[[str, int], int]) -> int:
     """``modelinit serve ARGS``; its exit status (``fail(message, code)`` reports an error)."""
     try:
         from modelinit_server.service.command import serve as run
     except ImportError as e:
-        return fail(f"serving needs the server extra ({e}); pip install 'modelinit[server]'", 1)
+        return fail(f"serving needs the server extra ({e}); {_EXTRA.format(extra='server')}", 1)
     return run(args, fail)
 
 
@@ -34,26 +37,33 @@ def init_module_():
 
 
 def probe(requests: list[pb.ModelRequest], labels: list[str], **options) -> list:
-    """``modelinit_server.probe.probe`` of the requests (needs the server and probe extras)."""
+    """``modelinit_server.probe.probe`` of the requests (the pass needs the server extra only)."""
     try:
         from modelinit_server.messages import request_from_pb
         from modelinit_server.probe import probe as run
     except ImportError as e:
-        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
-                             f"the probe needs the server extra ({e}); pip install 'modelinit[probe]'") from None
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION, f"the probe needs the server extra ({e}); "
+                             f"{_EXTRA.format(extra='server')}") from None
     try:
         return run([request_from_pb(r) for r in requests], labels, **options)
     except ValueError as e:  # a spec, policy or batch the probe cannot take: one line naming it
         raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
 
 
-def probe_report():
-    """The probe's report module (table, plot) and its JSON writer."""
+def probe_report(table: bool = True, plot: bool = False):
+    """The probe's report module (table, plot) and its JSON writer. The table needs rich and the
+    plot matplotlib (the probe extra); JSON alone needs neither."""
+    needs = [("rich", "the probe's table", "or give --json - for JSON alone")] if table else []
+    needs += [("matplotlib", "--plot", "or leave --plot out")] if plot else []
+    for module, what, instead in needs:
+        try:
+            __import__(module)
+        except ImportError as e:
+            raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"{what} needs {module} ({e}); {_EXTRA.format(extra='probe')}, {instead}") from None
     try:
-        import matplotlib  # noqa: F401 - the plot
-        import rich  # noqa: F401 - the table
         from modelinit_server.probe import report, to_json
     except ImportError as e:
-        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
-                             f"the probe needs the server extra ({e}); pip install 'modelinit[probe]'") from None
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION, f"the probe needs the server extra ({e}); "
+                             f"{_EXTRA.format(extra='server')}") from None
     return report, to_json

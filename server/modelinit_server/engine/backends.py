@@ -188,7 +188,7 @@ def _host(device: str, warmup: bool) -> Backend:
     if backend is not None:
         return backend
     if device == "cpu":
-        raise ValueError("device: the CPU kernel needs numba (pip install 'modelinit[server]'); or use --device reference")
+        raise ValueError("device: the CPU kernel needs numba (the server extra: pip install -e '.[server]' from a clone, docs/install.md); or use --device reference")
     log.warning("numba is not installed: using the slow numpy reference engine")
     return REFERENCE
 

@@ -7,6 +7,7 @@ are a function of the request; JSON round-trips; the plot is a PNG; bad input is
 from __future__ import annotations
 
 import json
+import sys
 import math
 
 import modelinit
@@ -118,6 +119,26 @@ def test_cli_compare_json_and_plot(tmp_path, capsys):
     code, out, err = run_cli(["probe", str(config), "--seq", str(SEQ)], capsys)
     assert code == 0 and "no findings" in out and "residual std" in out
 
+
+
+def test_without_matplotlib_the_probe_runs_and_only_plot_asks_for_it(tmp_path, capsys, monkeypatch):
+    """The pass needs the server extra only: without matplotlib the table is printed, --plot says
+    it needs matplotlib and which extra brings it (not 'the server extra', which is there);
+    without rich, --json - still works."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(BERT))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    code, out, err = run_cli(["probe", str(config), "--seq", str(SEQ)], capsys)
+    assert code == 0 and "residual std" in out, err
+    code, out, err = run_cli(["probe", str(config), "--seq", str(SEQ), "--plot", str(tmp_path / "p.png")], capsys)
+    assert code == 1 and err.count("\n") == 1, err
+    assert "--plot needs matplotlib" in err and "'probe' extra" in err and "leave --plot out" in err
+    assert "server extra" not in err
+    monkeypatch.setitem(sys.modules, "rich", None)
+    code, out, err = run_cli(["probe", str(config), "--seq", str(SEQ), "--json", "-"], capsys)
+    assert code == 0 and [r.policy for r in from_json(out)] == ["hf-default"], err
+    code, out, err = run_cli(["probe", str(config), "--seq", str(SEQ)], capsys)
+    assert code == 1 and "the probe's table needs rich" in err and "--json -" in err
 
 def test_a_model_without_an_input_the_probe_makes_is_one_line(tmp_path, capsys):
     config = tmp_path / "config.json"
