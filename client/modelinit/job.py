@@ -27,7 +27,7 @@ from modelinit_wire.sizes import UNIT_NAMES, size_in_bytes, split_size
 
 from .bucket import SCHEMES, url_scheme
 from .errors import ModelInitError
-from .parts import MAX_PARTS, split_shards
+from .parts import MAX_PARTS, idle_note, split_shards
 
 IMAGE = "registry.example.com/ml-platform/modelinit:0.1.0"
 """The server images of deploy/k8s/overlays (``-cpu``/``-cuda`` appended): ``modelinit init``
@@ -407,8 +407,9 @@ def _gb(n: float) -> str:
 
 def parts_table(plan, count: int, rate_bytes_per_s: float = DEFAULT_RATE) -> list[str]:
     """What ``plan --parts N --rate R`` prints: each part's shards, bytes and time at ``rate``
-    bytes/s per pod (:func:`modelinit.parts.split_shards`, the split ``init --part`` writes),
-    then the totals and one writer's time at the same rate. ``plan``: a PlanResponse."""
+    bytes/s per part (:func:`modelinit.parts.split_shards`, the split ``init --part`` writes),
+    then the totals, one writer's time at the same rate, and a line for parts with no shard
+    (:func:`modelinit.parts.idle_note`). ``plan``: a PlanResponse."""
     check_parts(count)
     if not rate_bytes_per_s > 0:
         raise _bad(f"--rate: must be > 0 bytes/s, got {rate_bytes_per_s!r}")
@@ -427,8 +428,9 @@ def parts_table(plan, count: int, rate_bytes_per_s: float = DEFAULT_RATE) -> lis
         *table,
         f"total: {shards} shard(s), {shard_bytes:,} bytes ({_gb(shard_bytes)}); {len(sizes) - shards} small file(s), "
         f"{everything - shard_bytes:,} bytes, written once by the part that finishes last",
-        f"time: {_duration(slowest)} with {count} pods (the largest part), {_duration(one)} with one writer"
+        f"time: {_duration(slowest)} with {count} writers (the largest part), {_duration(one)} with one writer"
         + (f" ({one / slowest:.1f}x)" if slowest else ""),
+        *filter(None, [idle_note(plan, count)]),
     ]
 
 

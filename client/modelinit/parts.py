@@ -103,3 +103,39 @@ def part_files(plan, part: Part) -> list[int]:
 def small_files(plan) -> list[int]:
     """The plan's files that are not shards (index, config): written once, after every part."""
     return [i for i, f in enumerate(plan.files) if not f.shard]
+
+
+def idle_parts(plan, count: int) -> list[int]:
+    """The parts of ``count`` that get no shard of ``plan``: fewer shards than parts."""
+    shards = [bool(f.shard) for f in plan.files]
+    return [k for k, p in enumerate(split_shards([f.size for f in plan.files], shards, count)) if not p]
+
+
+def idle_note(plan, count: int) -> str | None:
+    """One line when some of ``count`` parts have no shard to write (they finish at once, and at
+    most one of them writes the small files), saying how to give every part a share: a smaller
+    ``max_shard_size`` (the model's shard bytes / ``count``, as a starting point: shards are
+    whole tensors) or fewer parts. None when every part has a shard. ``plan``: a PlanResponse."""
+    idle = idle_parts(plan, count)
+    if not idle:
+        return None
+    shards = sum(1 for f in plan.files if f.shard)
+    shard_bytes = sum(f.size for f in plan.files if f.shard)
+    which = ", ".join(map(str, idle[:8])) + (" ..." if len(idle) > 8 else "")
+    size = plan.request.max_shard_size or "5GB"
+    size = _decimal_size(int(size)) if size.isdigit() else size  # the plan's request holds it in bytes
+    return (f"part(s) {which} of {count} have no shard to write: the plan has {shards} shard(s) at max_shard_size {size}; "
+            f"for a shard each, use at most {shards} part(s), or a smaller --max-shard-size "
+            f"(about {_decimal_size(shard_bytes // count)} for {count} shards of these {_decimal_size(shard_bytes)})")
+
+
+def _decimal_size(n: int) -> str:
+    """``n`` bytes rounded down to a whole number (10 or more) of a decimal unit, as
+    --max-shard-size takes it: 165MB, 1660MB, 2950B; exact when it is one (5GB)."""
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if n >= 10 * scale:
+            return f"{n // scale}{unit}"
+    return f"{max(n, 1)}B"

@@ -326,13 +326,18 @@ def test_parts_table_sums_and_balances(capsys):
     assert f"7 shard(s), {sum(SIZES):,} bytes" in lines[5] and "2 small file(s), 1,000 bytes" in lines[5]
     # Times at 1000 bytes/s: each part's bytes, the largest part, one writer for every file.
     assert [r[-1] for r in rows] == [mjob._duration(b / 1000.0) for b in loads]
-    assert lines[6].startswith(f"time: {mjob._duration(max(loads) / 1000)} with 3 pods")
+    assert lines[6].startswith(f"time: {mjob._duration(max(loads) / 1000)} with 3 writers")  # parts, not pods: plan runs anywhere
+    assert len(lines) == 7  # every part has a shard: no note
     assert f"{mjob._duration((sum(SIZES) + 1000) / 1000)} with one writer" in lines[6]
 
 
 def test_parts_table_more_parts_than_shards():
     lines = mjob.parts_table(fake_plan(), 9, mjob.DEFAULT_RATE)
     assert sum(int(line.split()[1]) for line in lines[2:11]) == 7 and lines[11].startswith("total: 7 shard(s)")
+    # the two parts with nothing to write, said in one line with the two ways to give each a shard
+    assert lines[13] == (f"part(s) 7, 8 of 9 have no shard to write: the plan has 7 shard(s) at max_shard_size 5GB; "
+                         f"for a shard each, use at most 7 part(s), or a smaller --max-shard-size (about "
+                         f"{sum(SIZES) // 9}B for 9 shards of these {sum(SIZES) // 1000}KB)")  # 2950B, 26KB
 
 
 @pytest.mark.parametrize("text, rate", [("0.5GB/s", 5e8), ("500MB/s", 5e8), ("500MB", 5e8), ("1GiB/s", 2**30), ("4096", 4096)])

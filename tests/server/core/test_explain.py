@@ -109,6 +109,15 @@ def test_plan_response_carries_the_groups(client):
 
 
 
+def test_cli_rows_of_one_rule_and_shape_are_told_apart_by_their_first_tensor():
+    """bert-tf: the token-type embedding and the NSP head are both 'weight 1 x 2x768'."""
+    r = run("explain", "bert-base-uncased", "--policy", "bert-tf")
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if " 1 x 2x768 " in line]
+    assert len(rows) == 2 and rows[0] != rows[1]
+    assert "bert.embeddings.token_type_embeddings.weight" in rows[0] and "cls.seq_relationship.weight" in rows[1]
+
+
 def run(*args):
     return subprocess.run([sys.executable, "-m", "modelinit.cli", *args], capture_output=True, text=True, timeout=120)
 
@@ -117,7 +126,9 @@ def test_cli_table_warnings_and_json():
     r = run("explain", "gpt2", "--policy", "torch-trunc-normal")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[1].split()[:4] == ["rule", "tensors", "init", "eff."]
+    assert lines[1].split() == ["rule", "tensors", "first", "tensor", "init", "eff.", "std", "xavier", "std", "lecun", "std",
+                                "std/lecun", "formula"]  # every column labeled (the ratio's was 'ratio')
+    assert any(line.startswith("xavier std = sqrt(2/(fan_in+fan_out)); lecun std = 1/sqrt(fan_in)") for line in lines)
     assert any("100σ" in line and line.startswith("  weight [") for line in lines)
     assert "124,439,808 parameters" in lines[-1] and "6 warning(s)" in lines[-1]
     r = run("explain", "gpt2", "--json")
@@ -126,3 +137,13 @@ def test_cli_table_warnings_and_json():
     assert doc["summary"] == {"total_params": 124_439_808, "groups": len(doc["groups"]), "warnings": 0}
     assert doc["groups"] and all(list(g) == list(doc["groups"][0]) for g in doc["groups"])
     assert doc["groups"][0]["warnings"] == []
+
+
+def test_explain_and_plan_offer_only_the_flags_that_apply():
+    """explain shows no shards and generates nothing; plan shows shards and generates nothing."""
+    explain, plan, init = (run(command, "--help").stdout for command in ("explain", "plan", "init"))
+    for flag in ("--max-shard-size", "--rehash", "--device"):
+        assert flag not in explain and flag in init
+    assert "--max-shard-size" in plan and "--rehash" not in plan and "--device" not in plan
+    refused = run("explain", "gpt2", "--max-shard-size", "1GB")
+    assert refused.returncode == 2 and "unrecognized arguments: --max-shard-size" in refused.stderr
