@@ -295,3 +295,17 @@ def test_cli_spec_or_manifest(args, needle, capsys, tmp_path):
 def test_cli_missing_manifest_is_bad_input(tmp_path, capsys):
     assert main(["init", "--from-manifest", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
     assert "has no modelinit.json" in capsys.readouterr().err
+
+
+def test_every_key_of_the_record_is_explained(embedded, tmp_path):
+    """docs/determinism.md's table of modelinit.json names every key a run writes, the request's
+    too (a user asking what "transformers_version": "" means finds it there)."""
+    from tests.support import REPO
+
+    doc = (REPO / "docs" / "determinism.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## 18. The record: modelinit.json"):doc.index("## Sources")]
+    embedded.init_model(TINY["gpt2"], seed=1, out_dir=tmp_path, architecture="GPT2LMHeadModel")
+    record = json.loads((tmp_path / "modelinit.json").read_text())
+    for key in [*record, *record["request"], *record["files"][0]]:
+        assert f"`{key}`" in section, key
+    assert '`""` for a built-in family' in section and record["transformers_version"] == ""
