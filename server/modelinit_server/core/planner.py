@@ -170,12 +170,17 @@ def fingerprint(request: Request, resolved: list[Resolved]) -> str:
     return hashlib.sha256(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()).hexdigest()
 
 
-def resolve_request(request: Request) -> tuple[list[Resolved], list[tuple[int, int]], str]:
+def resolve_request(request: Request, resolved: list[Resolved] | None = None
+                    ) -> tuple[list[Resolved], list[tuple[int, int]], str]:
     """Everything the bytes of ``request``'s tensors depend on, without generating any: each
     tensor's rule and sampler (the policy resolved; the dtype must hold every sampler), its Philox
     key, and the fingerprint. The one planning core of :func:`build_plan` (files) and
-    ``training.init_module_`` (a module's tensors), so both refuse and fingerprint alike."""
-    resolved = _bind_computed(request, resolve(request.policy, request.model))
+    ``training.init_module_`` (a module's tensors), so both refuse and fingerprint alike.
+    ``resolved``: ``resolve(request.policy, request.model)`` when the caller has it already (it
+    depends on neither the seed nor the dtype: a server keeps it across seeds)."""
+    if resolved is None:
+        resolved = resolve(request.policy, request.model)
+    resolved = _bind_computed(request, resolved)
     checked: set[Sampler] = set()  # many tensors share a sampler: check each once
     for t, r in zip(request.model.tensors, resolved):
         if isinstance(r.sampler, Computed):
@@ -225,9 +230,11 @@ def _bind_computed(request: Request, resolved: list[Resolved]) -> list[Resolved]
             if isinstance(r.sampler, Computed) else r for t, r in zip(model.tensors, resolved)]
 
 
-def build_plan(request: Request) -> Plan:
+def build_plan(request: Request, resolved: list[Resolved] | None = None) -> Plan:
+    """The plan of ``request``: its files (shards, headers, JSON files) and each tensor's place,
+    sampler and key. ``resolved``: as :func:`resolve_request` takes it."""
     model = request.model
-    resolved, keys, fp = resolve_request(request)
+    resolved, keys, fp = resolve_request(request, resolved)
     itemsize = DTYPE_ITEMSIZE[request.dtype]
     nbytes = [t.numel * itemsize for t in model.tensors]
     groups = layout.pack_shards(nbytes, request.max_shard_size)

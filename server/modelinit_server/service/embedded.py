@@ -8,14 +8,15 @@ from __future__ import annotations
 import threading
 from typing import Iterator, Sequence
 
+from modelinit_host.usable_cores import usable_cores
 from modelinit_wire.events import Event
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from ..core.planner import Plan, build_plan
+from ..core.planner import Plan
 from ..engine.backends import DEVICES, Backend, select
-from modelinit_host.usable_cores import usable_cores
-from ..messages import check_page_size, plan_to_pb, request_from_pb
+from ..messages import check_page_size, plan_to_pb
 from ..produce import file_bytes, tensor_slices
+from .plans import PlanCache
 
 
 class EmbeddedService:
@@ -27,6 +28,8 @@ class EmbeddedService:
         self.device = device
         self._backend: Backend | None = None
         self._lock = threading.Lock()  # a client's parallel files open their streams from several threads
+        # the caller keeps the plan it streams; kept here: the last request's resolution, for its next seed
+        self._plans = PlanCache(plans=0, resolutions=1)
 
     @property
     def backend(self) -> Backend:
@@ -55,7 +58,7 @@ class EmbeddedService:
     def build(self, msg: pb.ModelRequest) -> Plan:
         """The plan of a request (ValueError, field-named, for a bad one). A caller that plans and
         then streams keeps it and hands it to :meth:`events`: planning happens once."""
-        return build_plan(request_from_pb(msg))
+        return self._plans.build(msg)
 
     def plan(self, msg: pb.ModelRequest, page_size: int = 0, page_token: str = "") -> pb.PlanResponse:
         """One page of the plan, as the server's Plan (0: a summary without tensors)."""

@@ -8,7 +8,6 @@ line, and is counted in the metrics with its final status.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import logging
@@ -25,19 +24,15 @@ from modelinit_wire.events import Begin, Data
 from modelinit_wire.v1 import modelinit_pb2 as pb
 from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc
 
-from ..core.planner import Plan, build_plan
+from ..core.planner import Plan
 from ..engine.backends import Backend
-from ..messages import check_page_size, plan_to_pb, request_from_pb
+from ..messages import check_page_size, plan_to_pb
 from ..produce import digests, file_bytes, tensor_slices
 from .limits import Limits
+from .plans import PlanCache
 from .observability import Metrics, request_id, request_id_from
 
 log = logging.getLogger("modelinit.server")
-
-#: Plans kept for the next call of the same request (a client paging through a Plan, then Init):
-#: a 90,000-tensor plan takes seconds to build and some 100 MB to hold.
-PLAN_CACHE = 2
-
 
 @dataclass(frozen=True)
 class StreamPolicy:
@@ -136,7 +131,7 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         self._streams = streams or StreamPolicy()
         self._metrics = metrics or Metrics()
         self._inflight = 0
-        self._plans: collections.OrderedDict[bytes, Plan] = collections.OrderedDict()  # PLAN_CACHE latest
+        self._plans = PlanCache()  # recent plans, and recent requests' resolutions for a new seed
         self._digests = digests.Digests()  # the shards hashed whole by this server: never hashed again
 
     @property
@@ -145,26 +140,14 @@ class ModelInitServicer(pb_grpc.ModelInitServicer):
         return self._inflight
 
     async def _plan(self, msg: pb.ModelRequest, context: grpc.aio.ServicerContext) -> Plan:
-        key = msg.SerializeToString(deterministic=True)
-        if key in self._plans:  # only this event loop's thread touches the cache
-            self._plans.move_to_end(key)
-            return self._plans[key]
-        loop = asyncio.get_running_loop()
-
-        def build() -> Plan:
-            plan = build_plan(request_from_pb(msg))
-            self._limits.check(plan)
+        plan = self._plans.cached(msg)  # planned and checked before: no thread hop
+        if plan is not None:
             return plan
-
         try:
-            plan = await loop.run_in_executor(None, build)
+            return await asyncio.get_running_loop().run_in_executor(None, self._plans.build, msg, self._limits.check)
         except ValueError as e:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
             raise  # unreachable: abort raises
-        self._plans[key] = plan
-        while len(self._plans) > PLAN_CACHE:
-            self._plans.popitem(last=False)
-        return plan
 
     @_observed
     async def Plan(self, request: pb.PlanRequest, context: grpc.aio.ServicerContext) -> pb.PlanResponse:
