@@ -142,7 +142,8 @@ def timeline(model: str, dtype: str, folder: str) -> None:
     import threading
 
     import modelinit
-    from modelinit import direct_file, writer
+    from modelinit.destinations import direct_file
+    from modelinit.destinations import folder as folder_writer
     from modelinit_server.service import embedded
 
     lock = threading.Lock()
@@ -174,7 +175,7 @@ def timeline(model: str, dtype: str, folder: str) -> None:
         write(self, data)
         add("write wall", time.perf_counter() - w)
 
-    events_of = writer.write_files  # the name FolderWriter.write calls
+    events_of = folder_writer.write_files  # the name FolderWriter.write calls
 
     def timed_write_files(source, *a, **k):
         class Timed:
@@ -215,7 +216,7 @@ def timeline(model: str, dtype: str, folder: str) -> None:
 
     embedded.select = timed_select
     direct_file.DirectFile.write = timed_write
-    writer.write_files = timed_write_files
+    folder_writer.write_files = timed_write_files
     import types
 
     # the producer's hasher (file_bytes) and the writer's (StreamCheck.sha256, when it hashes), nobody else's
@@ -228,7 +229,7 @@ def timeline(model: str, dtype: str, folder: str) -> None:
         with modelinit.Client() as client:
             client.init_model(model, seed=0, out_dir=out, dtype=dtype)
     finally:
-        embedded.select, direct_file.DirectFile.write, writer.write_files = select, write, events_of
+        embedded.select, direct_file.DirectFile.write, folder_writer.write_files = select, write, events_of
         stream.hashlib = file_bytes.hashlib = _hashlib
         shutil.rmtree(out, ignore_errors=True)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0

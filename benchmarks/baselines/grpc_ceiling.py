@@ -10,7 +10,7 @@ import time
 from concurrent import futures
 
 import grpc
-from modelinit.direct_file import DirectFile  # the writer modelinit itself uses
+from modelinit.destinations.direct_file import DirectFile  # the writer modelinit itself uses
 
 chunk = int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 20
 total = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 30

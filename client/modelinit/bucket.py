@@ -29,7 +29,7 @@ from .errors import ModelInitError
 
 log = logging.getLogger("modelinit.client")
 
-#: URL schemes written through the object store (file:// is a local folder: modelinit.writer).
+#: URL schemes written through the object store (file:// is a local folder: modelinit.destinations.folder).
 SCHEMES = ("s3", "gs", "az", "azure", "abfs", "abfss")
 PART_BYTES = 16 << 20
 """Bytes per uploaded part: S3 allows 5 MiB-5 GiB and 10,000 parts, so 16 MiB parts take shards up
@@ -183,7 +183,7 @@ def _owned(data) -> bytes | memoryview:
     their part is sent, while the embedded engine reuses its segment buffers a few events later
     (``ring``): uploading a view would send whatever the buffer holds by then (the SHA-256, taken
     as the bytes passed, would not notice). ``bytes``, or a view of ``bytes`` (what gRPC gives,
-    :mod:`modelinit.stub`), is immutable: no copy."""
+    :mod:`modelinit.sources.stub`), is immutable: no copy."""
     if isinstance(data, bytes) or (isinstance(data, memoryview) and isinstance(data.obj, bytes)):
         return data
     return bytes(memoryview(data).cast("B"))

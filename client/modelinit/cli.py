@@ -48,8 +48,8 @@ from .client import Client
 from .errors import ModelInitError
 from .job import add_job_parser, check_parts, parse_bytes, parse_rate, print_parts, run_job
 from .manifest import read_manifest
-from .remote import RetryPolicy
 from .request import RequestOptions
+from .sources.remote import RetryPolicy
 from .verify import embedded_client, verify_folder
 
 #: The flag of each request option (:class:`~modelinit.request.RequestOptions`; with --from-manifest the

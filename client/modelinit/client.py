@@ -1,9 +1,9 @@
 """The client: plan a model, stream its files into a folder, verify every byte.
 
-:class:`Client` drives a :class:`~modelinit.source.Source` (the embedded engine,
-:class:`~modelinit.embedded.EmbeddedSource`, or servers, :class:`~modelinit.remote.RemoteSource`) into a
-:class:`~modelinit.destination.Destination` (a folder, :class:`~modelinit.writer.FolderWriter`, or a
-prefix, :class:`~modelinit.bucket_writer.PrefixWriter`), chosen in :func:`open_destination`;
+:class:`Client` drives a :class:`~modelinit.sources.protocol.Source` (the embedded engine,
+:class:`~modelinit.sources.embedded.EmbeddedSource`, or servers, :class:`~modelinit.sources.remote.RemoteSource`) into a
+:class:`~modelinit.destinations.protocol.Destination` (a folder, :class:`~modelinit.destinations.folder.FolderWriter`, or a
+prefix, :class:`~modelinit.destinations.prefix.PrefixWriter`), chosen in :func:`open_destination`;
 ``modelinit.json`` is :mod:`modelinit.manifest`'s.
 """
 from __future__ import annotations
@@ -18,12 +18,11 @@ import grpc
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .bucket import is_bucket_url
-from .embedded import EmbeddedSource
 from .errors import ModelInitError
+from .handoff import FileResult
 from .manifest import (  # noqa: F401 - MANIFEST_FILE, PROGRESS_FILE, check_file_name, loader_file: also the client's API
     MANIFEST_FILE,
     PROGRESS_FILE,
-    FileResult,
     check_file_name,
     check_plan_names,
     loader_file,
@@ -35,14 +34,15 @@ from .manifest import (  # noqa: F401 - MANIFEST_FILE, PROGRESS_FILE, check_file
 )
 from .parts import Part, parse_part, part_files
 from .progress_bar import progress_bar
-from .remote import RETRYABLE, RemoteSource, RetryPolicy, connect_failure, split_targets  # noqa: F401 - also the client's API
 from .request import PolicyArg, RequestOptions, Spec, model_policy, model_request, model_spec  # noqa: F401 - also the client's API
-from .source import Source, full_plan
+from .sources.embedded import EmbeddedSource
+from .sources.protocol import Source, full_plan
+from .sources.remote import RETRYABLE, RemoteSource, RetryPolicy, connect_failure, split_targets  # noqa: F401 - also the client's API
 
 if TYPE_CHECKING:  # typing only: the writers' modules load where something is written
     from .bucket import Bucket
-    from .destination import Destination
-    from .local_prefix import LocalPrefix
+    from .destinations.local_prefix import LocalPrefix
+    from .destinations.protocol import Destination
 
 log = logging.getLogger("modelinit.client")
 
@@ -193,8 +193,8 @@ class Client:
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self.source: Source
-        """What plans and streams: a :class:`~modelinit.embedded.EmbeddedSource` when embedded, a
-        :class:`~modelinit.remote.RemoteSource` for servers."""
+        """What plans and streams: a :class:`~modelinit.sources.embedded.EmbeddedSource` when embedded, a
+        :class:`~modelinit.sources.remote.RemoteSource` for servers."""
         if target is None:
             self.source = EmbeddedSource(device)
         else:
@@ -340,11 +340,11 @@ class Client:
         without it a killed process is still safe, the page cache keeps what was written).
         ``parallel``: files fetched at once, spread over the replicas; each file resumes on the next
         replica if its server goes away (None: a quarter of this node's usable cores, at least 1:
-        :meth:`~modelinit.remote.RemoteSource.files_at_once`). Embedded, files produced at once, each with its own
+        :meth:`~modelinit.sources.remote.RemoteSource.files_at_once`). Embedded, files produced at once, each with its own
         producer and SHA-256: one file's hash is one serial stream (about 1-2 GB/s), so where generation
         is fast (a GPU, many cores) several files in flight let the hashes use several cores; on a small
         CPU machine they only compete with the generation. None (the default) lets the engine choose
-        for this machine (:meth:`~modelinit.embedded.EmbeddedSource.files_at_once`: 1 on a small CPU
+        for this machine (:meth:`~modelinit.sources.embedded.EmbeddedSource.files_at_once`: 1 on a small CPU
         machine, half the cores on a GPU node). ``algorithm_version`` (None: the
         newest) and ``architecture`` (a class overriding the spec's) as in :meth:`plan`;
         ``modelinit.json`` records both. ``progress`` callables are then
@@ -373,7 +373,7 @@ class Client:
                                  algorithm_version=algorithm_version, architecture=architecture).request(spec)
         plan = full_plan(self.source, request)
         check_plan_names(plan)  # before anything is written
-        from .destination import read_small_files
+        from .destinations.protocol import read_small_files
 
         failed = True
         try:
@@ -394,7 +394,7 @@ class Client:
             finally:
                 bar(None)
             # A part hands the index and config.json to the one that finalizes; a whole run wrote them.
-            small = [] if share.whole else read_small_files(self.source, request, plan)
+            small = [] if share.whole else read_small_files(plan, lambda files: self.source.events(request, plan, files))
             try:
                 done = dest.finish(plan, share, small)
             except ModelInitError as e:  # the shards are in, the checkpoint is not: say both
@@ -421,13 +421,13 @@ class Client:
         step. The request comes from the parts' records and is planned again here (its
         fingerprint must match). ``complete`` is False while a part is missing (nothing written)."""
         prefix = open_prefix(url, "url")
-        from .bucket_writer import PrefixWriter, recorded_request
-        from .destination import read_small_files
+        from .destinations.prefix import PrefixWriter, recorded_request
+        from .destinations.protocol import read_small_files
 
         request, count = recorded_request(prefix)
         plan = full_plan(self.source, request)
         check_plan_names(plan)
-        small = read_small_files(self.source, request, plan)
+        small = read_small_files(plan, lambda files: self.source.events(request, plan, files))
         writer = PrefixWriter(prefix)
         done = writer.finish(plan, Part(0, count), small)
         return InitResult(writer.where, plan.fingerprint, tuple(done.files or ()), plan.total_params, plan.total_bytes,
@@ -479,24 +479,24 @@ def reproduce(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, client
 def open_destination(out_dir: str | os.PathLike, part: Part, *, fsync: bool = False, direct_io: bool = True,
                      hash_here: bool = True, field: str = "out_dir") -> "Destination":
     """The destination ``out_dir`` names, chosen here and nowhere else: an object-store URL is a
-    prefix (:class:`~modelinit.bucket_writer.PrefixWriter` over a :class:`~modelinit.bucket.Bucket`);
-    a local folder is written by the folder writer (:class:`~modelinit.writer.FolderWriter`), or,
+    prefix (:class:`~modelinit.destinations.prefix.PrefixWriter` over a :class:`~modelinit.bucket.Bucket`);
+    a local folder is written by the folder writer (:class:`~modelinit.destinations.folder.FolderWriter`), or,
     for a ``part`` of N, shared by the N runs through the prefix protocol on the folder
-    (:class:`~modelinit.local_prefix.LocalPrefix`, written as the folder writer writes)."""
+    (:class:`~modelinit.destinations.local_prefix.LocalPrefix`, written as the folder writer writes)."""
     if is_bucket_url(out_dir) or not part.whole:
-        from .bucket_writer import PrefixWriter  # the writers load where something is written (a fast CLI start)
+        from .destinations.prefix import PrefixWriter  # the writers load where something is written (a fast CLI start)
 
         return PrefixWriter(open_prefix(out_dir, field, fsync=fsync, direct_io=direct_io), hash_here)
-    from .writer import FolderWriter
+    from .destinations.folder import FolderWriter
 
     return FolderWriter(local_folder(out_dir, field), fsync=fsync, direct_io=direct_io, hash_here=hash_here)
 
 
 def open_prefix(url: str | os.PathLike, field: str, *, fsync: bool = False, direct_io: bool = True) -> "Bucket | LocalPrefix":
     """An object-store URL as a :class:`~modelinit.bucket.Bucket`; a local folder (a path or a
-    ``file://`` URL) as a :class:`~modelinit.local_prefix.LocalPrefix`."""
+    ``file://`` URL) as a :class:`~modelinit.destinations.local_prefix.LocalPrefix`."""
     from .bucket import Bucket
-    from .local_prefix import LocalPrefix
+    from .destinations.local_prefix import LocalPrefix
 
     if is_bucket_url(url):
         return Bucket(os.fspath(url), field)

@@ -24,6 +24,7 @@ from modelinit_wire import policy_file
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .errors import ModelInitError
+from .handoff import FileResult
 
 if TYPE_CHECKING:
     from .bucket import Bucket
@@ -73,15 +74,6 @@ _LOADER_NAMES = frozenset({"config.json"})
 READ_SIZE = 8 << 20
 """Bytes per read while hashing."""
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
-
-
-@dataclass(frozen=True)
-class FileResult:
-    """A file of a model folder: name, size and SHA-256 (an entry of a record's ``files``)."""
-
-    name: str
-    size: int
-    sha256: str
 
 
 def check_file_name(name: str) -> str:

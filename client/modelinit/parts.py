@@ -4,7 +4,7 @@ The split is a function of the plan alone (file sizes and order), and the plan i
 the request, so every worker of an Indexed Job, a Slurm array or a Ray pool computes the same split
 without talking to the others. Only shards are split; the small files (``*.index.json``,
 ``config.json``) and ``modelinit.json`` are written once, by whichever part finds every shard there
-(:func:`modelinit.bucket_writer.finalize`).
+(:func:`modelinit.destinations.prefix.finalize`).
 """
 from __future__ import annotations
 

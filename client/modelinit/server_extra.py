@@ -1,7 +1,7 @@
 """What the client package takes from the server package besides the embedded mode: the ``serve``
 command, ``modelinit.init_module_`` and the probe (``modelinit.probe``, ``modelinit probe``).
 
-Like :mod:`modelinit.embedded`, it imports ``modelinit_server`` only inside functions, so
+Like :mod:`modelinit.sources.embedded`, it imports ``modelinit_server`` only inside functions, so
 ``import modelinit`` never needs the server extra; the import-linter contracts in pyproject.toml
 allow these imports here and nowhere else.
 """

@@ -1,5 +1,5 @@
 """The one checker of a file stream (``Begin``, ``Data``..., ``End`` per file), shared by the
-writer (:func:`modelinit.writer.write_files`) and ``verify``'s regeneration.
+writer (:func:`modelinit.destinations.folder.write_files`) and ``verify``'s regeneration.
 
 It holds a stream to the plan: files begin in the order asked for, each under its planned name
 and size from byte 0, none before the previous one ended; no byte comes outside a file or past
@@ -21,7 +21,7 @@ from modelinit_wire.events import Begin, End
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .errors import ModelInitError
-from .manifest import FileResult
+from .handoff import FileResult
 
 if TYPE_CHECKING:  # typing only: collections.abc.Buffer from Python 3.12
     from typing_extensions import Buffer

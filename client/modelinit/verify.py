@@ -43,7 +43,7 @@ from .manifest import (
     read_manifest,
 )
 from .progress_bar import progress_bar
-from .source import full_plan
+from .sources.protocol import full_plan
 from .stream import StreamCheck
 
 INDEX_FILE = "model.safetensors.index.json"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from modelinit import direct_file
-from modelinit.direct_file import ALIGN, STAGE, DirectFile
+from modelinit.destinations import direct_file
+from modelinit.destinations.direct_file import ALIGN, STAGE, DirectFile
 
 
 def _aligned_array(n: int, seed: int) -> np.ndarray:

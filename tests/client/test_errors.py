@@ -21,7 +21,7 @@ import modelinit
 import pytest
 import yaml
 from modelinit import cli
-from modelinit.folder_lock import LOCK_FILE, FolderLock
+from modelinit.destinations.folder_lock import LOCK_FILE, FolderLock
 from modelinit_wire import policy_file
 
 from tests.support import TINY
@@ -84,7 +84,7 @@ def test_read_only_out_is_an_environment_error(tmp_path):
 
 
 def test_full_disk_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
-    from modelinit import direct_file
+    from modelinit.destinations import direct_file
 
     def full(self, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

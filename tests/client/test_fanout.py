@@ -137,10 +137,10 @@ def test_embedded_parallel_files_equal_one_stream(tmp_path):
 
 def test_embedded_parallel_failure_stops_the_others(tmp_path, monkeypatch):
     import modelinit
-    from modelinit import writer
+    from modelinit.destinations import folder as folder_writer
     from modelinit.errors import ModelInitError
 
-    real = writer.DirectFile.write
+    real = folder_writer.DirectFile.write
     calls = {"n": 0}
 
     def failing(self, data):
@@ -149,7 +149,7 @@ def test_embedded_parallel_failure_stops_the_others(tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         real(self, data)
 
-    monkeypatch.setattr(writer.DirectFile, "write", failing)
+    monkeypatch.setattr(folder_writer.DirectFile, "write", failing)
     with modelinit.Client(device="cpu") as c, pytest.raises(ModelInitError, match="No space left"):
         c.init_model(MEDIUM, seed=7, out_dir=tmp_path / "out", max_shard_size="16MB", parallel=3)
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.endswith(".partial") or p.name == "modelinit.json"]
@@ -161,10 +161,11 @@ def test_an_interrupt_stops_the_files_in_flight(tmp_path, monkeypatch):
     file to be written first (the pool's exit waits for its work)."""
     import time
 
-    from modelinit import fanout, writer
+    from modelinit.destinations import folder as folder_writer
+    from modelinit.sources import fanout
 
-    real_wait, real_write = fanout.wait, writer.DirectFile.write
-    monkeypatch.setattr(writer.DirectFile, "write", lambda self, data: (time.sleep(0.1), real_write(self, data))[1])
+    real_wait, real_write = fanout.wait, folder_writer.DirectFile.write
+    monkeypatch.setattr(folder_writer.DirectFile, "write", lambda self, data: (time.sleep(0.1), real_write(self, data))[1])
 
     def interrupted(fs, timeout=None, return_when="ALL_COMPLETED"):
         if return_when == fanout.FIRST_EXCEPTION:

@@ -1,4 +1,4 @@
-"""The folder that ``--part K/N`` runs share (:class:`modelinit.local_prefix.LocalPrefix`): the
+"""The folder that ``--part K/N`` runs share (:class:`modelinit.destinations.local_prefix.LocalPrefix`): the
 object store's interface on a local folder, written the way the folder writer writes.
 
 - A create-once under a race: exactly one writer creates the file, whole; the others are told.
@@ -17,7 +17,7 @@ import threading
 
 import pytest
 from modelinit.cli import main
-from modelinit.local_prefix import LocalPrefix
+from modelinit.destinations.local_prefix import LocalPrefix
 
 from tests.support import REPO, TINY, read_folder
 

@@ -166,25 +166,25 @@ def test_parts_written_at_once_by_separate_processes(store, expected, tmp_path):
 
 
 def _never_finalized(*missing_parts: int):
-    """A stand-in for ``bucket_writer.finalize`` that finds ``missing_parts`` unfinished and
+    """A stand-in for ``prefix_writer.finalize`` that finds ``missing_parts`` unfinished and
     writes nothing (this part's own shards all there): the parts never finalize themselves."""
-    from modelinit import bucket_writer
+    from modelinit.destinations import prefix as prefix_writer
 
-    return lambda *a: bucket_writer.Finalized(None, list(missing_parts), [])
+    return lambda *a: prefix_writer.Finalized(None, list(missing_parts), [])
 
 
 def test_finalize_is_a_last_step_for_schedulers(store, expected, tmp_path, monkeypatch, capsys):
     url = store.new_prefix()
-    from modelinit import bucket_writer
+    from modelinit.destinations import prefix as prefix_writer
 
-    real = bucket_writer.finalize
-    monkeypatch.setattr(bucket_writer, "finalize", _never_finalized(9))
+    real = prefix_writer.finalize
+    monkeypatch.setattr(prefix_writer, "finalize", _never_finalized(9))
     with modelinit.Client() as c:
         c.init_model(SPEC, out_dir=url, part=(0, 2), **SHARDED)
         assert main(["finalize", url]) == 3  # part 1 missing: nothing written, try again later
         assert "part(s) 9 not finished yet" in capsys.readouterr().err
         c.init_model(SPEC, out_dir=url, part=(1, 2), **SHARDED)
-    monkeypatch.setattr(bucket_writer, "finalize", real)
+    monkeypatch.setattr(prefix_writer, "finalize", real)
     assert "modelinit.json" not in store.objects(url)
     assert main(["finalize", url]) == 0
     assert "complete:" in capsys.readouterr().out
@@ -224,10 +224,11 @@ def test_parts_into_a_shared_local_folder(tmp_path, expected):
 _DIE_MID_UPLOAD = """
 import os, signal
 die_in = int(os.environ.get("DIE_IN_SHARD", "2"))
-from modelinit import bucket, bucket_writer
+from modelinit import bucket
+from modelinit.destinations import prefix as prefix_writer
 bucket.PART_BYTES = 5 << 20
 bucket.PARTS_IN_FLIGHT = 1
-real = bucket_writer._file_chunks
+real = prefix_writer._file_chunks
 shards = []
 def dying(events, check, first, progress, done):
     shards.append(first.name)
@@ -240,7 +241,7 @@ def dying(events, check, first, progress, done):
             filled = given  # the chunk that filled the first part: it went out with it
         if len(shards) == die_in and filled is not None and given > filled:
             os.kill(os.getpid(), signal.SIGKILL)  # the first part is stored: the uploader waited for it
-bucket_writer._file_chunks = dying
+prefix_writer._file_chunks = dying
 """
 
 BIG = {"model_type": "llama", "vocab_size": 8000, "hidden_size": 512, "num_hidden_layers": 1, "num_attention_heads": 4,
@@ -407,7 +408,7 @@ def test_a_store_that_refuses_checksum_headers_gets_the_same_objects(s3_no_check
 def test_a_reused_buffer_is_uploaded_as_it_was_passed(store, monkeypatch):
     """The embedded engine reuses its segment buffers a few events later; obstore keeps the buffers
     it is given until their part is sent. Each part must hold the bytes as they were passed."""
-    from modelinit import bucket_writer
+    from modelinit.destinations import prefix as prefix_writer
     from modelinit.bucket import Bucket
     from modelinit_wire.events import Begin, Data, End
     from modelinit_wire.v1 import modelinit_pb2 as pb
@@ -429,7 +430,7 @@ def test_a_reused_buffer_is_uploaded_as_it_was_passed(store, monkeypatch):
             pass
 
     url = store.new_prefix()
-    (result,) = bucket_writer.upload_files(Bucket(url), Reusing(), plan, [0], lambda n: None)
+    (result,) = prefix_writer.upload_files(Bucket(url), Reusing(), plan, [0], lambda n: None)
     data = store.objects(url)["model.safetensors"]
     assert data == b"".join(bytes([i]) * segment for i in range(size // segment))
     import hashlib
@@ -442,17 +443,17 @@ def test_two_parts_finishing_at_once_write_the_manifest_once(store, expected, mo
     small file and the manifest; the other finds the same bytes. Both report complete."""
     import threading
 
-    from modelinit import bucket_writer
+    from modelinit.destinations import prefix as prefix_writer
 
     url = store.new_prefix()
-    real = bucket_writer.finalize
-    monkeypatch.setattr(bucket_writer, "finalize", _never_finalized())
+    real = prefix_writer.finalize
+    monkeypatch.setattr(prefix_writer, "finalize", _never_finalized())
     with modelinit.Client() as c:
         for k in range(2):
             c.init_model(SPEC, out_dir=url, part=(k, 2), **SHARDED)
-    monkeypatch.setattr(bucket_writer, "finalize", real)
+    monkeypatch.setattr(prefix_writer, "finalize", real)
     created: list[str] = []
-    real_create = bucket_writer._create_once
+    real_create = prefix_writer._create_once
 
     def counting(bucket, name, data):
         wrote = real_create(bucket, name, data)
@@ -460,7 +461,7 @@ def test_two_parts_finishing_at_once_write_the_manifest_once(store, expected, mo
             created.append(name)
         return wrote
 
-    monkeypatch.setattr(bucket_writer, "_create_once", counting)
+    monkeypatch.setattr(prefix_writer, "_create_once", counting)
     barrier = threading.Barrier(2)
     results = []
 

@@ -15,9 +15,10 @@ import threading
 import grpc
 import modelinit
 import pytest
-from modelinit import ModelInitError, direct_file
+from modelinit import ModelInitError
 from modelinit.cli import main
 from modelinit.client import PROGRESS_FILE, RetryPolicy
+from modelinit.destinations import direct_file
 from modelinit.verify import verify_folder
 from modelinit_wire.v1 import modelinit_pb2 as pb
 from modelinit_wire.v1 import modelinit_pb2_grpc as pb_grpc

@@ -1,4 +1,4 @@
-"""A resumed Init stream (modelinit.remote.ResumingEvents) against scripted replicas: where it asks
+"""A resumed Init stream (modelinit.sources.remote.ResumingEvents) against scripted replicas: where it asks
 again after a lost server and after a corrupted message, what it refuses, what close() ends.
 The served path is covered end to end in test_transit_check.py; these pin the decisions."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import crc32c
 import grpc
 import pytest
 from modelinit.errors import ModelInitError
-from modelinit.remote import Replicas, ResumingEvents, RetryPolicy
+from modelinit.sources.remote import Replicas, ResumingEvents, RetryPolicy
 from modelinit_wire.data_message import Checked
 from modelinit_wire.events import Begin, Data, End
 from modelinit_wire.v1 import modelinit_pb2 as pb

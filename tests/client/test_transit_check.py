@@ -127,7 +127,7 @@ def _count_sha256(monkeypatch, inputs: list[bytearray] | None = None) -> dict[st
 def _count_crc32c(monkeypatch) -> dict[str, int]:
     """Bytes CRC32C'd by the client's stream and by the server's sender."""
     import crc32c as library
-    from modelinit import remote
+    from modelinit.sources import remote
     from modelinit_server.service import servicer
 
     counted = {"client": 0, "server": 0}
@@ -191,7 +191,7 @@ def test_a_stream_resumed_inside_a_known_shard_hashes_nothing_again(fresh_server
     """A flipped bit makes the client ask again from inside a shard the server produced whole
     before: the server takes the digest it remembers instead of regenerating the bytes before the
     offset to hash them (only the small JSON files are hashed), and the files are the embedded run's."""
-    from modelinit import remote
+    from modelinit.sources import remote
 
     with modelinit.Client(fresh_server) as c:
         c.init_model(SPEC, out_dir=tmp_path / "first", **RUN)
@@ -218,7 +218,7 @@ def test_files_in_flight_by_default_follow_the_clients_cores(server_target, rela
                                                             cores, streams):
     """``--server`` without ``--parallel``: a quarter of the client's usable cores, at least 1, files
     at once (one stream of all files, or a stream per file); the same bytes."""
-    from modelinit import remote
+    from modelinit.sources import remote
 
     monkeypatch.setattr(remote, "usable_cores", lambda: cores)
     assert remote.RemoteSource.files_at_once() == streams

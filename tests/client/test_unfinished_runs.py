@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 
 import pytest
 from modelinit.bucket import Bucket
-from modelinit.local_prefix import LocalPrefix
+from modelinit.destinations.local_prefix import LocalPrefix
 from modelinit.cli import main
 
 from tests.support.stores import CLI_ARGS as ARGS  # 5 shards, the index, config.json

@@ -89,4 +89,4 @@ def test_the_environment_still_decides():
 def test_a_remote_client_keeps_megabyte_blocks_in_its_heap():
     """A client process, the CLI's or a library caller's, is new for a job: its whole stream was a
     first one (tinyllama through a server: ~600 k page faults, 5.6-5.9 s, against 21 k and 4.5 s)."""
-    assert _from_the_heap("from modelinit.remote import RemoteSource; RemoteSource('127.0.0.1:9')")
+    assert _from_the_heap("from modelinit.sources.remote import RemoteSource; RemoteSource('127.0.0.1:9')")

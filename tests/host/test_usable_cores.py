@@ -11,8 +11,8 @@ import sys
 import modelinit
 import pytest
 from modelinit import cli
-from modelinit import embedded as embedded_source
-from modelinit.embedded import EmbeddedSource
+from modelinit.sources import embedded as embedded_source
+from modelinit.sources.embedded import EmbeddedSource
 from modelinit_server.engine import backends
 from modelinit_host import usable_cores as quota
 from modelinit_host.usable_cores import usable_cores

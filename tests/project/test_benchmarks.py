@@ -1,6 +1,7 @@
 """Every script in benchmarks/ runs, in a small mode, as a subprocess: a name they use that moved or
 was renamed breaks a test here instead of a benchmark nobody runs (issue 42: floor.py's
-``--timeline`` patched ``modelinit.client.write_files`` long after it moved to ``modelinit.writer``).
+``--timeline`` patched ``modelinit.client.write_files`` long after it moved to ``modelinit.writer``, now
+``modelinit.destinations.folder``).
 
 No figure is asserted (timings never go in pass/fail tests): only that each script exits 0 and
 prints its report's labels. One case per script (the id names it), each in the smallest mode it has:

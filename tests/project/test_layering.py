@@ -1,6 +1,6 @@
 """The import layering of pyproject.toml's [tool.importlinter] contracts, checked by `lint-imports`:
 the client package's layers (no import cycles), the wire layer the server shares, a client that
-imports no server code (but through modelinit.embedded) and no torch/numpy/numba/transformers, and
+imports no server code (but through modelinit.sources.embedded) and no torch/numpy/numba/transformers, and
 an engine without grpc. import-linter reads the imports inside functions too."""
 from __future__ import annotations
 

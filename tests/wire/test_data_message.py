@@ -1,5 +1,5 @@
 """A data message's wire shape (``modelinit_wire.data_message``): the server encodes it in
-protobuf's own bytes, the client's stub (``modelinit.stub``) hands its payload to the writer as a
+protobuf's own bytes, the client's stub (``modelinit.sources.stub``) hands its payload to the writer as a
 view of the bytes gRPC received, no parse, no copy; anything else is parsed as before."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from modelinit.remote import RemoteSource
+from modelinit.sources.remote import RemoteSource
 from modelinit.request import model_request
-from modelinit.stub import data_or
+from modelinit.sources.stub import data_or
 from modelinit_server.engine.backends import select
 from modelinit_server.service import data_messages
 from modelinit_server.service.servicer import ModelInitServicer

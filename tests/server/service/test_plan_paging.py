@@ -7,7 +7,7 @@ import json
 import grpc
 import modelinit
 import modelinit.client as mc
-import modelinit.source
+import modelinit.sources.protocol
 import pytest
 from modelinit import ModelInitError
 from modelinit.cli import main as cli_main
@@ -96,7 +96,7 @@ def test_cli_plan_of_a_huge_model(server_target, tmp_path, capsys):
 
 
 def test_client_merges_pages_remote_and_embedded(client, monkeypatch):
-    monkeypatch.setattr(modelinit.source, "PLAN_PAGE_SIZE", 3)  # many pages of a tiny model
+    monkeypatch.setattr(modelinit.sources.protocol, "PLAN_PAGE_SIZE", 3)  # many pages of a tiny model
     kwargs = dict(seed=1, max_shard_size="100KB")
     summary = client.plan(TINY["llama"], **kwargs)
     assert not summary.tensors and summary.tensor_count > 3 * 5

@@ -4,8 +4,8 @@
 own producer and SHA-256 (hashing, one serial stream per file, is what bounds a job whose
 generation is fast: a GPU node, many cores); a remote source's are each one resumable stream of
 that file alone, spread over its replicas (:meth:`RemoteSource.stream_files
-<modelinit.remote.RemoteSource.stream_files>`). The sink is a destination's ``write``
-(:class:`~modelinit.destination.Destination`), the same as for a single stream. The first file
+<modelinit.sources.remote.RemoteSource.stream_files>`). The sink is a destination's ``write``
+(:class:`~modelinit.destinations.protocol.Destination`), the same as for a single stream. The first file
 that fails stops the others.
 """
 from __future__ import annotations
@@ -14,8 +14,7 @@ import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Callable
 
-from .manifest import FileResult
-from .source import Events, Write
+from ..handoff import Events, FileResult, Write
 
 
 class _Stopped(Exception):

@@ -1,5 +1,6 @@
-"""What ``init_model`` does to an object-store prefix (or, for ``--part``, a shared folder):
-the object-store counterpart of :mod:`modelinit.writer`, written for many writers at once.
+"""The prefix writer (:class:`PrefixWriter`): what ``init_model`` does to an object-store prefix
+(or, for ``--part``, a local folder the parts share, :mod:`modelinit.destinations.local_prefix`):
+the object-store counterpart of :mod:`modelinit.destinations.folder`, written for many writers at once.
 
 One run, or part K of N (:mod:`modelinit.parts`), goes:
 
@@ -33,22 +34,21 @@ import grpc
 from modelinit_wire.events import Begin, Data, End
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from .bucket import Bucket, e_tag_of
-from .destination import Finalized, Survey
-from .local_prefix import LocalPrefix
-from .errors import ModelInitError
-from .manifest import (
+from ..bucket import Bucket, e_tag_of
+from ..errors import ModelInitError
+from ..handoff import Events, FileResult
+from ..manifest import (
     MANIFEST_FILE,
     PROGRESS_FILE,
-    FileResult,
     loader_file,
     manifest_bytes,
     parse_manifest,
     parse_record,
 )
-from .parts import Part, part_files, small_files
-from .source import Events
-from .stream import StreamCheck
+from ..parts import Part, part_files, small_files
+from ..stream import StreamCheck
+from .local_prefix import LocalPrefix
+from .protocol import Finalized, Survey
 
 log = logging.getLogger("modelinit.client")
 
@@ -329,7 +329,7 @@ def recorded_request(bucket: Prefix) -> tuple[pb.ModelRequest, int]:
     """The request the part records under the prefix hold, and how many parts they split it
     into: what ``modelinit finalize URL`` needs. FAILED_PRECONDITION when there is no record, or
     records of different requests or splits."""
-    from .manifest import manifest_request
+    from ..manifest import manifest_request
 
     found: dict[tuple[str, int], dict] = {}
     for name in sorted(bucket.list()):
@@ -357,7 +357,7 @@ def recorded_request(bucket: Prefix) -> tuple[pb.ModelRequest, int]:
 
 
 class PrefixWriter:
-    """A :class:`~modelinit.destination.Destination` over ``prefix`` (an object-store prefix, or
+    """A :class:`~modelinit.destinations.protocol.Destination` over ``prefix`` (an object-store prefix, or
     a folder the ``--part`` runs of one checkpoint share): this module's survey, uploads and
     finalize. ``hash_here``: hash what passes (False for an in-process producer)."""
 

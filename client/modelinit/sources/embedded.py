@@ -1,4 +1,4 @@
-"""The embedded (in-process) mode: the server's planner and producer as a :class:`~modelinit.source.Source`.
+"""The embedded (in-process) mode: the server's planner and producer as a :class:`~modelinit.sources.protocol.Source`.
 
 One of the two modules of the client package that import ``modelinit_server`` (the other is
 :mod:`modelinit.server_extra`), and only inside functions, so ``import modelinit`` never needs the
@@ -12,10 +12,10 @@ from typing import Any, Callable, Iterable, Iterator
 import grpc
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from .errors import ModelInitError
+from ..errors import ModelInitError
+from ..handoff import Events, FileResult, Write
 from .fanout import each_file
-from .manifest import FileResult
-from .source import Events, Write, check_version
+from .protocol import check_version
 
 
 class EmbeddedSource:

@@ -1,13 +1,13 @@
 """A local folder shared by the ``--part K/N`` runs of one checkpoint, behind the object store's interface.
 
 Several processes write one folder at once: each its share of the shards, and the last one the
-index, config.json and ``modelinit.json``. :mod:`modelinit.bucket_writer` runs that protocol (part
+index, config.json and ``modelinit.json``. :mod:`modelinit.destinations.prefix` runs that protocol (part
 records, e_tags, an exactly-once finalize) on any prefix; :class:`LocalPrefix` gives it a folder
 with the methods of :class:`~modelinit.bucket.Bucket`, written the way the folder writer writes
 one process's files:
 
 * a shard goes to a hidden temp file with ``O_DIRECT`` where the filesystem allows it
-  (:class:`~modelinit.direct_file.DirectFile`: no page-cache copy) and is renamed into place
+  (:class:`~modelinit.destinations.direct_file.DirectFile`: no page-cache copy) and is renamed into place
   complete, so a file appears only whole; a killed process leaves only its temp file, which the
   next run of that part deletes (:meth:`LocalPrefix.abort_pending`);
 * an e_tag is the file's identity (inode, modification time in ns, size): a file replaced by
@@ -15,7 +15,7 @@ one process's files:
 * a create-once (``put(create=True)``) writes a temp file and links it into place: ``link(2)``
   fails when the name exists, so exactly one writer creates it, whole.
 
-OS errors become one ModelInitError naming the folder (:func:`~modelinit.local_io.os_error`).
+OS errors become one ModelInitError naming the folder (:func:`~modelinit.destinations.local_io.os_error`).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import os
 import pathlib
 from typing import Any, Iterable, Iterator
 
-from .bucket import ObjectInfo
+from ..bucket import ObjectInfo
 from .direct_file import DirectFile
 from .local_io import atomic_write, discard, os_error
 

@@ -1,7 +1,7 @@
 """Writing files into a local folder safely: whole or not at all, and errors as one ModelInitError.
 
-Shared by the folder writer (:mod:`modelinit.writer`) and the shared folder of ``--part`` runs
-(:mod:`modelinit.local_prefix`).
+Shared by the folder writer (:mod:`modelinit.destinations.folder`) and the shared folder of ``--part`` runs
+(:mod:`modelinit.destinations.local_prefix`).
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pathlib
 
 import grpc
 
+from ..errors import ModelInitError
 from .direct_file import CREATE_FLAGS, DirectFile
-from .errors import ModelInitError
 
 log = logging.getLogger("modelinit.client")
 

@@ -1,4 +1,5 @@
-"""The output folder's writer: what ``init_model`` does to a folder, file by file.
+"""The folder writer (:class:`FolderWriter`): what ``init_model`` does to a local folder one
+process writes, file by file.
 
 :func:`prepare` surveys the folder before writing (keeps a rerun's verified files, clears what an
 earlier run recorded, refuses foreign files); :func:`write_files` writes a stream of events into
@@ -20,15 +21,11 @@ import grpc
 from modelinit_wire.events import Begin, Data
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from .destination import Finalized, Survey
-from .direct_file import DirectFile
-from .errors import ModelInitError
-from .folder_lock import FolderLock
-from .local_io import atomic_write, discard, os_error
-from .manifest import (
+from ..errors import ModelInitError
+from ..handoff import Events, FileResult
+from ..manifest import (
     MANIFEST_FILE,
     PROGRESS_FILE,
-    FileResult,
     loader_file,
     manifest_bytes,
     progress_bytes,
@@ -36,9 +33,12 @@ from .manifest import (
     read_record,
     sha256_file,
 )
-from .parts import Part
-from .source import Events
-from .stream import StreamCheck
+from ..parts import Part
+from ..stream import StreamCheck
+from .direct_file import DirectFile
+from .folder_lock import FolderLock
+from .local_io import atomic_write, discard, os_error
+from .protocol import Finalized, Survey
 
 log = logging.getLogger("modelinit.client")  # the client's log, whichever module writes it
 
@@ -206,8 +206,8 @@ def write_files(source: Events, plan: pb.PlanResponse, out: pathlib.Path, indice
 
 
 class FolderWriter:
-    """A :class:`~modelinit.destination.Destination` over a local folder that one process writes
-    (one init per folder at a time: :class:`~modelinit.folder_lock.FolderLock`): this module's
+    """A :class:`~modelinit.destinations.protocol.Destination` over a local folder that one process writes
+    (one init per folder at a time: :class:`~modelinit.destinations.folder_lock.FolderLock`): this module's
     survey, temp files and renames, the manifest written last. ``hash_here``: hash what passes
     (False for an in-process producer)."""
 

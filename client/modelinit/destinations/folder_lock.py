@@ -16,7 +16,7 @@ import pathlib
 
 import grpc
 
-from .errors import ModelInitError
+from ..errors import ModelInitError
 
 LOCK_FILE = ".modelinit.lock"
 

@@ -1,37 +1,26 @@
 """The one seam between the client and whatever makes the weights: a :class:`Source`.
 
 A source plans a request (one page at a time, as the ``Plan`` RPC), streams a plan's files as
-:mod:`modelinit_wire.events`, and streams chosen tensors or slices of them (``Tensors``). Two implement it: :class:`modelinit.embedded.EmbeddedSource` (the embedded
-engine, in-process) and :class:`modelinit.remote.RemoteSource` (gRPC stubs over one or more
+:mod:`modelinit_wire.events`, and streams chosen tensors or slices of them (``Tensors``). Two implement it: :class:`modelinit.sources.embedded.EmbeddedSource` (the embedded
+engine, in-process) and :class:`modelinit.sources.remote.RemoteSource` (gRPC stubs over one or more
 replicas: retries, replica fingerprint checks, resumed streams). ``Client`` and ``verify`` use
-sources only through this protocol and the functions here.
+sources only through this protocol and the functions here (:func:`full_plan`, :func:`check_version`).
+What a source hands a destination (the stream, the sink's type, a checked file) is
+:mod:`modelinit.handoff`'s, which neither side owns.
 """
 from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
 
 import grpc
-from modelinit_wire.events import Event
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from .errors import ModelInitError
-from .manifest import FileResult
+from ..errors import ModelInitError
+from ..handoff import Events, FileResult, Write
 
 #: Tensors per Plan page when a caller wants them all (the server allows up to 10,000; 5,000
 #: TensorPlans are ~1 MB).
 PLAN_PAGE_SIZE = 5000
-
-
-class Events(Protocol):
-    """A stream of events; closing it stops the producer (a no-op after the last event)."""
-
-    def __iter__(self) -> Iterator[Event]: ...
-
-    def close(self) -> None: ...
-
-
-#: Writes one stream's files (indices into the plan) and returns them checked: a destination's sink.
-Write = Callable[[Events, list[int], Callable[[int], None]], list[FileResult]]
 
 
 @runtime_checkable
@@ -64,7 +53,7 @@ class Source(Protocol):
 
     def tensors(self, request: pb.TensorsRequest) -> Iterator[pb.TensorsResponse | memoryview]:
         """The ``Tensors`` stream of ``request``: per selection a TensorBegin, then its bytes; a
-        data message may come as its payload alone, a ``memoryview`` (:mod:`modelinit.stub`)."""
+        data message may come as its payload alone, a ``memoryview`` (:mod:`modelinit.sources.stub`)."""
         ...
 
     def close(self) -> None: ...

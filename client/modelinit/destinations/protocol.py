@@ -1,7 +1,7 @@
-"""Where ``init_model`` writes, behind one shape: a :class:`Destination`.
+"""The Destination protocol: where ``init_model`` writes, behind one shape.
 
-Two implement it: :class:`modelinit.writer.FolderWriter` (a local folder written by one process)
-and :class:`modelinit.bucket_writer.PrefixWriter` (an object-store prefix, or a local folder that
+Two implement it: :class:`modelinit.destinations.folder.FolderWriter` (a local folder written by one process)
+and :class:`modelinit.destinations.prefix.PrefixWriter` (an object-store prefix, or a local folder that
 the ``--part K/N`` runs of one checkpoint share). ``Client`` chooses one in one place
 (``modelinit.client.open_destination``) and drives either the same way:
 
@@ -10,10 +10,12 @@ the ``--part K/N`` runs of one checkpoint share). ``Client`` chooses one in one 
 2. :meth:`~Destination.write` is the sink the source's events go through (one stream, or several
    at once through the fan-out), each file checked as it passes and recorded once in place;
 3. :meth:`~Destination.finish` writes ``modelinit.json`` once every file is there (for parts,
-   once every part's are; the small files, index and config.json, are handed to it), or says
-   what is missing;
+   once every part's are; the small files, index and config.json, are handed to it: read by
+   :func:`read_small_files` from a stream the driver opens), or says what is missing;
 4. :meth:`~Destination.close` releases what the destination holds (a failed run that finished
    nothing leaves no record behind).
+
+Nothing here knows a source: what flows in is :mod:`modelinit.handoff`'s (events, checked files).
 """
 from __future__ import annotations
 
@@ -24,10 +26,9 @@ from typing import Callable, NamedTuple, Protocol
 from modelinit_wire.events import Begin, Data
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from .manifest import FileResult
-from .parts import Part, small_files
-from .source import Events, Source
-from .stream import StreamCheck
+from ..handoff import Events, FileResult
+from ..parts import Part, small_files
+from ..stream import StreamCheck
 
 
 @dataclass(frozen=True)
@@ -80,11 +81,13 @@ class Destination(Protocol):
         ...
 
 
-def read_small_files(source: Source, request: pb.ModelRequest, plan: pb.PlanResponse) -> list[tuple[FileResult, bytes]]:
+def read_small_files(plan: pb.PlanResponse, events_of: Callable[[list[int]], Events]) -> list[tuple[FileResult, bytes]]:
     """The plan's files that are not shards (the index, config.json) whole in memory, each checked
-    (order, size, SHA-256): what a part hands to :meth:`Destination.finish`."""
+    (order, size, SHA-256): what a part hands to :meth:`Destination.finish`. ``events_of(indices)``
+    opens the stream of those files (indices into ``plan``, in that order): the driver's, e.g. a
+    source's ``events`` for the request planned; this module calls no source."""
     indices = small_files(plan)
-    events = source.events(request, plan, indices)
+    events = events_of(indices)
     check = StreamCheck(plan, indices)
     out: list[tuple[FileResult, bytes]] = []
     buf = bytearray()

@@ -1,6 +1,6 @@
 """The remote source: a model planned and streamed by one or more modelinit servers over gRPC.
 
-:class:`RemoteSource` implements :class:`~modelinit.source.Source` over the generated stubs: a
+:class:`RemoteSource` implements :class:`~modelinit.sources.protocol.Source` over the generated stubs: a
 call that loses its server is retried (:class:`RetryPolicy`, on the next replica), a stream is
 resumed from the byte it reached (:class:`ResumingEvents`), and a replica serves only after it
 planned the same fingerprint (:class:`Replicas`). A server that never answered and cannot be
@@ -28,10 +28,10 @@ from modelinit_host.heap import keep_large_blocks
 from modelinit_host.usable_cores import usable_cores
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from .errors import ModelInitError
+from ..errors import ModelInitError
+from ..handoff import Events, FileResult, Write
 from .fanout import each_file
-from .manifest import FileResult
-from .source import Events, Write, check_version
+from .protocol import check_version
 from .stub import ModelInitStub
 
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 << 20)]
@@ -313,7 +313,7 @@ class ResumingEvents:
                 replicas.check(self.replica, self._request)
                 self._call = replicas.stubs[self.replica].Init(init, timeout=self._timeout, metadata=call_metadata())
                 for msg in self._call:
-                    # a data message's payload (modelinit.stub: with its CRC32C when sent), or a message the stub left parsed
+                    # a data message's payload (modelinit.sources.stub: with its CRC32C when sent), or a message the stub left parsed
                     kind = "data" if isinstance(msg, (memoryview, Checked)) else msg.WhichOneof("event")
                     if kind == "data":
                         data, sent = _data_and_crc(msg)
@@ -371,7 +371,7 @@ def _data_and_crc(msg) -> tuple[Any, int | None]:
 
 
 class RemoteSource:
-    """modelinit servers as a :class:`~modelinit.source.Source`: ``target`` is one address, a
+    """modelinit servers as a :class:`~modelinit.sources.protocol.Source`: ``target`` is one address, a
     comma-separated list of replicas, or a gRPC name resolving to several (``dns:///``, balanced
     round-robin). ``tls``/``ca``/``cert``/``key``/``token`` as in
     :func:`modelinit_wire.credentials.make_channel`; ``timeout`` in seconds per call; ``retry`` how a
@@ -476,7 +476,7 @@ class RemoteSource:
                                                          f"{resume.reached} (fingerprint {current.fingerprint[:16]})")
                                 continue
                             current, resume.reached = b, b.offset
-                        else:  # data: its payload (modelinit.stub: with its CRC32C when sent), or a parsed message
+                        else:  # data: its payload (modelinit.sources.stub: with its CRC32C when sent), or a parsed message
                             data, sent = _data_and_crc(msg)
                             if sent is not None:
                                 where = current.name if current is not None else "tensors"
