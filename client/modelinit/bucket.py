@@ -40,7 +40,7 @@ RETRIES = int(os.environ.get("MODELINIT_STORE_RETRIES", "5"))
 """Retries of a failed store request (backoff 0.2 s doubling, at most 10 s apart): a lost
 connection or a 5xx is ridden out; an endpoint that never answers fails in about 6 s."""
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-_EXTRA = "pip install 'modelinit[cloud]'"
+_EXTRA = "install modelinit with the 'cloud' extra (from a clone: pip install -e '.[cloud]'; docs/install.md)"
 #: What S3-compatible stores answer to checksum headers they do not know (boto3#4392).
 _CHECKSUM_REFUSALS = {"InvalidRequest", "NotImplemented", "InvalidArgument", "XAmzContentSHA256Mismatch",
                       "400 Bad Request", "501 Not Implemented"}

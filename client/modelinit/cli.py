@@ -19,13 +19,15 @@ Errors print one line (`modelinit: error: ...`) and exit non-zero (2 for bad inp
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import atexit
+import contextlib
+import dataclasses
 import json
 import os
 import sys
 import threading
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 import grpc
@@ -45,7 +47,7 @@ from modelinit_wire.policy_file import looks_like_file, to_dict
 
 from . import server_extra
 from .client import Client
-from .errors import ModelInitError
+from .errors import ModelInitError, ModelInitWarning
 from .job import add_job_parser, check_parts, parse_bytes, parse_rate, print_parts, run_job
 from .manifest import read_manifest
 from .request import RequestOptions
@@ -274,6 +276,24 @@ def _fail(message: str, code: int) -> int:
 EXIT_BROKEN_PIPE = 141
 
 
+@contextlib.contextmanager
+def _notes() -> Iterator[None]:
+    """Each :class:`~modelinit.errors.ModelInitWarning` as one ``modelinit: note: ...`` line on
+    stderr (a part with no shard to write, ...); other warnings as Python shows them."""
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, ModelInitWarning):
+            print(f"modelinit: note: {' '.join(str(message).split())}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", ModelInitWarning)
+        warnings.showwarning = show
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status: 0, 2 for bad input (arguments, spec,
     policy, a file given as --out), 1 for the environment (a server, the disk, a busy folder),
@@ -281,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     (``modelinit: error: ...``), never a traceback (``MODELINIT_DEBUG=1`` shows one for an
     unexpected error)."""
     try:
-        code = _main(argv)
+        with _notes():
+            code = _main(argv)
         if sys.stdout is not None:
             sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's last flush
         return code

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -18,7 +19,7 @@ import grpc
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from .bucket import is_bucket_url
-from .errors import ModelInitError
+from .errors import ModelInitError, ModelInitWarning
 from .handoff import FileResult
 from .manifest import (  # noqa: F401 - MANIFEST_FILE, PROGRESS_FILE, check_file_name, loader_file: also the client's API
     MANIFEST_FILE,
@@ -32,7 +33,7 @@ from .manifest import (  # noqa: F401 - MANIFEST_FILE, PROGRESS_FILE, check_file
     plan_differences,
     read_manifest,
 )
-from .parts import Part, parse_part, part_files
+from .parts import Part, idle_note, parse_part, part_files
 from .progress_bar import progress_bar
 from .request import PolicyArg, RequestOptions, Spec, model_policy, model_request, model_spec  # noqa: F401 - also the client's API
 from .sources.embedded import EmbeddedSource
@@ -383,6 +384,8 @@ class Client:
                 return InitResult(dest.where, plan.fingerprint, survey.complete, plan.total_params, plan.total_bytes,
                                   plan.algorithm_version, reused=True)
             mine = part_files(plan, share)
+            if not share.whole and not any(plan.files[i].shard for i in mine):  # it would end with no word
+                warnings.warn(f"part {share}: {idle_note(plan, share.count)}", ModelInitWarning, stacklevel=2)
             todo = [i for i in mine if i not in survey.kept]
             kept = tuple(plan.files[i].name for i in mine if i in survey.kept)
             bar = progress_bar(progress, sum(plan.files[i].size for i in todo))

@@ -1,4 +1,4 @@
-"""The one exception type of the client."""
+"""The one exception type of the client, and its one warning type."""
 from __future__ import annotations
 
 import grpc
@@ -22,3 +22,8 @@ class ModelInitError(Exception):
         code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
         details = err.details() if hasattr(err, "details") else str(err)
         return cls(code or grpc.StatusCode.UNKNOWN, details or "")
+
+
+class ModelInitWarning(UserWarning):
+    """Something that worked but is likely not what was meant, e.g. a part of a ``--part K/N``
+    or Ray run with no shard to write. The CLI prints each as one ``modelinit: note:`` line."""

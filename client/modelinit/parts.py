@@ -105,25 +105,25 @@ def small_files(plan) -> list[int]:
     return [i for i, f in enumerate(plan.files) if not f.shard]
 
 
-def idle_parts(plan, count: int) -> list[int]:
-    """The parts of ``count`` that get no shard of ``plan``: fewer shards than parts."""
-    shards = [bool(f.shard) for f in plan.files]
-    return [k for k, p in enumerate(split_shards([f.size for f in plan.files], shards, count)) if not p]
-
-
 def idle_note(plan, count: int) -> str | None:
-    """One line when some of ``count`` parts have no shard to write (they finish at once, and at
-    most one of them writes the small files), saying how to give every part a share: a smaller
-    ``max_shard_size`` (the model's shard bytes / ``count``, as a starting point: shards are
-    whole tensors) or fewer parts. None when every part has a shard. ``plan``: a PlanResponse."""
-    idle = idle_parts(plan, count)
+    """One line when some of ``count`` parts have no shard of ``plan`` to write (:func:`idle_note_of`);
+    None when every part has one. ``plan``: a PlanResponse."""
+    return idle_note_of([f.size for f in plan.files if f.shard], count, plan.request.max_shard_size)
+
+
+def idle_note_of(shard_sizes: Sequence[int], count: int, max_shard_size: "str | int | None") -> str | None:
+    """One line when some of ``count`` parts get no shard of these (plan order) to write: they
+    finish at once, and at most one of them writes the small files. It says how to give every part
+    a share: fewer parts, or a smaller ``max_shard_size`` (the shard bytes / ``count`` as a starting
+    point: shards are whole tensors). None when every part has a shard."""
+    split = split_shards(list(shard_sizes), [True] * len(shard_sizes), count)
+    idle = [k for k, p in enumerate(split) if not p]
     if not idle:
         return None
-    shards = sum(1 for f in plan.files if f.shard)
-    shard_bytes = sum(f.size for f in plan.files if f.shard)
+    shards, shard_bytes = len(shard_sizes), sum(shard_sizes)
     which = ", ".join(map(str, idle[:8])) + (" ..." if len(idle) > 8 else "")
-    size = plan.request.max_shard_size or "5GB"
-    size = _decimal_size(int(size)) if size.isdigit() else size  # the plan's request holds it in bytes
+    size = str(max_shard_size or "5GB")
+    size = _decimal_size(int(size)) if size.isdigit() else size  # a plan's request holds it in bytes
     return (f"part(s) {which} of {count} have no shard to write: the plan has {shards} shard(s) at max_shard_size {size}; "
             f"for a shard each, use at most {shards} part(s), or a smaller --max-shard-size "
             f"(about {_decimal_size(shard_bytes // count)} for {count} shards of these {_decimal_size(shard_bytes)})")

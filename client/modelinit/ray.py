@@ -20,12 +20,14 @@ task only when its worker is lost, ``max_retries`` times). ``ray`` is imported o
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Callable
 
 import grpc
 
 from .client import Client, InitResult
-from .errors import ModelInitError
+from .errors import ModelInitError, ModelInitWarning
+from .parts import idle_note
 
 
 def init_model(spec: Any, *, parts: int, out_dir: str | os.PathLike, seed: int, policy: Any = None,
@@ -51,7 +53,10 @@ def init_model(spec: Any, *, parts: int, out_dir: str | os.PathLike, seed: int, 
     request = dict(seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size,
                    algorithm_version=algorithm_version, architecture=architecture)
     with (Client(server) if server else Client()) as client:
-        client.plan(spec, **request)  # a bad spec or option fails here, once, before any task
+        plan = client.plan(spec, tensors=False, **request)  # a bad spec or option fails here, once, before any task
+    note = idle_note(plan, parts)
+    if note:  # the idle tasks would end at once, with no word
+        warnings.warn(f"ray: {note}", ModelInitWarning, stacklevel=2)
     try:
         import ray
     except ImportError:

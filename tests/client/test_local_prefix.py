@@ -81,3 +81,24 @@ def test_parts_written_at_once_by_separate_processes_into_one_folder(tmp_path):
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outs
     assert read_folder(tmp_path / "shared") == read_folder(tmp_path / "one")  # no record, no temp file left
+
+
+def test_a_part_with_no_shard_to_write_says_so_and_how_to_give_it_one(tmp_path, capsys, embedded):
+    """A one-shard model in two parts: part 1 ends at once. It says so (a note on the CLI's stderr,
+    a ModelInitWarning from the API), with the two ways to give every part a shard; it still
+    exits 0 and the checkpoint is whole once part 0 is written."""
+    from modelinit.errors import ModelInitWarning
+
+    spec = tmp_path / "config.json"
+    spec.write_text(json.dumps(TINY["gpt2"]))
+    capsys.readouterr()
+    assert main(["init", str(spec), "--part", "1/2", "--out", str(tmp_path / "shared"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("modelinit: note: part 1/2: part(s) 1 of 2 have no shard to write: the plan has 1 shard(s) "
+                          "at max_shard_size 5GB; for a shard each, use at most 1 part(s), or a smaller --max-shard-size")
+    assert err.count("\n") == 1
+    assert main(["init", str(spec), "--part", "0/2", "--out", str(tmp_path / "shared"), "--quiet"]) == 0
+    assert "note" not in capsys.readouterr().err  # part 0 has the shard
+    assert (tmp_path / "shared" / "modelinit.json").exists()
+    with pytest.warns(ModelInitWarning, match=r"^part 1/2: part\(s\) 1 of 2 have no shard to write"):
+        embedded.init_model(spec, seed=0, part=(1, 2), out_dir=tmp_path / "api")

@@ -388,7 +388,8 @@ def test_the_missing_extra_is_named(store, tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
     assert err.strip() == ("modelinit: error: writing to object storage needs the object-store extra: "
-                           "pip install 'modelinit[cloud]'")
+                           "install modelinit with the 'cloud' extra (from a clone: pip install -e '.[cloud]'; "
+                           "docs/install.md)")
     assert not (tmp_path / f"{store.scheme}:").exists()
 
 

@@ -129,6 +129,16 @@ def test_three_tasks_write_one_checkpoint_to_a_bucket(cluster, s3_env, tmp_path)
     assert s3_env.pending_uploads(bucket) == []
 
 
+
+def test_tasks_with_no_shard_to_write_are_named_before_they_run(cluster, tmp_path):
+    """One shard (the default 5GB) for three tasks: two would end at once without a word; the
+    call warns first, naming them and the two fixes, and still writes the one writer's checkpoint."""
+    from modelinit.errors import ModelInitWarning
+
+    with pytest.warns(ModelInitWarning, match=r"^ray: part\(s\) 1, 2 of 3 have no shard to write: the plan has 1 shard"):
+        result = modelinit.ray.init_model(SPEC, parts=3, out_dir=tmp_path / "out", seed=3)
+    assert result.complete and read_folder(tmp_path / "out") == _one_writer(tmp_path, SPEC, seed=3)
+
 def test_a_bad_spec_fails_once_before_any_task(cluster, tmp_path):
     started = time.monotonic()
     with pytest.raises(ModelInitError) as raised:

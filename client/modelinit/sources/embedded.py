@@ -35,7 +35,8 @@ class EmbeddedSource:
         except ImportError as e:
             raise ModelInitError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"embedded mode needs the server extra ({e}); pip install 'modelinit[server]' or pass a server target",
+                f"embedded mode needs the server extra ({e}); install modelinit with the 'server' extra (from a clone: "
+                "pip install -e '.[server]'; docs/install.md) or pass a server target",
             ) from None
         try:
             self.service = EmbeddedService(device)

@@ -51,7 +51,7 @@ def load_transformers():
             import transformers
     except ImportError as e:
         raise ValueError(
-            f"spec: this architecture needs transformers on the server ({e}); install 'modelinit[server]'"
+            f"spec: this architecture needs transformers on the server ({e}); install modelinit with the 'server' extra (docs/install.md)"
         ) from None
     return transformers
 

@@ -292,9 +292,10 @@ def test_a_batch_too_large_even_for_a_proxy_is_one_line(capsys):
 
 
 def test_without_the_probe_extra_the_cli_says_what_to_install(capsys, monkeypatch):
-    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # as if it were not installed
+    monkeypatch.setitem(__import__("sys").modules, "rich", None)  # as if it were not installed
     code, out, err = run_cli(["probe", "bert-base-uncased"], capsys)
-    assert code == 1 and err.count("\n") == 1 and "pip install 'modelinit[probe]'" in err
+    assert code == 1 and err.count("\n") == 1 and "install modelinit with the 'probe' extra" in err
+    assert "pip install -e '.[probe]'" in err
 
 
 def test_a_flat_series_gets_an_axis_whose_ticks_say_something():
