@@ -275,7 +275,9 @@ class TorchtitanStack:
         return is_torchtitan_model(module)
 
     def own_config(self, module) -> dict | None:
-        return None
+        from .torchtitan_config import own_config
+
+        return own_config(getattr(module, "_orig_mod", module))
 
     def prepare(self, module) -> tuple[str, ...]:
         # its buffers are its own code's; a tied embedding is tied again before the tensors are listed
