@@ -112,6 +112,9 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     version = ALGORITHM_VERSION if algorithm_version in (None, 0) else algorithm_version
     if dtype is not None and dtype not in TORCH_DTYPES:
         raise ValueError(f"dtype: {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
+    if isinstance(module, (list, tuple)):  # torchtitan's model_parts: each stage's tensors are the whole model's
+        raise ValueError(f"module: a list of {len(module)} modules; fill each model part (a pipeline stage) with its "
+                         "own call: for part in model_parts: init_module_(part, seed=..., partial=True)")
     refuse_sharded_fsdp1(module)
     module = unwrap(module)
     stack = registry.stack_of(module)

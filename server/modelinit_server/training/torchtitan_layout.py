@@ -56,11 +56,14 @@ def init_stack_buffers(model) -> tuple[str, ...]:
     from torch.distributed.tensor import DTensor, distribute_tensor
     from torchtitan.protocols.module import Module
 
+    from .modules import strip_wrappers
+
     if getattr(model, "enable_weight_tying", False) and getattr(model, "tok_embeddings", None) is not None \
             and getattr(model, "lm_head", None) is not None:  # left untied, training would move the two apart
         model.tok_embeddings.weight = model.lm_head.weight
     persistent: list[str] = []
-    for prefix, m in model.named_modules():
+    for real, m in model.named_modules():
+        prefix = strip_wrappers(real)  # activation checkpointing's CheckpointWrapper: the model's own names
         if not isinstance(m, Module) or type(m)._init_self_buffers is Module._init_self_buffers:
             continue
         buffers = {n: b for n, b in m._buffers.items() if b is not None}
