@@ -15,7 +15,8 @@ its config, never on the model itself (whose hooks would gather a sharded tensor
    index arrays (:func:`~.placement.indexed_box`); the other layers of that structure take the same
    boxes under their own layer number, checked against the first step's names and shapes.
 
-The spec is the Hugging Face config the model corresponds to (``init_module_(..., spec=...)``):
+The spec is the Hugging Face config the model corresponds to (``init_module_(..., spec=...)``, or,
+without one, the config :mod:`.torchtitan_config` derives from the model's own ``config``):
 every tensor ``to_hf`` gives must be a tensor of the spec with its shape, and every tensor of the
 spec must come out exactly once, or the model is refused, naming the first that differs.
 
