@@ -7,13 +7,14 @@ Builds torchtitan's Llama 3 model of ``--flavor`` on the meta device, materializ
 ``to_empty`` (what its trainer does), then times each on a freshly materialized model (the first
 touch of its memory included, as in a training job), best of ``--repeat``:
 
-* ``modelinit.init_module_(model, seed=0, spec=...)`` with the Hugging Face config the flavor
-  corresponds to: the bytes ``modelinit init`` writes for it (after one warm call: numba's kernel
+* ``modelinit.init_module_(model, seed=0)``, no spec: the Hugging Face config the flavor
+  corresponds to is derived from the model's own configuration (:func:`hf_config`), and the
+  model gets the bytes ``modelinit init`` writes for it (after one warm call: numba's kernel
   load, the spec, the map read off torchtitan's hooks and adapter, timed apart as "first call");
 * torchtitan's own ``model.init_states()`` (its parameters' ``param_init`` rules: truncated normals
   from torch's global RNG, and its buffers).
 
-Megatron-Core's ``GPTModel`` of the same shape (the local layer spec, a gloo group of one, TP=1,
+Megatron-Core's ``GPTModel`` of the same shape (the flavor's derived config; the local layer spec, a gloo group of one, TP=1,
 PP=1) initializes inside its constructor: its own init is timed as the constructor with
 ``perform_initialization=True`` (its CPU init: ``use_cpu_initialization=True``, the init that is
 the same at every TP size) less the constructor without it, each on fresh memory; ``init_module_``
@@ -36,13 +37,20 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 for path in (ROOT / "tests" / ".stacks", ROOT / "server", ROOT / "client", ROOT / "proto"):
     sys.path.insert(0, str(path))
 
-#: torchtitan's Llama 3 flavors as Hugging Face configs (the sizes torchtitan 0.3.0 builds).
-FLAVORS = {
-    "debugmodel": dict(model_type="llama", vocab_size=2048, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
-                       num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=2048, tie_word_embeddings=False),
-    "1B": dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-               num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, tie_word_embeddings=True),
-}
+#: torchtitan's Llama 3 flavors the script times (torchtitan.models.llama3's model_registry).
+FLAVORS = ("debugmodel", "1B", "3B", "8B")
+
+
+def hf_config(flavor: str) -> dict:
+    """The Hugging Face config of torchtitan's Llama 3 ``flavor``, as ``init_module_`` derives it
+    from the model's own configuration when no spec is given (``summary.derived_config``)."""
+    import torch
+    from torchtitan.models.llama3 import model_registry
+
+    from modelinit_server.training.torchtitan_config import own_config
+
+    with torch.device("meta"):
+        return own_config(model_registry(flavor, attn_backend="flex").model.build())
 
 
 def best(fn, repeat: int) -> float:
@@ -56,7 +64,7 @@ def best(fn, repeat: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--flavor", default="1B", choices=sorted(FLAVORS))
+    ap.add_argument("--flavor", default="1B", choices=FLAVORS)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--stack", default="both", choices=("both", "torchtitan", "megatron"))
     args = ap.parse_args()
@@ -71,8 +79,6 @@ def torchtitan(args) -> None:
     from torchtitan.models.llama3 import model_registry
 
     import modelinit
-
-    hf = {**FLAVORS[args.flavor], "architectures": ["LlamaForCausalLM"]}
 
     def fresh():
         """A newly materialized model: its memory untouched, as after the trainer's to_empty."""
@@ -89,10 +95,10 @@ def torchtitan(args) -> None:
     model = fresh()
     params = sum(p.numel() for p in model.parameters())
     t = time.perf_counter()
-    modelinit.init_module_(model, seed=0, spec=hf)  # numba's kernel load, the spec, the map, then the fill
+    modelinit.init_module_(model, seed=0)  # numba's kernel load, the derived spec, the map, then the fill
     first = time.perf_counter() - t
     del model
-    ours = min(timed(lambda m: modelinit.init_module_(m, seed=0, spec=hf)) for _ in range(args.repeat))
+    ours = min(timed(lambda m: modelinit.init_module_(m, seed=0)) for _ in range(args.repeat))
     theirs = min(timed(lambda m: m.init_states(buffer_device=torch.device("cpu"))) for _ in range(args.repeat))
     print(f"torchtitan Llama 3 {args.flavor}: {params / 1e9:.2f} B parameters, float32, CPU "
           f"({os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads); each timed on a "
@@ -118,7 +124,7 @@ def megatron(args) -> None:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
 
-    hf = {**FLAVORS[args.flavor], "architectures": ["LlamaForCausalLM"]}
+    hf = hf_config(args.flavor)  # the torchtitan flavor's shape
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29511")
     dist.init_process_group("gloo", rank=0, world_size=1)

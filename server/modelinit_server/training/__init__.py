@@ -25,6 +25,7 @@ The package, top to bottom (pyproject.toml's ``server-training-layers`` contract
     megatron_layout     where they sit in a Megatron-Core model's local parameters (its sharded_state_dict)
     plain        any other module's spec, from its own tensors
     stack        Stack, the interface each of the four implements, and Layout, what it returns
+    torchtitan_config   the Hugging Face config a torchtitan model's own configuration derives (no spec given)
     placement    a stored tensor's place in an in-memory one, read off probes (views, index probes)
     fill         Box / Piece, and Filler: boxes of stored tensors into (local shards of) module tensors
     dtensor      a DTensor's local shard and the global indices it holds (dtensor_index_sets)
@@ -101,6 +102,8 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     ``spec``: for a model of a training stack with its own module tree (torchtitan), the Hugging
     Face config it corresponds to (a preset name, a config.json path, or the config as a dict):
     the model is filled with exactly the bytes of the folder ``modelinit init`` writes for it.
+    Left out, the stack derives it from the model's own configuration where it can (torchtitan's
+    Llama 3, Qwen3, DeepSeek-V3: ``summary.derived_config``) and refuses naming the field it cannot.
     Raises ValueError for a module on the meta device, an unmatched parameter, a dtype mismatch,
     or a tensor the architecture does not have.
     """
@@ -109,6 +112,9 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     version = ALGORITHM_VERSION if algorithm_version in (None, 0) else algorithm_version
     if dtype is not None and dtype not in TORCH_DTYPES:
         raise ValueError(f"dtype: {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
+    if isinstance(module, (list, tuple)):  # torchtitan's model_parts: each stage's tensors are the whole model's
+        raise ValueError(f"module: a list of {len(module)} modules; fill each model part (a pipeline stage) with its "
+                         "own call: for part in model_parts: init_module_(part, seed=..., partial=True)")
     refuse_sharded_fsdp1(module)
     module = unwrap(module)
     stack = registry.stack_of(module)

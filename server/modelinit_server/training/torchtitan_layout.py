@@ -15,7 +15,8 @@ its config, never on the model itself (whose hooks would gather a sharded tensor
    index arrays (:func:`~.placement.indexed_box`); the other layers of that structure take the same
    boxes under their own layer number, checked against the first step's names and shapes.
 
-The spec is the Hugging Face config the model corresponds to (``init_module_(..., spec=...)``):
+The spec is the Hugging Face config the model corresponds to (``init_module_(..., spec=...)``, or,
+without one, the config :mod:`.torchtitan_config` derives from the model's own ``config``):
 every tensor ``to_hf`` gives must be a tensor of the spec with its shape, and every tensor of the
 spec must come out exactly once, or the model is refused, naming the first that differs.
 
@@ -56,11 +57,14 @@ def init_stack_buffers(model) -> tuple[str, ...]:
     from torch.distributed.tensor import DTensor, distribute_tensor
     from torchtitan.protocols.module import Module
 
+    from .modules import strip_wrappers
+
     if getattr(model, "enable_weight_tying", False) and getattr(model, "tok_embeddings", None) is not None \
             and getattr(model, "lm_head", None) is not None:  # left untied, training would move the two apart
         model.tok_embeddings.weight = model.lm_head.weight
     persistent: list[str] = []
-    for prefix, m in model.named_modules():
+    for real, m in model.named_modules():
+        prefix = strip_wrappers(real)  # activation checkpointing's CheckpointWrapper: the model's own names
         if not isinstance(m, Module) or type(m)._init_self_buffers is Module._init_self_buffers:
             continue
         buffers = {n: b for n, b in m._buffers.items() if b is not None}
@@ -275,7 +279,9 @@ class TorchtitanStack:
         return is_torchtitan_model(module)
 
     def own_config(self, module) -> dict | None:
-        return None
+        from .torchtitan_config import own_config
+
+        return own_config(getattr(module, "_orig_mod", module))
 
     def prepare(self, module) -> tuple[str, ...]:
         # its buffers are its own code's; a tied embedding is tied again before the tensors are listed

@@ -8,8 +8,9 @@ grouped per KV head): what torchtitan itself loads from a Hugging Face checkpoin
 device (float32, bfloat16, two policies), FSDP2 and tensor parallel over 2 ranks, FSDP x TP on a
 2x2 mesh (``_StridedShard``), by hand and through torchtitan's own ``parallelize_llama``; expert
 parallel through ``parallelize_qwen3`` and ``parallelize_deepseekv3``; the stages of torchtitan's own
-pipeline split. Each rank fills only its shards. Bad input: no spec, a spec the model does not
-match, a spec for a model that has its own, a pipeline stage without ``partial=True``.
+pipeline split. Each rank fills only its shards. Bad input: a spec the model does not
+match, a spec for a model that has its own, a pipeline stage without ``partial=True``, no spec for a
+family modelinit derives no config for (test_torchtitan_config.py derives the others').
 """
 from __future__ import annotations
 
@@ -383,10 +384,22 @@ def test_a_pipeline_stage_holds_the_whole_models_bytes(tmp_path, tmp_path_factor
     assert seen == set(ref) and len(fingerprints) == 1  # the stages together hold the whole model
 
 
-def test_a_torchtitan_model_needs_its_spec_and_must_match_it():
+def test_a_torchtitan_model_needs_a_spec_it_matches():
+    """Without ``spec`` a model of a family modelinit derives no Hugging Face config for (gpt-oss) is
+    refused (issue 43: Llama 3, Qwen3 and DeepSeek-V3 derive theirs, test_torchtitan_config.py); a
+    spec the model does not match is refused naming the first tensor that differs."""
+    import dataclasses
+
+    from torchtitan.models.gpt_oss import model_registry
+
+    config = model_registry("debugmodel", attn_backend="flex").model
+    with torch.device("meta"):
+        gpt_oss = dataclasses.replace(config, layers=config.layers[:1]).build()
+    with pytest.raises(ValueError, match=r"^module: GptOssModel's config \(GptOssModel\.Config\) is not one modelinit "
+                                         r"derives a Hugging Face config from \(llama3, qwen3, deepseek_v3\); give the "
+                                         r"Hugging Face config this model corresponds to: init_module_\(model, spec=\.\.\.\)$"):
+        modelinit.init_module_(gpt_oss.to_empty(device="cpu"), seed=SEED)
     model = _meta_model().to_empty(device="cpu")
-    with pytest.raises(ValueError, match=r"^spec: a torchtitan model is filled with the bytes of the Hugging Face model"):
-        modelinit.init_module_(model, seed=SEED)
     with pytest.raises(ValueError, match=r"stores 'model\.layers\.0\.mlp\.gate_proj\.weight' as \[768, 256\], the spec has "
                                          r"\[512, 256\]: the model does not match the spec"):
         modelinit.init_module_(model, seed=SEED, spec={**HF, "intermediate_size": 512})
