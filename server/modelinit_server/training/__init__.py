@@ -148,7 +148,14 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
         mapped = ", ".join(s.name for s in registry.STACKS if s.takes_spec)
         raise ValueError(f"spec: {type(module).__name__} is not a model of a training stack modelinit maps ({mapped}); "
                          "a transformers model carries its own config, any other module is its own spec: leave spec unset")
-    layout = stack.layout(module, spec_of(spec) if stack.takes_spec else None, named, real, partial)
+    given = spec_of(spec) if stack.takes_spec else None
+    try:
+        layout = stack.layout(module, given, named, real, partial)
+    except ValueError as e:
+        differences = _differences(stack, module, given) if derived is None else ""
+        if not differences:
+            raise
+        raise ValueError(f"{e}; {differences}") from None
     model_spec, pieces, missing, index_sets = layout.spec, layout.pieces, layout.missing, layout.index_sets
     named = [(n, t) for n, t in named if n not in layout.own_state]  # set by stack.prepare already
     stack_buffers = tuple(n for n in stack_buffers if not pieces.get(n))
@@ -204,6 +211,31 @@ def spec_of(spec: Any) -> ModelSpec:
         return architectures.from_preset(named.name)
     return architectures.from_config(named.document)
 
+
+
+#: Keys of the configs the stacks derive that decide no tensor and no value (RoPE tables are no
+#: weights; eps is the forward pass's): a difference in them is not why a model does not match.
+_NO_TENSOR_KEYS = frozenset({"architectures", "torch_dtype", "max_position_embeddings", "rope_theta", "rope_scaling",
+                             "rms_norm_eps", "layer_norm_eps", "use_cache", "transformers_version"})
+
+
+def _differences(stack: Any, module: Any, given: ModelSpec | None) -> str:
+    """When a model does not match the spec given for it: the config keys whose values differ
+    between that spec and the config the stack derives from the model's own (a layer count, a
+    size, tying), with both values; empty when the stack derives none or they agree."""
+    if given is None:
+        return ""
+    try:
+        own = stack.own_config(module)
+    except ValueError:  # a model with a field no Hugging Face config has: the layout's error stands
+        return ""
+    if not own:
+        return ""
+    keys = [k for k in own if k in given.config and given.config[k] != own[k] and k not in _NO_TENSOR_KEYS]
+    if not keys:
+        return ""
+    listed = ", ".join(f"{k}: {given.config[k]!r} in the spec, {own[k]!r} in the model" for k in keys[:6])
+    return f"the spec differs from the model's own config in {listed}" + (" ..." if len(keys) > 6 else "")
 
 def _core_policy(policy: Any) -> Policy:
     """The core Policy of what callers give: a core Policy, or anything ``policy_file.from_arg``

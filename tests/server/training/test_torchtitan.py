@@ -406,5 +406,12 @@ def test_a_torchtitan_model_needs_a_spec_it_matches():
     with pytest.raises(ValueError, match=r"torchtitan stores a tensor 'model\.layers\.1\.self_attn\.q_proj\.weight' that "
                                          r"the spec \(LlamaForCausalLM\) does not have"):
         modelinit.init_module_(model, seed=SEED, spec={**HF, "num_hidden_layers": 1})
+    # what differs, with both values, not only the first tensor (the model derives its own config to compare)
+    with pytest.raises(ValueError, match=r"the spec differs from the model's own config in num_hidden_layers: 3 in the "
+                                         r"spec, 2 in the model$"):
+        modelinit.init_module_(model, seed=SEED, spec={**HF, "num_hidden_layers": 3})
+    with pytest.raises(ValueError, match=r"the spec differs from the model's own config in tie_word_embeddings: True in "
+                                         r"the spec, False in the model$"):
+        modelinit.init_module_(model, seed=SEED, spec={**HF, "tie_word_embeddings": True})
     with pytest.raises(ValueError, match=r"^spec: Linear is not a model of a training stack"):
         modelinit.init_module_(torch.nn.Linear(4, 4), seed=SEED, spec=HF)
