@@ -25,12 +25,14 @@ megatron is imported only here, only when such a model is passed.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..core.tensors import ModelSpec
 from .fill import Box, Piece
+from .megatron_config import own_config
 from .stack import Layout
 
 #: Megatron checkpoint key -> Hugging Face name (``{}``: the global layer index). The keys are those
@@ -171,7 +173,8 @@ def _whole(shape: tuple[int, ...]) -> Box:
     return (0,) * len(shape), tuple(range(len(shape))), (0,) * len(shape), tuple(shape)
 
 
-def _hf_boxes(key: str, lead: tuple[int, ...], shape: tuple[int, ...], config, gated: bool) -> list[tuple[str, Box]]:
+def _hf_boxes(key: str, lead: tuple[int, ...], shape: tuple[int, ...], config, gated: bool,
+              family: str = "") -> list[tuple[str, Box]]:
     """The Hugging Face tensors (name, box of them in Megatron's per-layer tensor ``key`` of ``shape``)
     the tensor holds (``lead``: its leading offsets, layer then expert); their shapes are checked
     against the spec by the caller."""
@@ -196,15 +199,20 @@ def _hf_boxes(key: str, lead: tuple[int, ...], shape: tuple[int, ...], config, g
             box = (start, tuple(range(len(shape))), (0,) * len(shape), (idx.size, *shape[1:]))
             out.append((f"model.layers.{layer}.self_attn.{proj}_proj.{leaf}", box))
         return out
-    mlp = _mlp_prefix(key, lead)
+    names = _MOE_NAMES.get(family, _MoeNames())
+    mlp = _mlp_prefix(key, lead, names)
     if mlp is None:
         raise ValueError(f"module: Megatron's {key!r} has no Hugging Face counterpart modelinit knows; GPTModel with the "
                          "local or Transformer Engine layer spec (GQA, a SwiGLU or GELU MLP, MoE experts) is supported")
     prefix, rest = mlp
-    gate, up, down = _MLP[gated]
+    gate, up, down = names.expert_mlp if prefix.startswith(names.experts.partition("{")[0]) and gated else _MLP[gated]
     layer_prefix = f"model.layers.{layer}.{prefix}"
     if prefix == "mlp." and rest == "router.weight":
-        return [(f"model.layers.{layer}.mlp.gate.weight", _whole(shape))]
+        return [(f"model.layers.{layer}.{names.router}", _whole(shape))]
+    if prefix == "mlp." and rest == "router.expert_bias":
+        return [(f"model.layers.{layer}.{names.expert_bias}", _whole(shape))]
+    if prefix == names.shared and rest == "gate_weight" and names.shared_gate:
+        return [(f"model.layers.{layer}.{names.shared_gate}", _whole(shape))]
     fc, _, leaf = rest.partition(".")
     if fc == "linear_fc1" and leaf in ("weight", "bias"):
         if not gated:
@@ -220,19 +228,41 @@ def _hf_boxes(key: str, lead: tuple[int, ...], shape: tuple[int, ...], config, g
                      "local or Transformer Engine layer spec (GQA, a SwiGLU or GELU MLP, MoE experts) is supported")
 
 
-def _mlp_prefix(key: str, lead: tuple[int, ...]) -> tuple[str, str] | None:
+def _mlp_prefix(key: str, lead: tuple[int, ...], names: "_MoeNames") -> tuple[str, str] | None:
     """The Hugging Face prefix (after ``model.layers.N.``) of an MLP key's tensors, and the rest of
     the key: the dense MLP, a routed expert (the expert's global index is Megatron's second
     leading offset), the shared experts, the router."""
     if key.startswith("decoder.layers.mlp.experts.experts."):
         if len(lead) != 2:
             raise ValueError(f"module: Megatron saves {key!r} without its expert's index; this layout is not supported")
-        return f"mlp.experts.{lead[1]}.", key.removeprefix("decoder.layers.mlp.experts.experts.")
+        return names.experts.format(lead[1]), key.removeprefix("decoder.layers.mlp.experts.experts.")
     if key.startswith("decoder.layers.mlp.shared_experts."):
-        return "mlp.shared_experts.", key.removeprefix("decoder.layers.mlp.shared_experts.")
+        return names.shared, key.removeprefix("decoder.layers.mlp.shared_experts.")
     if key.startswith("decoder.layers.mlp."):
         return "mlp.", key.removeprefix("decoder.layers.mlp.")
     return None
+
+
+@dataclass(frozen=True)
+class _MoeNames:
+    """How a Hugging Face MoE family names what Megatron's MoELayer holds (after ``model.layers.N.``)."""
+
+    experts: str = "mlp.experts.{}."
+    expert_mlp: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    router: str = "mlp.gate.weight"
+    expert_bias: str = "mlp.gate.e_score_correction_bias"
+    """The router's expert bias (Megatron's ``moe_router_enable_expert_bias``; DeepSeek-V3, GLM-4-MoE)."""
+    shared: str = "mlp.shared_experts."
+    shared_gate: str | None = None
+    """The shared expert's sigmoid gate (Megatron's ``moe_shared_expert_gate``)."""
+
+
+#: The MoE families whose names are not DeepSeek's/Qwen3-MoE's (the default above).
+_MOE_NAMES = {
+    "mixtral": _MoeNames(experts="block_sparse_moe.experts.{}.", expert_mlp=("w1", "w3", "w2"),
+                         router="block_sparse_moe.gate.weight"),
+    "qwen2_moe": _MoeNames(shared="mlp.shared_expert.", shared_gate="mlp.shared_expert_gate.weight"),
+}
 
 
 def _check_config(model) -> Any:
@@ -278,7 +308,7 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
         key, lead, shape, held_idx = _global_place(name, t, sharded)
         sets[name] = (shape, held_idx)
         pieces[name] = []
-        for hf_name, box in _hf_boxes(key, lead, shape, config, gated):
+        for hf_name, box in _hf_boxes(key, lead, shape, config, gated, spec.family):
             ti = by_name.get(hf_name)
             if ti is None:
                 raise ValueError(f"module: Megatron's {name!r} holds {hf_name!r}, which the spec ({spec.architecture}) does not "
@@ -326,7 +356,7 @@ class MegatronStack:
         return is_megatron_model(module)
 
     def own_config(self, module) -> dict | None:
-        return None
+        return own_config(module)
 
     def prepare(self, module) -> tuple[str, ...]:
         return ()
