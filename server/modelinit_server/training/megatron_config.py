@@ -106,12 +106,13 @@ def _refuse(name: str, value: Any, what: str) -> ValueError:
 
 
 def _activation(config) -> str:
+    import torch.nn.functional as F
+
     func = config.activation_func
-    name = f"{getattr(func, '__module__', '')}.{getattr(func, '__name__', '')}"
-    known = {"torch.nn.functional.silu": "silu", "torch.nn.functional.gelu": "gelu"}
-    if name not in known:
-        raise _refuse("activation_func", getattr(func, "__name__", func), "an activation other than F.silu or F.gelu")
-    return known[name]
+    for known, name in ((F.silu, "silu"), (F.gelu, "gelu")):
+        if func is known:
+            return name
+    raise _refuse("activation_func", getattr(func, "__name__", func), "an activation other than F.silu or F.gelu")
 
 
 def _moe_pattern(config, gpt: GPTFields) -> list[bool]:

@@ -326,8 +326,11 @@ def test_qkv_rows_are_megatrons_own_split(tmp_path):
 
 def _check_refusals() -> None:
     model = _gpt()
-    with pytest.raises(ValueError, match=r"^spec: a Megatron-Core model is filled with the bytes of the Hugging Face model"):
+    model.config.window_size = (64, 0)  # without a spec, a field no Hugging Face config derived has is refused by name
+    with pytest.raises(ValueError, match=r"^spec: the Megatron model's window_size=\(64, 0\) \(sliding-window attention\) "
+                                         r"has no counterpart .*: init_module_\(model, spec="):
         modelinit.init_module_(model, seed=SEED)
+    model.config.window_size = None
     cases = [
         ({**HF, "intermediate_size": 128}, r"^module: Megatron's 'decoder\.layers\.0\.mlp\.linear_fc1\.weight' holds "
          r"'model\.layers\.0\.mlp\.gate_proj\.weight' as \[96, 64\], the spec has \[128, 64\]: the model does not match"),
@@ -350,7 +353,7 @@ def _check_refusals() -> None:
 
 
 def test_a_model_that_does_not_match_its_spec_is_refused_by_name(tmp_path):
-    """No spec, a spec that differs in a size, in tying, in depth, in vocabulary, in its tensors
+    """No spec where the config cannot be derived, a spec that differs in a size, in tying, in depth, in vocabulary, in its tensors
     (q/k norms), a layout not mapped yet: each one line naming the tensor and what was expected."""
     _one_process(str(tmp_path / "pg"), _check_refusals)
 
