@@ -23,6 +23,7 @@ The package, top to bottom (pyproject.toml's ``server-training-layers`` contract
     hf_layout    a transformers model's spec, and where each stored tensor sits in its in-memory tensors
     torchtitan_layout   where the tensors of a torchtitan model's Hugging Face spec sit in its parameters
     megatron_layout     where they sit in a Megatron-Core model's local parameters (its sharded_state_dict)
+    megatron_config     the Hugging Face config a Megatron-Core model's own TransformerConfig derives (no spec given)
     plain        any other module's spec, from its own tensors
     stack        Stack, the interface each of the four implements, and Layout, what it returns
     placement    a stored tensor's place in an in-memory one, read off probes (views, index probes)
@@ -98,9 +99,11 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     ``partial``: the module is part of a transformers model (a pipeline stage: some layers, the
     embedding or the head left out, the others under their original names); the tensors it
     has are filled, those it lacks are counted in ``summary.missing`` instead of refused.
-    ``spec``: for a model of a training stack with its own module tree (torchtitan), the Hugging
-    Face config it corresponds to (a preset name, a config.json path, or the config as a dict):
-    the model is filled with exactly the bytes of the folder ``modelinit init`` writes for it.
+    ``spec``: for a model of a training stack with its own module tree (torchtitan, Megatron-Core),
+    the Hugging Face config it corresponds to (a preset name, a config.json path, or the config as
+    a dict): the model is filled with exactly the bytes of the folder ``modelinit init`` writes for
+    it. A stack that derives it from the model's own configuration (Megatron-Core) needs none; the
+    config derived is ``summary.derived_config``.
     Raises ValueError for a module on the meta device, an unmatched parameter, a dtype mismatch,
     or a tensor the architecture does not have.
     """
