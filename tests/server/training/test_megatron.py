@@ -73,7 +73,7 @@ def _gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = False, v
         fields.update(_STARCODER2_FIELDS, activation_func=torch.nn.functional.gelu)
     fields.update(over)
     config = TransformerConfig(**fields)
-    spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False,
+    spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm,
                                     qk_layernorm=config.qk_layernorm, normalization=config.normalization)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

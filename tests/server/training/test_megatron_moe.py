@@ -7,7 +7,9 @@ of the same config put into Megatron's layout by this test's own conversion.
 Two ranks (gloo) each fill their share of two tiny models: a Qwen2-MoE-style one without a spec
 (the config derived, ``training/megatron_config.py``) in bfloat16, and a GLM-4-MoE-style one
 (shared experts without a gate, the expert bias, sigmoid routing) with its config given, in
-float32. The shares are put together by Megatron's rules (test_megatron._put_together)."""
+float32; and a Qwen3-MoE-style one with GroupedMLP experts (built on CPU with the check for the
+grouped_gemm CUDA library bypassed: filling runs no kernel). The shares are put together by
+Megatron's rules (test_megatron._put_together)."""
 from __future__ import annotations
 
 import os
@@ -22,7 +24,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is in the test extra"
 import modelinit  # noqa: E402
 
 from tests.server.training.test_megatron import (HF, MOE, PADDED, SEED, _files, _gpt, _init_group,  # noqa: E402
-                                                 _put_together)
+                                                 _put_together, _reference)
 from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),  # Megatron warns that Apex/TE are absent
@@ -83,16 +85,43 @@ def _fill_shares(rank: int, world: int, init_file: str, out: str) -> None:
 
     _init_group(rank, world, init_file)
     ps.initialize_model_parallel(tensor_model_parallel_size=world)
-    current = torch.cuda.current_device
+    from megatron.core.transformer.moe import grouped_gemm_util
+
+    current, available = torch.cuda.current_device, grouped_gemm_util.assert_grouped_gemm_is_available
     torch.cuda.current_device = lambda: "cpu"  # the router makes its expert-bias buffers on CUDA's current device
+    grouped_gemm_util.assert_grouped_gemm_is_available = lambda: None  # building needs no kernel, nor does filling
     try:
         qwen2 = _gpt(world, dtype="bfloat16", moe=True, **QWEN2_MOE_FIELDS)
         glm4 = _gpt(world, moe=True, **GLM4_MOE_FIELDS)
+        grouped = _gpt(world, moe=True, moe_grouped_gemm=True)
     finally:
-        torch.cuda.current_device = current
+        torch.cuda.current_device, grouped_gemm_util.assert_grouped_gemm_is_available = current, available
+    assert type(grouped.decoder.layers[0].mlp.experts).__name__ == "GroupedMLP"
     with no_collectives():
         derived = modelinit.init_module_(qwen2, seed=SEED)  # no spec: Qwen2-MoE, derived
         given = modelinit.init_module_(glm4, seed=SEED, spec=GLM4_MOE)
+        in_groups = modelinit.init_module_(grouped, seed=SEED)  # no spec: Qwen3-MoE, derived
+    assert in_groups.derived_config["model_type"] == "qwen3_moe"
+    # GroupedMLP's weights as SequentialMLP's experts, by Megatron's own rule (its grouped GEMM's view, its
+    # sharded_state_dict's transpose): weight1 viewed [E, hidden, rows] -> expert e's linear_fc1 [rows, hidden];
+    # weight2 viewed [E, columns, hidden] -> expert e's linear_fc2 [hidden, columns]
+    state = {}
+    for n, t in grouped.state_dict().items():
+        if t is None or not t.is_floating_point() or n.endswith("_extra_state"):
+            continue
+        head, _, leaf = n.rpartition(".experts.")
+        if leaf in ("weight1", "weight2"):
+            e = grouped.config.num_moe_experts
+            hidden = grouped.config.hidden_size
+            per = (t.detach().view(e, hidden, -1) if leaf == "weight1" else t.detach().view(e, -1, hidden)).transpose(-1, -2)
+            fc = "linear_fc1" if leaf == "weight1" else "linear_fc2"
+            state.update({f"{head}.experts.local_experts.{i}.{fc}.weight": per[i].clone() for i in range(e)})
+        else:
+            state[n] = t.detach().clone()
+    os.makedirs(f"{out}/grouped", exist_ok=True)
+    torch.save({"tp": ps.get_tensor_model_parallel_rank(), "ep": 0, "first": 0, "state": state,
+                "derived": in_groups.derived_config}, f"{out}/grouped/rank{rank}.pt")
+    assert in_groups.elements == sum(t.numel() for t in state.values()) < in_groups.global_elements
     assert derived.derived_config["model_type"] == "qwen2_moe" and given.derived_config is None
     assert given.dtypes == ("float32",) and derived.dtypes == ("bfloat16", "float32")  # norms stay float32
     tp = ps.get_tensor_model_parallel_rank()
@@ -107,12 +136,15 @@ def _fill_shares(rank: int, world: int, init_file: str, out: str) -> None:
     exit_rank()
 
 
-def test_shared_experts_and_the_expert_bias_at_tp2_are_the_folders(tmp_path):
+def test_shared_experts_the_expert_bias_and_grouped_experts_at_tp2_are_the_folders(tmp_path):
     """At TP=2 each rank fills its half of the shared expert (column-parallel [gate_r; up_r],
     row-parallel down), the shared expert's gate and the router and its expert bias whole; put
     together, every tensor is the folder's: Qwen2-MoE's ``mlp.shared_expert.*`` and
     ``mlp.shared_expert_gate`` (config derived, bfloat16, float32 norms), GLM-4-MoE's
-    ``mlp.shared_experts.*`` and ``mlp.gate.e_score_correction_bias`` (float32)."""
+    ``mlp.shared_experts.*`` and ``mlp.gate.e_score_correction_bias`` (float32). And a GroupedMLP
+    model (grouped-GEMM experts: one ``weight1``/``weight2`` per layer, each expert's tensor
+    transposed in it; config derived): its experts, read out by Megatron's own view and transpose,
+    are the Qwen3-MoE folder's."""
     import torch.multiprocessing as mp
 
     out = tmp_path / "shares"
@@ -134,3 +166,9 @@ def test_shared_experts_and_the_expert_bias_at_tp2_are_the_folders(tmp_path):
                if len(ts) != 1 or not same_bytes(ts[0], refs[str(ts[0].dtype).removeprefix("torch.")][n])]
         assert bad == [], name
     assert torch.equal(whole["decoder.layers.0.mlp.router.expert_bias"][0], torch.zeros(4))  # hf-default: zeros
+    # GroupedMLP (config derived: Qwen3-MoE of the padded vocabulary) is the Qwen3-MoE folder (the tokenizer's
+    # vocabulary, the padded rows from the padded folder): SequentialMLP's test's reference
+    ref = _reference(tmp_path, moe=True)
+    whole = _put_together(pathlib.Path(out / "grouped"), 2, 1)
+    assert sorted(whole) == sorted(ref)
+    assert [n for n, ts in whole.items() if len(ts) != 1 or not same_bytes(ts[0], ref[n])] == []
