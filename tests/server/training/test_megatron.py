@@ -350,11 +350,17 @@ def _check_refusals() -> None:
     with pytest.raises(ValueError, match=r"^module: a Megatron model with interleaved RoPE \(rotary_interleaved\) is not "
                                          r"supported yet"):
         modelinit.init_module_(model, seed=SEED, spec=HF)
+    model.config.rotary_interleaved = False
+    model.te_experts = type("TEGroupedMLP", (torch.nn.Module,), {})()  # Transformer Engine's grouped experts' class name
+    with pytest.raises(ValueError, match=r"^module: TEGroupedMLP \(Transformer Engine's grouped-GEMM experts\) is not "
+                                         r"supported: it cannot be built or verified without a GPU here"):
+        modelinit.init_module_(model, seed=SEED, spec=HF)
 
 
 def test_a_model_that_does_not_match_its_spec_is_refused_by_name(tmp_path):
     """No spec where the config cannot be derived, a spec that differs in a size, in tying, in depth, in vocabulary, in its tensors
-    (q/k norms), a layout not mapped yet: each one line naming the tensor and what was expected."""
+    (q/k norms), a layout not mapped yet (interleaved RoPE, Transformer Engine's grouped experts): each one line
+    naming the tensor and what was expected."""
     _one_process(str(tmp_path / "pg"), _check_refusals)
 
 
