@@ -12,8 +12,13 @@ Two steps, the first read off Megatron's own code:
    views of its local tensors: no copy, no communication. The local parameter is then a shard of
    the global per-layer tensor, holding the global indices :func:`megatron_spec` returns.
 2. Megatron-Core ships no Hugging Face conversion. Its checkpoint keys map to Hugging Face names by
-   :data:`_NAMES` (the rows of Megatron-Bridge's Llama/Qwen mappings); the one layout that is not
-   a block, the grouped QKV, is :func:`qkv_rows`.
+   :data:`_NAMES` (the rows of Megatron-Bridge's Llama/Qwen mappings) and, for MoE layers, by the
+   spec family's names (:data:`_MOE_NAMES`: Mixtral's, Qwen2-MoE's shared expert and its gate);
+   the layouts that are not a block: the grouped QKV, :func:`qkv_rows`, and GroupedMLP's weights
+   (each expert's tensor transposed in the view its grouped GEMM takes), :func:`grouped_mlp_box`.
+
+Without a spec, the one filled is the config :mod:`.megatron_config` derives from the model's own
+``TransformerConfig`` (``MegatronStack.own_config``).
 
 A vocabulary padded by Megatron (to a multiple of ``make_vocab_size_divisible_by`` x TP) has rows
 past the spec's vocabulary in the embedding and output layer: row ``r >= vocab`` holds elements
