@@ -23,6 +23,7 @@ The package, top to bottom (pyproject.toml's ``server-training-layers`` contract
     hf_layout    a transformers model's spec, and where each stored tensor sits in its in-memory tensors
     torchtitan_layout   where the tensors of a torchtitan model's Hugging Face spec sit in its parameters
     megatron_layout     where they sit in a Megatron-Core model's local parameters (its sharded_state_dict)
+    megatron_config     the Hugging Face config a Megatron-Core model's own TransformerConfig derives (no spec given)
     plain        any other module's spec, from its own tensors
     stack        Stack, the interface each of the four implements, and Layout, what it returns
     torchtitan_config   the Hugging Face config a torchtitan model's own configuration derives (no spec given)
@@ -99,11 +100,12 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     ``partial``: the module is part of a transformers model (a pipeline stage: some layers, the
     embedding or the head left out, the others under their original names); the tensors it
     has are filled, those it lacks are counted in ``summary.missing`` instead of refused.
-    ``spec``: for a model of a training stack with its own module tree (torchtitan), the Hugging
-    Face config it corresponds to (a preset name, a config.json path, or the config as a dict):
-    the model is filled with exactly the bytes of the folder ``modelinit init`` writes for it.
-    Left out, the stack derives it from the model's own configuration where it can (torchtitan's
-    Llama 3, Qwen3, DeepSeek-V3: ``summary.derived_config``) and refuses naming the field it cannot.
+    ``spec``: for a model of a training stack with its own module tree (torchtitan, Megatron-Core),
+    the Hugging Face config it corresponds to (a preset name, a config.json path, or the config as
+    a dict): the model is filled with exactly the bytes of the folder ``modelinit init`` writes for
+    it. Left out, the stack derives it from the model's own configuration where it can
+    (torchtitan's Llama 3, Qwen3, DeepSeek-V3; Megatron-Core's Llama, Qwen2/3, StarCoder2,
+    Qwen3-MoE, Mixtral, Qwen2-MoE: ``summary.derived_config``) and refuses naming the field it cannot.
     Raises ValueError for a module on the meta device, an unmatched parameter, a dtype mismatch,
     or a tensor the architecture does not have.
     """
@@ -177,7 +179,7 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
             dt = dtype_name(t)
             resolved, keys, _ = plans[dt]
             if name in index_sets:
-                (whole, sets), local = index_sets[name], t
+                (whole, sets), local = index_sets[name], t.view(layout.views[name]) if name in layout.views else t
             else:
                 (local, sets), whole = local_and_index_sets(t, name), t.shape
             for ti, *box in pieces[name]:

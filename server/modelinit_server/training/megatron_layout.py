@@ -12,8 +12,13 @@ Two steps, the first read off Megatron's own code:
    views of its local tensors: no copy, no communication. The local parameter is then a shard of
    the global per-layer tensor, holding the global indices :func:`megatron_spec` returns.
 2. Megatron-Core ships no Hugging Face conversion. Its checkpoint keys map to Hugging Face names by
-   :data:`_NAMES` (the rows of Megatron-Bridge's Llama/Qwen mappings); the one layout that is not
-   a block, the grouped QKV, is :func:`qkv_rows`.
+   :data:`_NAMES` (the rows of Megatron-Bridge's Llama/Qwen mappings) and, for MoE layers, by the
+   spec family's names (:data:`_MOE_NAMES`: Mixtral's, Qwen2-MoE's shared expert and its gate);
+   the layouts that are not a block: the grouped QKV, :func:`qkv_rows`, and GroupedMLP's weights
+   (each expert's tensor transposed in the view its grouped GEMM takes), :func:`grouped_mlp_box`.
+
+Without a spec, the one filled is the config :mod:`.megatron_config` derives from the model's own
+``TransformerConfig`` (``MegatronStack.own_config``).
 
 A vocabulary padded by Megatron (to a multiple of ``make_vocab_size_divisible_by`` x TP) has rows
 past the spec's vocabulary in the embedding and output layer: row ``r >= vocab`` holds elements
@@ -25,12 +30,14 @@ megatron is imported only here, only when such a model is passed.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..core.tensors import ModelSpec
 from .fill import Box, Piece
+from .megatron_config import own_config
 from .stack import Layout
 
 #: Megatron checkpoint key -> Hugging Face name (``{}``: the global layer index). The keys are those
@@ -167,11 +174,64 @@ def _global_place(name: str, t, sharded: list[Any]) -> tuple[str, tuple[int, ...
     return keys.pop(), lead.pop(), shape, sets
 
 
+def _grouped_place(name: str, t, sharded: list[Any]):
+    """For a ``GroupedMLP`` weight (``weight1`` [hidden, local experts x fc1 rows], in memory
+    [local experts, hidden, rows]; ``weight2`` [local experts x fc2 columns, hidden], in memory
+    [local experts, columns, hidden]: its grouped GEMM's views): the key, the layer, the view's
+    shape, the whole layer's tensor in the same layout (every expert, every TP rank's rows or
+    columns), the global indices the view holds per dim, the global experts held and one expert's
+    Megatron shape. None for any other tensor. Read off the ShardedTensors of Megatron's own
+    ``sharded_state_dict()`` (which saves each expert's ``linear_fc1``/``linear_fc2`` transposed out
+    of the view, as copies): each is (local experts, rows, columns) at (layer, first expert, row
+    offset, column offset) of (layers, experts, rows, columns)."""
+    keys = {s.key for s in sharded}
+    if t.dim() != 2 or len(keys) != 1 or not next(iter(keys)).endswith(
+            ("mlp.experts.experts.linear_fc1.weight", "mlp.experts.experts.linear_fc2.weight")) \
+            or any(s.data.dim() != 3 or s.prepend_axis_num != 1 for s in sharded):
+        return None
+    key = keys.pop()
+    layers, firsts, shapes = ({s.global_offset[0] for s in sharded}, {s.global_offset[1] for s in sharded},
+                              {tuple(s.global_shape[1:]) for s in sharded})
+    counts = {s.local_shape[0] for s in sharded}
+    if len(layers) != 1 or len(firsts) != 1 or len(shapes) != 1 or len(counts) != 1:
+        raise ValueError(f"module: Megatron saves {name!r} (GroupedMLP) in pieces of several layers or experts; "
+                         "this layout is not supported")
+    (n_experts, rows, cols), first, n_local = shapes.pop(), firsts.pop(), counts.pop()
+    # fc1 pieces split the rows (gate and up, each a TP rank's), fc2 its one piece the columns
+    axis = 1 if key.endswith("linear_fc1.weight") else 2
+    other = 2 if axis == 1 else 1
+    held = np.concatenate([np.arange(s.global_offset[1 + axis], s.global_offset[1 + axis] + s.local_shape[axis],
+                                     dtype=np.int64) for s in sharded])
+    width = {s.local_shape[other] for s in sharded}
+    if np.any(np.diff(held) <= 0) or width != {(rows, cols)[other - 1]} or held.size * n_local * width.pop() != t.numel():
+        raise ValueError(f"module: Megatron's pieces of {name!r} (GroupedMLP) do not tile it; this layout is not supported")
+    experts = np.arange(first, first + n_local, dtype=np.int64)
+    full = (rows, cols)[axis - 1]
+    held = None if held.size == full else held
+    if axis == 1:  # [experts, hidden, rows]
+        return key, layers.pop(), (n_local, cols, t.numel() // (n_local * cols)), (n_experts, cols, rows), \
+            [experts, None, held], experts.tolist(), (rows, cols)
+    return key, layers.pop(), (n_local, t.numel() // (n_local * rows), rows), (n_experts, cols, rows), \
+        [experts, held, None], experts.tolist(), (rows, cols)
+
+
+def grouped_mlp_box(expert: int, box: Box) -> Box:
+    """A box of one expert's Megatron tensor (``linear_fc1`` [rows, hidden], ``linear_fc2``
+    [hidden, columns]) as a box of the layer's GroupedMLP tensor as its grouped GEMM views it
+    ([experts, hidden, rows], [experts, columns, hidden]): the expert's tensor transposed, at
+    ``expert`` along the first dim."""
+    start, dims, disk_start, length = box
+    if len(start) != 2 or any(isinstance(s, np.ndarray) for s in start):
+        raise ValueError("module: a GroupedMLP expert's box must be a 2-D block")
+    return (expert, start[1], start[0]), tuple(2 - d if d >= 0 else -1 for d in dims), disk_start, length
+
+
 def _whole(shape: tuple[int, ...]) -> Box:
     return (0,) * len(shape), tuple(range(len(shape))), (0,) * len(shape), tuple(shape)
 
 
-def _hf_boxes(key: str, lead: tuple[int, ...], shape: tuple[int, ...], config, gated: bool) -> list[tuple[str, Box]]:
+def _hf_boxes(key: str, lead: tuple[int, ...], shape: tuple[int, ...], config, gated: bool,
+              family: str = "") -> list[tuple[str, Box]]:
     """The Hugging Face tensors (name, box of them in Megatron's per-layer tensor ``key`` of ``shape``)
     the tensor holds (``lead``: its leading offsets, layer then expert); their shapes are checked
     against the spec by the caller."""
@@ -196,15 +256,20 @@ def _hf_boxes(key: str, lead: tuple[int, ...], shape: tuple[int, ...], config, g
             box = (start, tuple(range(len(shape))), (0,) * len(shape), (idx.size, *shape[1:]))
             out.append((f"model.layers.{layer}.self_attn.{proj}_proj.{leaf}", box))
         return out
-    mlp = _mlp_prefix(key, lead)
+    names = _MOE_NAMES.get(family, _MoeNames())
+    mlp = _mlp_prefix(key, lead, names)
     if mlp is None:
         raise ValueError(f"module: Megatron's {key!r} has no Hugging Face counterpart modelinit knows; GPTModel with the "
                          "local or Transformer Engine layer spec (GQA, a SwiGLU or GELU MLP, MoE experts) is supported")
     prefix, rest = mlp
-    gate, up, down = _MLP[gated]
+    gate, up, down = names.expert_mlp if prefix.startswith(names.experts.partition("{")[0]) and gated else _MLP[gated]
     layer_prefix = f"model.layers.{layer}.{prefix}"
     if prefix == "mlp." and rest == "router.weight":
-        return [(f"model.layers.{layer}.mlp.gate.weight", _whole(shape))]
+        return [(f"model.layers.{layer}.{names.router}", _whole(shape))]
+    if prefix == "mlp." and rest == "router.expert_bias":
+        return [(f"model.layers.{layer}.{names.expert_bias}", _whole(shape))]
+    if prefix == names.shared and rest == "gate_weight" and names.shared_gate:
+        return [(f"model.layers.{layer}.{names.shared_gate}", _whole(shape))]
     fc, _, leaf = rest.partition(".")
     if fc == "linear_fc1" and leaf in ("weight", "bias"):
         if not gated:
@@ -220,19 +285,41 @@ def _hf_boxes(key: str, lead: tuple[int, ...], shape: tuple[int, ...], config, g
                      "local or Transformer Engine layer spec (GQA, a SwiGLU or GELU MLP, MoE experts) is supported")
 
 
-def _mlp_prefix(key: str, lead: tuple[int, ...]) -> tuple[str, str] | None:
+def _mlp_prefix(key: str, lead: tuple[int, ...], names: "_MoeNames") -> tuple[str, str] | None:
     """The Hugging Face prefix (after ``model.layers.N.``) of an MLP key's tensors, and the rest of
     the key: the dense MLP, a routed expert (the expert's global index is Megatron's second
     leading offset), the shared experts, the router."""
     if key.startswith("decoder.layers.mlp.experts.experts."):
         if len(lead) != 2:
             raise ValueError(f"module: Megatron saves {key!r} without its expert's index; this layout is not supported")
-        return f"mlp.experts.{lead[1]}.", key.removeprefix("decoder.layers.mlp.experts.experts.")
+        return names.experts.format(lead[1]), key.removeprefix("decoder.layers.mlp.experts.experts.")
     if key.startswith("decoder.layers.mlp.shared_experts."):
-        return "mlp.shared_experts.", key.removeprefix("decoder.layers.mlp.shared_experts.")
+        return names.shared, key.removeprefix("decoder.layers.mlp.shared_experts.")
     if key.startswith("decoder.layers.mlp."):
         return "mlp.", key.removeprefix("decoder.layers.mlp.")
     return None
+
+
+@dataclass(frozen=True)
+class _MoeNames:
+    """How a Hugging Face MoE family names what Megatron's MoELayer holds (after ``model.layers.N.``)."""
+
+    experts: str = "mlp.experts.{}."
+    expert_mlp: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    router: str = "mlp.gate.weight"
+    expert_bias: str = "mlp.gate.e_score_correction_bias"
+    """The router's expert bias (Megatron's ``moe_router_enable_expert_bias``; DeepSeek-V3, GLM-4-MoE)."""
+    shared: str = "mlp.shared_experts."
+    shared_gate: str | None = None
+    """The shared expert's sigmoid gate (Megatron's ``moe_shared_expert_gate``)."""
+
+
+#: The MoE families whose names are not DeepSeek's/Qwen3-MoE's (the default above).
+_MOE_NAMES = {
+    "mixtral": _MoeNames(experts="block_sparse_moe.experts.{}.", expert_mlp=("w1", "w3", "w2"),
+                         router="block_sparse_moe.gate.weight"),
+    "qwen2_moe": _MoeNames(shared="mlp.shared_expert.", shared_gate="mlp.shared_expert_gate.weight"),
+}
 
 
 def _check_config(model) -> Any:
@@ -240,23 +327,29 @@ def _check_config(model) -> Any:
     if config is None or not hasattr(config, "num_attention_heads"):
         raise ValueError(f"module: {type(model).__name__} is not a Megatron-Core GPTModel (it has no TransformerConfig); "
                          "modelinit maps GPTModel")
-    for flag, why in (("multi_latent_attention", "multi-latent attention"), ("rotary_interleaved", "interleaved RoPE"),
-                      ("moe_grouped_gemm", "grouped-GEMM experts (TEGroupedMLP: one tensor per layer)")):
+    for flag, why in (("multi_latent_attention", "multi-latent attention"), ("rotary_interleaved", "interleaved RoPE")):
         if getattr(config, flag, None):
             raise ValueError(f"module: a Megatron model with {why} ({flag}) is not supported yet; GPTModel with "
-                             "grouped-query attention, a dense MLP or SequentialMLP experts is")
+                             "grouped-query attention, a dense MLP or SequentialMLP/GroupedMLP experts is")
+    experts = {type(m).__name__ for m in model.modules() if type(m).__name__.endswith("GroupedMLP")}
+    if experts - {"GroupedMLP"}:
+        raise ValueError(f"module: {sorted(experts - {'GroupedMLP'})[0]} (Transformer Engine's grouped-GEMM experts) is not "
+                         "supported: it cannot be built or verified without a GPU here; use the local spec's GroupedMLP "
+                         "or SequentialMLP")
     return config
 
 
 def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool = False
-                  ) -> tuple[ModelSpec, dict[str, list[Piece]], dict[str, tuple[tuple[int, ...], list]], int]:
+                  ) -> tuple[ModelSpec, dict[str, list[Piece]], dict[str, tuple[tuple[int, ...], list]], int,
+                             dict[str, tuple[int, ...]]]:
     """Where each of ``model``'s local tensors (``tensors``: name -> tensor) gets its bytes from,
     as pieces of ``spec``'s tensors in Megatron's global per-layer tensor; that tensor's shape and
     the global indices the local tensor holds per dim (its shard of it); and how many of the spec's tensors the
-    model lacks. A pipeline stage (Megatron's ``pre_process``/``post_process``, a layer range) and
-    an expert-parallel rank lack the other ranks' tensors whether or not ``partial`` is set:
-    Megatron's own offsets say which layers and experts it holds; any other model that lacks one is
-    refused."""
+    model lacks; and the views a fused tensor is filled through (GroupedMLP's weights, as its
+    grouped GEMM views them). A pipeline stage (Megatron's ``pre_process``/``post_process``, a layer
+    range) and an expert-parallel rank lack the other ranks' tensors whether or not ``partial`` is
+    set: Megatron's own offsets say which layers and experts it holds; any other model that lacks
+    one is refused."""
     config = _check_config(model)
     by_name = {t.name: i for i, t in enumerate(spec.tensors)}
     gated = bool(getattr(config, "gated_linear_unit", False))
@@ -267,6 +360,7 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
                          f"({spec.architecture}) has {layers}: the model does not match the spec")
     pieces: dict[str, list[Piece]] = {}
     sets: dict[str, tuple[tuple[int, ...], list]] = {}
+    views: dict[str, tuple[int, ...]] = {}
     held: set[int] = set()
     for name, t in tensors.items():
         if type(t).__name__ == "DTensor":
@@ -275,10 +369,18 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
         sharded = found.get(id(t))
         if sharded is None:
             raise ValueError(f"module: Megatron's sharded_state_dict() does not save {name!r}; modelinit has no bytes for it")
-        key, lead, shape, held_idx = _global_place(name, t, sharded)
-        sets[name] = (shape, held_idx)
+        grouped = _grouped_place(name, t, sharded)
+        if grouped is None:
+            key, lead, shape, held_idx = _global_place(name, t, sharded)
+            sets[name] = (shape, held_idx)
+            boxes = _hf_boxes(key, lead, shape, config, gated, spec.family)
+        else:  # GroupedMLP: each expert's tensor, transposed, in one tensor per layer
+            key, layer, views[name], whole, held_idx, experts, shape = grouped
+            sets[name] = (whole, held_idx)
+            boxes = [(hf_name, grouped_mlp_box(g, box)) for g in experts
+                     for hf_name, box in _hf_boxes(key, (layer, g), shape, config, gated, spec.family)]
         pieces[name] = []
-        for hf_name, box in _hf_boxes(key, lead, shape, config, gated):
+        for hf_name, box in boxes:
             ti = by_name.get(hf_name)
             if ti is None:
                 raise ValueError(f"module: Megatron's {name!r} holds {hf_name!r}, which the spec ({spec.architecture}) does not "
@@ -303,7 +405,7 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
         absent = next(t.name for i, t in enumerate(spec.tensors) if i not in held)
         raise ValueError(f"module: it lacks {lacking} tensor(s) of the spec, e.g. {absent!r}: the model does not match "
                          "the spec")
-    return spec, pieces, sets, lacking
+    return spec, pieces, sets, lacking, views
 
 
 def _padded(ti: int, want: tuple[int, ...], length: tuple[int, ...]) -> list[Piece]:
@@ -326,14 +428,14 @@ class MegatronStack:
         return is_megatron_model(module)
 
     def own_config(self, module) -> dict | None:
-        return None
+        return own_config(module)
 
     def prepare(self, module) -> tuple[str, ...]:
         return ()
 
     def layout(self, module, spec, named, real, partial) -> Layout:
-        model_spec, pieces, index_sets, missing = megatron_spec(module, spec, dict(named), partial)
-        return Layout(model_spec, pieces, missing, index_sets)
+        model_spec, pieces, index_sets, missing, views = megatron_spec(module, spec, dict(named), partial)
+        return Layout(model_spec, pieces, missing, index_sets, views=views)
 
 
 STACK = MegatronStack()

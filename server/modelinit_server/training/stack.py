@@ -30,6 +30,10 @@ class Layout:
     """For a tensor that is a shard without being a DTensor (Megatron's tensor parallel): the
     global tensor's shape and the global indices the local one holds per dim. Empty: every
     tensor says its own (a DTensor's placements, or a whole tensor)."""
+    views: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Module tensors (of ``index_sets``) filled through a view of this shape: a fused tensor whose
+    layout in memory is another shape than its own (Megatron's GroupedMLP ``weight1`` [hidden,
+    experts x rows] is [experts, hidden, rows] in memory). Its index sets are the view's."""
     own_state: frozenset[str] = frozenset()
     """Module tensors that are the stack's own state, set by :meth:`Stack.prepare` and left as
     they are (torchtitan: an MoE's load-balancing bias); they draw nothing."""

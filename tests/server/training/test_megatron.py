@@ -73,7 +73,7 @@ def _gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = False, v
         fields.update(_STARCODER2_FIELDS, activation_func=torch.nn.functional.gelu)
     fields.update(over)
     config = TransformerConfig(**fields)
-    spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False,
+    spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm,
                                     qk_layernorm=config.qk_layernorm, normalization=config.normalization)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -326,8 +326,11 @@ def test_qkv_rows_are_megatrons_own_split(tmp_path):
 
 def _check_refusals() -> None:
     model = _gpt()
-    with pytest.raises(ValueError, match=r"^spec: a Megatron-Core model is filled with the bytes of the Hugging Face model"):
+    model.config.window_size = (64, 0)  # without a spec, a field no Hugging Face config derived has is refused by name
+    with pytest.raises(ValueError, match=r"^spec: the Megatron model's window_size=\(64, 0\) \(sliding-window attention\) "
+                                         r"has no counterpart .*: init_module_\(model, spec="):
         modelinit.init_module_(model, seed=SEED)
+    model.config.window_size = None
     cases = [
         ({**HF, "intermediate_size": 128}, r"^module: Megatron's 'decoder\.layers\.0\.mlp\.linear_fc1\.weight' holds "
          r"'model\.layers\.0\.mlp\.gate_proj\.weight' as \[96, 64\], the spec has \[128, 64\]: the model does not match"),
@@ -347,11 +350,17 @@ def _check_refusals() -> None:
     with pytest.raises(ValueError, match=r"^module: a Megatron model with interleaved RoPE \(rotary_interleaved\) is not "
                                          r"supported yet"):
         modelinit.init_module_(model, seed=SEED, spec=HF)
+    model.config.rotary_interleaved = False
+    model.te_experts = type("TEGroupedMLP", (torch.nn.Module,), {})()  # Transformer Engine's grouped experts' class name
+    with pytest.raises(ValueError, match=r"^module: TEGroupedMLP \(Transformer Engine's grouped-GEMM experts\) is not "
+                                         r"supported: it cannot be built or verified without a GPU here"):
+        modelinit.init_module_(model, seed=SEED, spec=HF)
 
 
 def test_a_model_that_does_not_match_its_spec_is_refused_by_name(tmp_path):
-    """No spec, a spec that differs in a size, in tying, in depth, in vocabulary, in its tensors
-    (q/k norms), a layout not mapped yet: each one line naming the tensor and what was expected."""
+    """No spec where the config cannot be derived, a spec that differs in a size, in tying, in depth, in vocabulary, in its tensors
+    (q/k norms), a layout not mapped yet (interleaved RoPE, Transformer Engine's grouped experts): each one line
+    naming the tensor and what was expected."""
     _one_process(str(tmp_path / "pg"), _check_refusals)
 
 

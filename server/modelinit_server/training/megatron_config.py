@@ -1,0 +1,231 @@
+"""The Hugging Face config a Megatron-Core ``GPTModel`` corresponds to, derived from its own
+``TransformerConfig`` and ``GPTModel`` fields: what ``init_module_`` fills the model with when no
+``spec`` is given (``MegatronStack.own_config``; reported as ``InitSummary.derived_config``).
+
+Only where the mapping is exact, field for field:
+
+* dense: ``llama`` (RMSNorm, a gated SiLU/GELU MLP; ``add_bias_linear`` is Llama's
+  ``attention_bias`` and ``mlp_bias`` together), ``qwen2`` (q/k/v biases only: ``add_qkv_bias``),
+  ``qwen3`` (``qk_layernorm``: RMSNorm over each head), ``starcoder2`` (LayerNorm, biases on
+  every linear, a GELU MLP that is not gated);
+* MoE (``num_moe_experts``, SequentialMLP or GroupedMLP experts): ``qwen3_moe`` (with
+  ``qk_layernorm``; dense layers by ``moe_layer_freq`` as ``mlp_only_layers``), ``mixtral`` (every
+  layer MoE, no q/k norms), ``qwen2_moe`` (a shared expert with its sigmoid gate,
+  ``moe_shared_expert_gate``; q/k/v biases as ``add_qkv_bias`` says).
+
+Any other field that changes what the model computes or holds, and has no counterpart in the
+family derived, is refused by name (:func:`hf_config` lists them), with the fix: give the
+Hugging Face config the model corresponds to (``spec=...``).
+
+The vocabulary derived is the model's own (``GPTModel.vocab_size``: Megatron's padded one, the
+tokenizer's is not in the model). The fill is the same either way: a padded row holds the same
+tensor's stream continued (megatron_layout), so the first rows are those of the folder of the
+tokenizer's vocabulary, and the folder of the derived config holds every row. Only a policy whose
+law reads the embedding's or output layer's ``fan_out`` (the vocabulary) tells them apart: then
+give ``spec=`` with the tokenizer's vocabulary.
+
+megatron is not imported here: the fields are read off the objects given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: TransformerConfig fields that change the model and have no counterpart in any family derived,
+#: with the value that means "off" and what they are.
+_OFF: tuple[tuple[str, Any, str], ...] = (
+    ("apply_residual_connection_post_layernorm", False, "the residual taken after the norm"),
+    ("layernorm_zero_centered_gamma", False, "zero-centered norm weights (1 + w)"),
+    ("rotary_interleaved", False, "interleaved RoPE"),
+    ("multi_latent_attention", False, "multi-latent attention"),
+    ("window_size", None, "sliding-window attention"),
+    ("softmax_type", "vanilla", "a softmax with sinks"),
+    ("qk_l2_norm", False, "L2-normalized queries and keys"),
+    ("attention_output_gate", False, "a gated attention output"),
+    ("no_rope_freq", None, "layers without RoPE"),
+    ("experimental_attention_variant", None, "an attention variant (gated delta net, DSA)"),
+    ("glu_linear_offset", 0.0, "an offset in the gated linear unit"),
+    ("activation_func_clamp_value", None, "a clamped activation"),
+    ("heterogeneous_block_specs", False, "heterogeneous layers"),
+    ("mtp_num_layers", None, "multi-token prediction layers"),
+    ("moe_latent_size", None, "MoE latent projections"),
+    ("moe_apply_probs_on_input", False, "router probabilities applied to the experts' input"),
+    ("moe_router_enable_expert_bias", False, "the router's expert bias"),
+    ("moe_router_score_function", "softmax", "a router score function other than softmax"),
+    ("moe_router_num_groups", None, "group-limited routing"),
+    ("moe_router_topk_scaling_factor", None, "scaled routing weights"),
+)
+
+
+@dataclass(frozen=True)
+class GPTFields:
+    """What ``GPTModel`` keeps of its own arguments, beside its ``TransformerConfig``."""
+
+    vocab_size: int
+    max_sequence_length: int
+    tied: bool = False
+    position_embedding_type: str = "rope"
+    rotary_percent: float = 1.0
+    rotary_base: float = 10000
+    rope_scaling: bool = False
+    seq_len_interpolation_factor: float | None = None
+    mtp: bool = False
+    moe_layers: dict[int, bool] = field(default_factory=dict)
+    """The layers the model holds (a pipeline stage: some): global index -> its MLP is MoE."""
+
+
+def gpt_fields(model) -> GPTFields:
+    """The fields of a ``GPTModel`` (any pipeline stage: each keeps the whole model's)."""
+    rope = getattr(model, "rotary_pos_emb", None)
+    layers = getattr(getattr(model, "decoder", None), "layers", ())
+    return GPTFields(
+        vocab_size=int(model.vocab_size), max_sequence_length=int(model.max_sequence_length),
+        tied=bool(model.share_embeddings_and_output_weights),
+        position_embedding_type=str(getattr(model, "position_embedding_type", "rope")),
+        rotary_percent=float(getattr(model, "rotary_percent", 1.0)),
+        rotary_base=getattr(model, "rotary_base", 10000), rope_scaling=bool(getattr(model, "rotary_scaling", False)),
+        seq_len_interpolation_factor=getattr(rope, "seq_len_interpolation_factor", None),
+        mtp=bool(getattr(model, "mtp_process", False)),
+        moe_layers={layer.layer_number - 1: type(layer.mlp).__name__ == "MoELayer" for layer in layers})
+
+
+def own_config(model) -> dict[str, Any]:
+    """The Hugging Face config ``model`` (a GPTModel) corresponds to: :func:`hf_config` of its fields."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "num_attention_heads") or not hasattr(model, "vocab_size"):
+        raise ValueError(f"spec: {type(model).__name__} is not a Megatron-Core GPTModel (no TransformerConfig, no "
+                         "vocab_size), whose Hugging Face config modelinit derives; give the config it corresponds "
+                         "to: init_module_(model, spec=...)")
+    return hf_config(config, gpt_fields(model))
+
+
+def _refuse(name: str, value: Any, what: str) -> ValueError:
+    return ValueError(f"spec: the Megatron model's {name}={value!r} ({what}) has no counterpart in a Hugging Face "
+                      "config modelinit derives; give the Hugging Face config this model corresponds to: "
+                      "init_module_(model, spec='<preset>' or a config.json path or a dict, ...)")
+
+
+def _activation(config) -> str:
+    import torch.nn.functional as F
+
+    func = config.activation_func
+    for known, name in ((F.silu, "silu"), (F.gelu, "gelu")):
+        if func is known:
+            return name
+    raise _refuse("activation_func", getattr(func, "__name__", func), "an activation other than F.silu or F.gelu")
+
+
+def _moe_pattern(config, gpt: GPTFields) -> list[bool]:
+    """Per layer, whether its MLP is MoE: ``moe_layer_freq`` (an int k: every k-th layer from 0; a
+    list: one 0/1 per layer), checked against the layers the model holds."""
+    layers, freq = config.num_layers, getattr(config, "moe_layer_freq", 1)
+    if isinstance(freq, int) and freq > 0:
+        pattern = [i % freq == 0 for i in range(layers)]
+    elif isinstance(freq, (list, tuple)) and len(freq) == layers:
+        pattern = [bool(x) for x in freq]
+    else:
+        raise _refuse("moe_layer_freq", freq, f"not an int or a list of {layers} 0/1")
+    for i, moe in gpt.moe_layers.items():
+        if 0 <= i < layers and pattern[i] != moe:
+            raise _refuse("moe_layer_freq", freq, f"layer {i} holds a{' MoE' if moe else ' dense'} MLP, which the "
+                          "pattern does not say")
+    return pattern
+
+
+def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
+    """The Hugging Face config document of a GPTModel of ``config`` (its TransformerConfig) and
+    ``gpt``; ``ValueError`` naming a field that has no counterpart in the family derived."""
+    for name, off, what in _OFF:
+        value = getattr(config, name, off)
+        if value != off and not (off in (False, None) and not value):
+            raise _refuse(name, value, what)
+    embedding_std = getattr(config, "embedding_init_method_std", None)
+    if embedding_std is not None and embedding_std != config.init_method_std:
+        raise _refuse("embedding_init_method_std", embedding_std, "an embedding std apart from init_method_std: "
+                      "Hugging Face has one initializer_range")
+    for name, value, off, what in (
+            ("position_embedding_type", gpt.position_embedding_type, "rope", "positions other than RoPE"),
+            ("rotary_percent", gpt.rotary_percent, 1.0, "partial RoPE"),
+            ("rope_scaling", gpt.rope_scaling, False, "Llama 3.1's RoPE scaling, whose factor GPTModel does not keep"),
+            ("seq_len_interpolation_factor", gpt.seq_len_interpolation_factor, None, "linearly interpolated RoPE"),
+            ("mtp_block_spec", gpt.mtp, False, "multi-token prediction layers")):
+        if value != off:
+            raise _refuse(name, value, what)
+
+    heads, layers = config.num_attention_heads, config.num_layers
+    groups = config.num_query_groups or heads
+    head_dim = config.kv_channels or config.hidden_size // heads
+    norm, gated = config.normalization, bool(config.gated_linear_unit)
+    bias, qkv_bias = bool(config.add_bias_linear), bool(config.add_bias_linear or config.add_qkv_bias)
+    qk_norm = bool(config.qk_layernorm)
+    doc: dict[str, Any] = {
+        "hidden_size": config.hidden_size, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": groups, "head_dim": head_dim, "hidden_act": _activation(config),
+        "max_position_embeddings": gpt.max_sequence_length, "rope_theta": float(gpt.rotary_base),
+        "vocab_size": gpt.vocab_size, "tie_word_embeddings": gpt.tied, "initializer_range": config.init_method_std,
+        "attention_dropout": float(config.attention_dropout),
+    }
+    if norm == "LayerNorm":  # Starcoder2: LayerNorm, biases on every linear, an MLP that is not gated
+        for name, value, want in (("gated_linear_unit", gated, False), ("add_bias_linear", bias, True),
+                                  ("qk_layernorm", qk_norm, False), ("num_moe_experts", config.num_moe_experts, None)):
+            if value != want:
+                raise _refuse(name, value, "with LayerNorm: Starcoder2 is the LayerNorm family derived (biases "
+                              "on every linear, an MLP that is not gated, no q/k norms, dense)")
+        return {"architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2", **doc, "use_bias": True,
+                "intermediate_size": config.ffn_hidden_size, "norm_epsilon": config.layernorm_epsilon}
+    if norm != "RMSNorm":
+        raise _refuse("normalization", norm, "a norm other than RMSNorm or LayerNorm")
+    if not gated:
+        raise _refuse("gated_linear_unit", gated, "an MLP that is not gated, with RMSNorm")
+    doc["rms_norm_eps"] = config.layernorm_epsilon
+    experts = config.num_moe_experts
+    if not experts:
+        if qk_norm:
+            if bias or qkv_bias:
+                raise _refuse("add_bias_linear" if bias else "add_qkv_bias", True, "biases with q/k norms: Qwen3's "
+                              "attention_bias has no MLP bias and no q/k/v-only one")
+            return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **doc,
+                    "intermediate_size": config.ffn_hidden_size, "attention_bias": False}
+        if qkv_bias and not bias:
+            return {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", **doc,
+                    "intermediate_size": config.ffn_hidden_size}
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **doc,
+                "intermediate_size": config.ffn_hidden_size, "attention_bias": bias, "mlp_bias": bias}
+    return _moe(config, gpt, doc, qk_norm, bias, qkv_bias)
+
+
+def _moe(config, gpt: GPTFields, doc: dict[str, Any], qk_norm: bool, bias: bool, qkv_bias: bool) -> dict[str, Any]:
+    if bias:
+        raise _refuse("add_bias_linear", True, "biases on the experts' linears")
+    pattern = _moe_pattern(config, gpt)
+    dense = [i for i, moe in enumerate(pattern) if not moe]
+    experts, topk = config.num_moe_experts, config.moe_router_topk
+    width = config.moe_ffn_hidden_size or config.ffn_hidden_size
+    shared = getattr(config, "moe_shared_expert_intermediate_size", None)
+    gate = bool(getattr(config, "moe_shared_expert_gate", False))
+    norm_topk = not bool(config.moe_router_pre_softmax)  # softmax over the top k == the top k renormalized
+    if shared:
+        if not gate:
+            raise _refuse("moe_shared_expert_gate", False, "a shared expert without its gate: DeepSeek's and GLM-4's "
+                          "shared experts come with a router of another kind")
+        if qk_norm:
+            raise _refuse("qk_layernorm", True, "q/k norms with a gated shared expert (Qwen2-MoE has none)")
+        return {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", **doc,
+                "intermediate_size": config.ffn_hidden_size, "moe_intermediate_size": width,
+                "shared_expert_intermediate_size": shared, "num_experts": experts, "num_experts_per_tok": topk,
+                "norm_topk_prob": norm_topk, "decoder_sparse_step": 1, "mlp_only_layers": dense,
+                "qkv_bias": qkv_bias}
+    if qkv_bias:
+        raise _refuse("add_qkv_bias", True, "q/k/v biases in an MoE model without a shared expert")
+    if qk_norm:
+        return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **doc,
+                "intermediate_size": config.ffn_hidden_size, "moe_intermediate_size": width, "num_experts": experts,
+                "num_experts_per_tok": topk, "norm_topk_prob": norm_topk, "decoder_sparse_step": 1,
+                "mlp_only_layers": dense, "attention_bias": False}
+    if dense:
+        raise _refuse("moe_layer_freq", config.moe_layer_freq, "dense layers in a Mixtral-style model (no q/k norms, "
+                      "every layer MoE)")
+    if not norm_topk:
+        raise _refuse("moe_router_pre_softmax", True, "Mixtral renormalizes its top k")
+    return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", **doc, "intermediate_size": width,
+            "num_local_experts": experts, "num_experts_per_tok": topk}

@@ -1,0 +1,151 @@
+"""``init_module_`` on a Megatron-Core ``GPTModel`` without ``spec`` (issue 43): the Hugging Face
+config is derived from the model's own ``TransformerConfig`` and ``GPTModel`` fields
+(``training/megatron_config.py``) where the mapping is exact, and refused by field where it is not.
+
+The derivation is checked on config objects (no model: a Llama-3-8B-shaped ``TransformerConfig``
+derives the real Llama-3-8B's tensors, every one), the fill on tiny models in one spawned process:
+a model filled without a spec has the bytes of the same model filled with the explicit config,
+and of the Hugging Face folder of the derived config."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core", reason="megatron-core is in the test extra")
+
+import modelinit  # noqa: E402
+from modelinit_server.architectures import PRESETS, from_config, from_preset  # noqa: E402
+from modelinit_server.training.megatron_config import GPTFields, hf_config  # noqa: E402
+
+from tests.server.training.test_megatron import (HF, MOE, PADDED, SEED, STARCODER2, _MOE_FIELDS,  # noqa: E402
+                                                 _STARCODER2_FIELDS, _files, _gpt, _one_process)
+from tests.support.distributed import no_collectives, same_bytes  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Megatron warns that Apex/TE are absent
+F = torch.nn.functional
+
+#: The test models' TransformerConfig (test_megatron._gpt): Qwen3-shaped.
+_SMALL = dict(num_layers=4, hidden_size=64, num_attention_heads=8, num_query_groups=2, kv_channels=8, ffn_hidden_size=96,
+              gated_linear_unit=True, activation_func=F.silu, normalization="RMSNorm", add_bias_linear=False,
+              qk_layernorm=True, layernorm_epsilon=1e-6)
+_GPT = GPTFields(vocab_size=PADDED, max_sequence_length=128, rotary_base=HF.get("rope_theta", 10000))
+
+
+def _config(**fields):
+    from megatron.core.transformer import TransformerConfig
+
+    return TransformerConfig(**{**_SMALL, **fields})
+
+
+def test_a_llama_3_8b_shaped_config_derives_the_real_llama_3_8b():
+    """Megatron's Llama-3-8B (as Megatron-Bridge configures it: 32 layers, 4096 wide, 32 heads in 8
+    groups, SwiGLU 14336, RMSNorm 1e-5, RoPE base 500000, 8192 positions, vocabulary 128256, no
+    biases, untied) derives the hub's config: every tensor (name, shape, kind, role, layer, fans)
+    equal to the ``llama-3-8b`` preset's, and every field of the preset that shapes the model or
+    its init the same."""
+    config = _config(num_layers=32, hidden_size=4096, num_attention_heads=32, num_query_groups=8, kv_channels=None,
+                     ffn_hidden_size=14336, qk_layernorm=False, layernorm_epsilon=1e-5, attention_dropout=0.0,
+                     hidden_dropout=0.0)
+    derived = hf_config(config, GPTFields(vocab_size=128256, max_sequence_length=8192, rotary_base=500000))
+    assert from_config(derived).tensors == from_preset("llama-3-8b").tensors
+    hub = PRESETS["llama-3-8b"]
+    fields = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "vocab_size", "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act",
+              "rms_norm_eps", "rope_theta", "max_position_embeddings", "initializer_range", "attention_dropout")
+    assert {f: derived[f] for f in fields} == {f: hub[f] for f in fields}
+    assert set(derived) - set(hub) == {"head_dim"} and derived["head_dim"] == 4096 // 32  # Llama's own default
+
+
+@pytest.mark.parametrize("fields, hf", [
+    ({}, HF),
+    (_MOE_FIELDS, MOE),
+    ({**_STARCODER2_FIELDS, "activation_func": F.gelu}, {**STARCODER2, "initializer_range": 0.02}),  # Megatron's std
+    ({"qk_layernorm": False}, {**HF, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}),
+    ({"qk_layernorm": False, "add_qkv_bias": True}, {**HF, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}),
+    ({"qk_layernorm": False, "add_bias_linear": True}, {**HF, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                                                        "attention_bias": True, "mlp_bias": True}),
+    ({**_MOE_FIELDS, "qk_layernorm": False}, {**HF, "model_type": "mixtral", "architectures": ["MixtralForCausalLM"],
+                                              "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32}),
+    ({**_MOE_FIELDS, "qk_layernorm": False, "add_qkv_bias": True, "moe_shared_expert_intermediate_size": 48,
+      "moe_shared_expert_gate": True},
+     {**MOE, "model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], "shared_expert_intermediate_size": 48,
+      "qkv_bias": True}),
+    ({**_MOE_FIELDS, "moe_layer_freq": [0, 1, 1, 0]}, {**MOE, "mlp_only_layers": [0, 3]}),
+], ids=["qwen3", "qwen3-moe", "starcoder2", "llama", "qwen2", "llama-biases", "mixtral", "qwen2-moe-shared-expert",
+        "qwen3-moe-dense-layers"])
+def test_each_family_derived_has_the_tensors_of_its_hugging_face_config(fields, hf):
+    """The families derived, each from the Megatron fields of the Hugging Face config it
+    corresponds to: the derived config's spec has exactly that config's tensors (the padded
+    vocabulary's rows included: the derived vocabulary is the model's)."""
+    derived = hf_config(_config(**fields), _GPT)
+    assert derived["model_type"] == hf["model_type"]
+    assert from_config(derived).tensors == from_config({**hf, "vocab_size": PADDED}).tensors
+
+
+@pytest.mark.parametrize("fields, gpt, message", [
+    ({"window_size": (64, 0)}, {}, r"window_size=\(64, 0\) \(sliding-window attention\)"),
+    ({"moe_router_enable_expert_bias": True, "moe_router_score_function": "sigmoid", **_MOE_FIELDS}, {}, r"moe_router_enable_expert_bias=True"),
+    ({"activation_func": F.relu}, {}, r"activation_func='relu'"),
+    ({"layernorm_zero_centered_gamma": True}, {}, r"layernorm_zero_centered_gamma=True"),
+    ({"add_bias_linear": True}, {}, r"add_bias_linear=True \(biases with q/k norms"),
+    ({"normalization": "LayerNorm"}, {}, r"gated_linear_unit=True \(with LayerNorm"),
+    ({"embedding_init_method_std": 0.01}, {}, r"embedding_init_method_std=0\.01"),
+    ({**_MOE_FIELDS, "moe_shared_expert_intermediate_size": 48}, {}, r"moe_shared_expert_gate=False"),
+    ({**_MOE_FIELDS, "qk_layernorm": False, "moe_layer_freq": 2}, {}, r"moe_layer_freq=2 \(dense layers in a Mixtral"),
+    (_MOE_FIELDS, {"moe_layers": {1: False}}, r"moe_layer_freq=1 \(not .*|moe_layer_freq=1 \(layer 1 holds a dense MLP"),
+    ({}, {"position_embedding_type": "learned_absolute"}, r"position_embedding_type='learned_absolute'"),
+    ({}, {"rope_scaling": True}, r"rope_scaling=True \(Llama 3\.1's RoPE scaling, whose factor GPTModel does not keep"),
+    ({}, {"rotary_percent": 0.5}, r"rotary_percent=0\.5 \(partial RoPE\)"),
+    ({}, {"mtp": True}, r"mtp_block_spec=True"),
+])
+def test_a_field_without_a_hugging_face_counterpart_is_refused_by_name(fields, gpt, message):
+    """Each field the families derived cannot say is refused in one line: ``spec:``, the field and
+    its value, what it is, and the fix (give the config: ``spec=...``)."""
+    with pytest.raises(ValueError, match=rf"^spec: the Megatron model's {message}.*give the Hugging Face config this "
+                                         r"model corresponds to: init_module_\(model, spec="):
+        hf_config(_config(**fields), GPTFields(**{**_GPT.__dict__, **gpt}))
+
+
+def _check_derived(out: str) -> None:
+    """Qwen3 (dense) and Mixtral-style (MoE, no q/k norms) tiny models filled without a spec: the
+    same bytes as with the explicit config (and, for Qwen3, as with the tokenizer's vocabulary:
+    the padded rows are the stream continued); Mixtral's experts and router are the folder's."""
+    for fields, explicit in (({}, (HF, {**HF, "vocab_size": PADDED})),
+                             ({"moe": True, "qk_layernorm": False}, ())):
+        derived_model = _gpt(dtype="bfloat16", **fields)
+        with no_collectives():
+            summary = modelinit.init_module_(derived_model, seed=SEED)
+        assert summary.derived_config == hf_config(derived_model.config, GPTFields(
+            vocab_size=PADDED, max_sequence_length=128, rotary_base=derived_model.rotary_base))
+        assert summary.missing == 0 and summary.elements == sum(p.numel() for p in derived_model.parameters())
+        got = {n: p.detach() for n, p in derived_model.named_parameters()}
+        for spec in (*explicit, summary.derived_config):
+            model = _gpt(dtype="bfloat16", **fields)
+            again = modelinit.init_module_(model, seed=SEED, spec=spec)
+            assert again.fingerprint == summary.fingerprint or spec is HF  # the tokenizer's vocabulary: another plan
+            assert [n for n, p in model.named_parameters() if not same_bytes(p.detach(), got[n])] == [], spec
+        torch.save({"derived": summary.derived_config, "state": got}, f"{out}-{summary.derived_config['model_type']}.pt")
+
+
+def test_a_model_filled_without_a_spec_is_the_folder_of_its_derived_config(tmp_path):
+    """Without ``spec=``: the config derived is reported (``summary.derived_config``), the fill is
+    the explicit config's, and the Hugging Face folder of the derived config (``modelinit init``)
+    holds the same bytes: Mixtral's per-expert ``w1``/``w3`` as Megatron's ``[gate; up]``, ``w2`` as
+    ``linear_fc2``, ``block_sparse_moe.gate`` as the router, the padded vocabulary's rows."""
+    out = str(tmp_path / "filled")
+    _one_process(str(tmp_path / "pg"), _check_derived, out)
+    mixtral = torch.load(f"{out}-mixtral.pt")
+    assert torch.load(f"{out}-qwen3.pt")["derived"]["vocab_size"] == PADDED
+    with modelinit.Client() as c:
+        c.init_model(mixtral["derived"], seed=SEED, out_dir=tmp_path / "hf", dtype="bfloat16")
+    files, state = _files(tmp_path / "hf"), mixtral["state"]
+    assert same_bytes(state["embedding.word_embeddings.weight"], files["model.embed_tokens.weight"])
+    assert same_bytes(state["output_layer.weight"], files["lm_head.weight"])
+    for i in range(4):
+        hf, mine = f"model.layers.{i}.block_sparse_moe.", f"decoder.layers.{i}.mlp."
+        assert same_bytes(state[mine + "router.weight"], files[hf + "gate.weight"])
+        for e in range(4):
+            expert = f"{mine}experts.local_experts.{e}."
+            w1, w3, w2 = (files[f"{hf}experts.{e}.{w}.weight"] for w in ("w1", "w3", "w2"))
+            assert same_bytes(state[expert + "linear_fc1.weight"], torch.cat([w1, w3]))
+            assert same_bytes(state[expert + "linear_fc2.weight"], w2)
