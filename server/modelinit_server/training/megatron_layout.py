@@ -383,9 +383,12 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
         for hf_name, box in boxes:
             ti = by_name.get(hf_name)
             if ti is None:
+                tied = hf_name == "lm_head.weight"  # the one tensor tying decides; a q/k norm, a bias: the family
                 raise ValueError(f"module: Megatron's {name!r} holds {hf_name!r}, which the spec ({spec.architecture}) does not "
-                                 "have: give the Hugging Face config this model corresponds to (spec=...), with "
-                                 "tie_word_embeddings as the model shares its output layer")
+                                 "have: give the Hugging Face config this model corresponds to (spec=...)"
+                                 + (", with tie_word_embeddings false as the model has an output layer of its own"
+                                    if tied else ", of a family that has it (q/k norms: qwen3; q/k/v biases: qwen2)"
+                                    if "norm" in hf_name or hf_name.endswith(".bias") else ""))
             want = tuple(spec.tensors[ti].shape)
             length = box[3]
             if key in _PADDED and length[0] >= want[0] and length[1:] == want[1:]:
