@@ -40,7 +40,8 @@ fence, other comments such as ``<!-- ci:test -->`` between them allowed, are rea
             | copy PATH           the repository's PATH copied into the folder (files the block
                                   names by a relative path; it may write there)
             | continues           run after the page's previous python block, in one interpreter
-                                  (the two are one program, split by prose)
+                                  (the two are one program, split by prose); that block then
+                                  runs only there, at the head of this one's program
             | output              the run's stdout must end with the next fenced block's text
             | xfail REASON        the run must fail, for REASON (a code bug, reported): a strict
                                   xfail, so the fix turns it into a failure that asks to drop this
@@ -252,7 +253,25 @@ def _collected() -> list[Block]:
 
 
 PLANS = [plan_of(b) for b in _collected()]
-RUN = [p for p in PLANS if p.kind == "run" and not p.problems]
+
+
+def _previous_python(plan: Plan) -> Plan | None:
+    earlier = [p for p in PLANS if p.block.path == plan.block.path and p.block.line < plan.block.line
+               and p.block.lang == "python"]
+    return earlier[-1] if earlier else None
+
+
+def _chain(plan: Plan) -> list[Plan]:
+    """The plans whose text runs as one program: the earlier python blocks it continues, then it."""
+    chain = [plan]
+    while chain[0].continues and _previous_python(chain[0]) is not None:
+        chain.insert(0, _previous_python(chain[0]))
+    return chain
+
+
+#: A block that a later one continues runs once, at the head of that one's program.
+_CONTINUED = {id(_previous_python(p)) for p in PLANS if p.continues}
+RUN = [p for p in PLANS if p.kind == "run" and not p.problems and id(p) not in _CONTINUED]
 SYNOPSES = [p for p in PLANS if p.kind == "synopsis"]
 
 
@@ -283,12 +302,6 @@ def test_the_readme_main_commands_are_excused():
     ci = re.search(r"<!-- ci:test -->(.*?)<!-- /ci:test -->", (REPO / "README.md").read_text(), re.S).group(1)
     assert any(p.kind == "skip" and p.block.text.strip() in ci for p in readme)
     assert readme[0].kind == "skip" and "modelinit init" in readme[0].block.text  # the quick start
-
-
-def _previous_python(plan: Plan) -> Plan | None:
-    earlier = [p for p in PLANS if p.block.path == plan.block.path and p.block.line < plan.block.line
-               and p.block.lang == "python"]
-    return earlier[-1] if earlier else None
 
 
 def _next_block(block: Block) -> Block | None:
@@ -324,7 +337,7 @@ def ray_address(s3_server):
             patch.setenv(k, v)
         cluster = ray_cluster.start(num_cpus=2)
     yield cluster.address
-    cluster.stop()
+    cluster.stop(grace=2.0)  # nothing of it is kept: no need to wait out Ray's own slow shutdown
 
 
 class _Run:
@@ -379,16 +392,14 @@ def _tail(done: subprocess.CompletedProcess, chars: int = 6000) -> str:
     return f"--- stdout ---\n{done.stdout[-chars:]}\n--- stderr ---\n{done.stderr[-chars:]}"
 
 
-def _chain(plan: Plan) -> list[Plan]:
-    """The plans whose text runs as one program: the earlier python blocks it continues, then it."""
-    chain = [plan]
-    while chain[0].continues:
-        chain.insert(0, _previous_python(chain[0]))
-    return chain
+def _id(plan: Plan) -> str:
+    """``docs/training.md:316``, or ``docs/training.md:316+368`` for a block that continues another."""
+    chain = _chain(plan)
+    return f"{chain[0].block.where}" + "".join(f"+{p.block.line}" for p in chain[1:])
 
 
 @pytest.mark.parametrize("plan", [pytest.param(p, marks=pytest.mark.xfail(reason=p.xfail, strict=True)) if p.xfail else p
-                                  for p in RUN], ids=[p.block.where for p in RUN])
+                                  for p in RUN], ids=[_id(p) for p in RUN])
 def test_block_runs_as_written(plan: Plan, request, tmp_path):
     run = _Run(request, tmp_path)
     chain = _chain(plan)
