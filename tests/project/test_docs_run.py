@@ -12,10 +12,11 @@ How a block runs, in a fresh temp folder of its own (its working directory):
 - ``python``: the block's text as a file, run by a fresh interpreter (``python block.py``).
 - ``bash``, ``sh``, ``shell``: the text as a file, run by ``bash -euo pipefail block.sh``; a
   ``console`` block runs its ``$ `` lines. Exit 0 passes; anything else fails with its output.
-- **Install lines are not run**: a line whose every ``&&``-joined command is ``pip install ...``,
-  ``pip wheel ...``, ``python3 -m venv ...`` or the activation of a venv (``. .venv/bin/activate``)
-  is dropped, since the tests run in the installed test environment. A block that is only
-  install lines must be excused (``skip (installs only)``).
+- **Installs are not run**: of a line's ``&&``-joined commands, those that install (``pip install
+  ...``, ``pip wheel ...``, ``python3 -m venv ...``, activating a venv: ``. .venv/bin/activate``)
+  are left out, and a line of installs only is dropped, since the tests run in the installed test
+  environment. A block left with nothing to run must be excused (``skip (installs only)``); an
+  install the runner cannot take out (after ``;``, in a subshell) is refused.
 - The environment is the tests' own (the venv's ``bin`` first on PATH, so ``modelinit`` is the
   console script) without settings that would reach outside (``AWS_*``, ``AZURE_*``, ``GOOGLE_*``,
   ``RAY_ADDRESS``, ``MODELINIT_TOKEN``), plus what the marker's fixtures add.
@@ -67,6 +68,11 @@ For example::
     <!-- doc-test: run; "init llama-3-8b" -> "init {tiny:llama}"; "my-bucket" -> "{bucket}" -->
     <!-- doc-test: skip (needs a Kubernetes cluster) -->
 
+Cost: each block is a fresh process or several (mostly the imports of torch and transformers),
+about 130 CPU-seconds for the module on the 2-core development machine, plus the Ray cluster's
+start (the ray blocks); the heaviest are probe.md's (its Reproduce block about 27 CPU-s, the first
+one 17), then the torch.distributed and DCP examples and the plans of deepseek-v3 (8-10 each).
+
 The README's quick start and its CI test command are excused (the one installs a venv, the other
 is what CI runs itself: pytest inside pytest would loop); a run block that calls pytest is refused.
 """
@@ -94,9 +100,10 @@ TIMEOUT = 600
 
 _MARKER = re.compile(r"^<!-- doc-test:\s*(?P<body>.*?)\s*-->$")
 _PLACEHOLDER = re.compile(r"\{(tiny:\w+|server|bucket|cwd)\}")
-_ANY_PLACEHOLDER = re.compile(r"\{(tiny:[^}]*|server|bucket|cwd|[a-z_]+)\}")
+_BRACES = re.compile(r"(?<!\$)\{([\w:.-]+)\}")  # {name} in NEW or COMMAND (bash's ${VAR} is not one)
 FIXTURES = {"s3", "ray", "dist"}
-_INSTALL = re.compile(r"^(?:pip3?\s+(?:install|wheel)|python3?\s+-m\s+(?:pip\s+(?:install|wheel)|venv)|(?:\.|source)\s+\S*bin/activate)\b")
+_INSTALL = re.compile(r"^(?:pip3?\s+(?:install|wheel)|python3?\s+-m\s+(?:pip\s+(?:install|wheel)|venv)|(?:\.|source)\s+\S*bin/activate)(?:\s|$)")
+_ANY_INSTALL = re.compile(r"\bpip3?\s+(?:install|wheel)\b|-m\s+(?:pip|venv)\b")
 
 
 @dataclass
@@ -117,11 +124,12 @@ class Plan:
 
 
 def _placeholders(text: str, plan: Plan) -> None:
-    for m in _ANY_PLACEHOLDER.finditer(text):
+    """Note the fixtures the placeholders of ``text`` (a NEW or a COMMAND) start."""
+    for m in _BRACES.finditer(text):
         name = m.group(1)
         if not _PLACEHOLDER.fullmatch(m.group(0)):
-            continue  # a brace of the code itself ({prefix} of an f-string): not ours
-        if name.startswith("tiny:"):
+            plan.problems.append(f"{{{name}}}: no such placeholder (tiny:FAMILY, server, bucket, cwd)")
+        elif name.startswith("tiny:"):
             if name[5:] not in TINY:
                 plan.problems.append(f"{{{name}}}: no tiny config of that family (tests.support.TINY has {sorted(TINY)})")
             plan.fixtures.add("tiny")
@@ -209,7 +217,11 @@ def plan_of(block: Block) -> Plan:
         script = script_of(plan)
         if not script.strip() or all(not line.strip() or line.lstrip().startswith("#") for line in script.splitlines()):
             plan.problems.append("nothing left to run once its install lines are dropped: excuse it, skip (installs only)")
-        if re.search(r"(^|[\s;&|(])(python3? -m )?pytest\b", script, re.M):
+        code = "\n".join(line.partition("#")[0] for line in script.splitlines())
+        if _ANY_INSTALL.search(code):
+            plan.problems.append("installs where the runner cannot leave it out (only a line's `&&`-joined installs are): "
+                                 "make it a line of its own")
+        if re.search(r"(^|[\s;&|(])(python3? -m )?pytest\b", code, re.M):
             plan.problems.append("runs pytest: a test must not run pytest inside pytest (excuse it, saying who runs it)")
     return plan
 
@@ -228,10 +240,20 @@ def _logical_lines(text: str) -> list[str]:
     return out
 
 
-def _is_install(line: str) -> bool:
-    code = line.split(" #", 1)[0].strip()
+def _without_installs(line: str) -> str:
+    """The line without its install commands: of ``a && b && c``, the ones that do not install;
+    a line of installs only becomes a comment."""
+    code, hash_, comment = line.partition(" #")
+    if not code.strip():
+        return line
     commands = [c.strip() for c in code.split("&&")]
-    return bool(code) and all(_INSTALL.match(c) for c in commands)
+    kept = [c for c in commands if not _INSTALL.match(c)]
+    if len(kept) == len(commands):
+        return line
+    if not kept:
+        return f"# (not run here: installs) {line.strip()}"
+    indent = code[:len(code) - len(code.lstrip())]
+    return f"{indent}{' && '.join(kept)}  # (installs left out){hash_[1:]}{comment}"
 
 
 def script_of(plan: Plan) -> str:
@@ -244,8 +266,7 @@ def script_of(plan: Plan) -> str:
         return text
     if plan.block.lang == "console":
         text = "\n".join(line[2:] for line in text.splitlines() if line.startswith("$ "))
-    return "\n".join(f"# (not run here: installs) {line}" if _is_install(line) else line
-                     for line in _logical_lines(text)) + "\n"
+    return "\n".join(_without_installs(line) for line in _logical_lines(text)) + "\n"
 
 
 def _collected() -> list[Block]:
