@@ -6,29 +6,23 @@ from __future__ import annotations
 
 import json
 import re
-import textwrap
 
 import pytest
 import yaml
 from modelinit_wire import policy_file
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
-from tests.support import REPO, TINY
+from tests.support import TINY
+from tests.support.doc_blocks import all_blocks
 
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-# A fenced block, possibly indented (inside a list item): its language and its text.
-_FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w+-]*)[ \t]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
 #: Models each example is planned against: presets and tiny configs with biases everywhere (GPT-2's
 #: c_proj, BERT's dense layers) and without (Llama).
 MODELS = {"gpt2": "gpt2", "tiny-gpt2": TINY["gpt2"], "tiny-bert": TINY["bert"], "tiny-llama": TINY["llama"]}
 
 
 def _blocks():
-    for path in DOCS:
-        text = path.read_text(encoding="utf-8")
-        for m in _FENCE.finditer(text):
-            line = text.count("\n", 0, m.start()) + 1
-            yield f"{path.relative_to(REPO)}:{line}", m.group("lang").lower(), textwrap.dedent(m.group("body"))
+    for b in all_blocks():
+        yield b.where, b.lang, b.text
 
 
 def _policy_examples() -> list[tuple[str, pb.Policy]]:

@@ -51,9 +51,11 @@ class RayCluster:
     log: pathlib.Path
     attempts: list[str] = field(default_factory=list)
 
-    def stop(self) -> None:
-        """SIGTERM to the whole group (ray start, GCS, raylet, workers), SIGKILL after 20 s."""
-        for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM to the whole group (ray start, GCS, raylet, workers), SIGKILL after ``grace``
+        seconds (`ray start --block`, its GCS and an idle worker outlive a SIGTERM by more than
+        20 s: a caller that keeps nothing of the cluster may cut the wait short)."""
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
             try:
                 os.killpg(self.process.pid, sig)
             except ProcessLookupError:
