@@ -487,7 +487,8 @@ def _finalize(args: argparse.Namespace) -> int:
         missing = ", ".join(map(str, result.missing_parts[:16])) + (" ..." if len(result.missing_parts) > 16 else "")
         return _fail(f"{result.path}: part(s) {missing} not finished yet; nothing written (run finalize again after them)",
                      EXIT_PARTS_MISSING)
-    print(f"complete: {result.total_params:,} parameters ({result.total_bytes / 1e9:.2f} GB) in "
+    print(f"{'already complete (its last part finished it; nothing written)' if result.reused else 'complete'}: "
+          f"{result.total_params:,} parameters ({result.total_bytes / 1e9:.2f} GB) in "
           f"{sum(f.name.endswith('.safetensors') for f in result.files)} shard(s) at {result.path}; "
           f"fingerprint {result.fingerprint[:16]}")
     return 0

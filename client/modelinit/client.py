@@ -23,6 +23,7 @@ from .errors import ModelInitError, ModelInitWarning
 from .handoff import FileResult
 from .manifest import (  # noqa: F401 - MANIFEST_FILE, PROGRESS_FILE, check_file_name, loader_file: also the client's API
     MANIFEST_FILE,
+    parse_manifest,
     PROGRESS_FILE,
     check_file_name,
     check_plan_names,
@@ -422,12 +423,23 @@ class Client:
         part's shards are there as recorded, write the index, config.json and ``modelinit.json``
         (each created once), as the last part does itself; for schedulers that prefer a final
         step. The request comes from the parts' records and is planned again here (its
-        fingerprint must match). ``complete`` is False while a part is missing (nothing written)."""
+        fingerprint must match). ``complete`` is False while a part is missing (nothing written).
+        A checkpoint its last part finished already (``modelinit.json`` there, the records gone)
+        is returned as it is, ``reused`` (nothing written): a final step is then a no-op."""
         prefix = open_prefix(url, "url")
         from .destinations.prefix import PrefixWriter, recorded_request
         from .destinations.protocol import read_small_files
 
-        request, count = recorded_request(prefix)
+        try:
+            request, count = recorded_request(prefix)
+        except ModelInitError:
+            recorded = prefix.read(MANIFEST_FILE)
+            if recorded is None:
+                raise
+            doc = parse_manifest(recorded, f"{PrefixWriter(prefix).where}/{MANIFEST_FILE}")
+            return InitResult(PrefixWriter(prefix).where, doc["fingerprint"],
+                              tuple(FileResult(f["name"], f["size"], f["sha256"]) for f in doc["files"]),
+                              doc["total_params"], doc["total_bytes"], doc["algorithm_version"], reused=True)
         plan = full_plan(self.source, request)
         check_plan_names(plan)
         small = read_small_files(plan, lambda files: self.source.events(request, plan, files))

@@ -17,6 +17,11 @@ class ModelInitError(Exception):
         self.code = code
         self.details = details
 
+    def __reduce__(self):
+        # pickled as its two fields (a Ray task's error reaches its caller as the error it was):
+        # Exception's own reduce would call ModelInitError(message), which takes (code, details)
+        return type(self), (self.code, self.details)
+
     @classmethod
     def from_rpc(cls, err: grpc.RpcError) -> "ModelInitError":
         code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN

@@ -25,9 +25,11 @@ from typing import Any, Callable
 
 import grpc
 
+from .bucket import is_bucket_url
 from .client import Client, InitResult
 from .errors import ModelInitError, ModelInitWarning
 from .parts import idle_note
+from .request import model_spec
 
 
 def init_model(spec: Any, *, parts: int, out_dir: str | os.PathLike, seed: int, policy: Any = None,
@@ -52,6 +54,11 @@ def init_model(spec: Any, *, parts: int, out_dir: str | os.PathLike, seed: int, 
         raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"max_retries: must be an integer >= 0, got {max_retries!r}")
     request = dict(seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size,
                    algorithm_version=algorithm_version, architecture=architecture)
+    # Paths are the caller's: a config file is read here and handed to the tasks as the spec
+    # message (a worker runs in another folder, maybe on another node), a local out_dir made absolute.
+    spec = model_spec(spec)
+    if not is_bucket_url(out_dir) and not os.fspath(out_dir).startswith("file://"):
+        out_dir = os.path.abspath(os.fspath(out_dir))
     with (Client(server) if server else Client()) as client:
         plan = client.plan(spec, tensors=False, **request)  # a bad spec or option fails here, once, before any task
     note = idle_note(plan, parts)

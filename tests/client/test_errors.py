@@ -425,3 +425,12 @@ def test_globs_match_as_fnmatchcase():
             t = T()
             t.name = n
             assert m.selects(t) == fnmatch.fnmatchcase(n, g), (g, n)
+
+
+def test_the_error_pickles_as_itself():
+    """A Ray task's error crosses processes pickled: it must come back as the error it was."""
+    import pickle
+
+    error = modelinit.ModelInitError(grpc.StatusCode.DATA_LOSS, "model.safetensors: SHA-256 mismatch")
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is modelinit.ModelInitError and (back.code, back.details, str(back)) == (error.code, error.details, str(error))

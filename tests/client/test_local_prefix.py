@@ -102,3 +102,19 @@ def test_a_part_with_no_shard_to_write_says_so_and_how_to_give_it_one(tmp_path, 
     assert (tmp_path / "shared" / "modelinit.json").exists()
     with pytest.warns(ModelInitWarning, match=r"^part 1/2: part\(s\) 1 of 2 have no shard to write"):
         embedded.init_model(spec, seed=0, part=(1, 2), out_dir=tmp_path / "api")
+
+
+def test_finalize_of_a_checkpoint_its_last_part_finished_is_a_no_op(tmp_path, capsys):
+    """The documented optional last step: after the last part wrote modelinit.json (and removed
+    the records), `modelinit finalize` says so and exits 0, writing nothing (it exited 2)."""
+    spec = tmp_path / "config.json"
+    spec.write_text(json.dumps(TINY["gpt2"]))
+    out = tmp_path / "shared"
+    for k in (0, 1):
+        assert main(["init", str(spec), "--max-shard-size", "100KB", "--part", f"{k}/2", "--out", str(out), "--quiet"]) == 0
+    before = read_folder(out)
+    capsys.readouterr()
+    assert main(["finalize", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("already complete (its last part finished it; nothing written): ")
+    assert read_folder(out) == before
+    assert main(["finalize", str(tmp_path / "never-written")]) == 2  # an empty prefix is still an error

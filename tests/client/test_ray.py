@@ -139,6 +139,22 @@ def test_tasks_with_no_shard_to_write_are_named_before_they_run(cluster, tmp_pat
         result = modelinit.ray.init_model(SPEC, parts=3, out_dir=tmp_path / "out", seed=3)
     assert result.complete and read_folder(tmp_path / "out") == _one_writer(tmp_path, SPEC, seed=3)
 
+
+def test_relative_paths_are_the_callers_and_a_tasks_error_is_the_error_it_was(cluster, tmp_path, monkeypatch):
+    """The workers run elsewhere (the cluster's folder): a relative config path is read by the
+    caller, a relative out_dir is the caller's folder; an error a task raises reaches the caller as
+    the ModelInitError it was (it did not pickle: Ray gave an UnserializableException)."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cfg.json").write_text(json.dumps(SPEC))
+    result = modelinit.ray.init_model("cfg.json", parts=2, out_dir="out", **RUN)
+    assert result.path == tmp_path / "out" and read_folder(tmp_path / "out") == _one_writer(tmp_path, SPEC, **RUN)
+    (tmp_path / "a-file").write_text("not a folder")
+    with pytest.raises(ModelInitError) as raised:
+        modelinit.ray.init_model("cfg.json", parts=2, out_dir="a-file", **RUN)
+    assert raised.value.code.name != "INTERNAL" and "Unserializable" not in raised.value.details, raised.value
+
 def test_a_bad_spec_fails_once_before_any_task(cluster, tmp_path):
     started = time.monotonic()
     with pytest.raises(ModelInitError) as raised:

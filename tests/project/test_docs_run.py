@@ -62,6 +62,7 @@ fence, other comments such as ``<!-- ci:test -->`` between them allowed, are rea
                      started with the S3 server's environment so its workers reach it
       dist           a one-process torch.distributed world, as `torchrun --nproc-per-node 1` sets it
                      (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK)
+      torchtitan     torchtitan importable (installed by the tests into tests/.stacks, tests/support/stacks.py)
 
 For example::
 
@@ -101,7 +102,7 @@ TIMEOUT = 600
 _MARKER = re.compile(r"^<!-- doc-test:\s*(?P<body>.*?)\s*-->$")
 _PLACEHOLDER = re.compile(r"\{(tiny:\w+|server|bucket|cwd)\}")
 _BRACES = re.compile(r"(?<!\$)\{([\w:.-]+)\}")  # {name} in NEW or COMMAND (bash's ${VAR} is not one)
-FIXTURES = {"s3", "ray", "dist"}
+FIXTURES = {"s3", "ray", "dist", "torchtitan"}
 _INSTALL = re.compile(r"^(?:pip3?\s+(?:install|wheel)|python3?\s+-m\s+(?:pip\s+(?:install|wheel)|venv)|(?:\.|source)\s+\S*bin/activate)(?:\s|$)")
 _ANY_INSTALL = re.compile(r"\bpip3?\s+(?:install|wheel)\b|-m\s+(?:pip|venv)\b")
 
@@ -385,6 +386,11 @@ class _Run:
             self.env.update(RAY_ADDRESS=self.request.getfixturevalue("ray_address"), **DRIVER_ENV)
         if "server" in plan.fixtures:
             self.values["server"] = self.request.getfixturevalue("server_target")
+        if "torchtitan" in plan.fixtures:  # installed by the tests into tests/.stacks (tests/support/stacks.py)
+            from tests.support.stacks import install_torchtitan
+
+            install_torchtitan()
+            self.env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         if "dist" in plan.fixtures:
             self.env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1",
                             LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
