@@ -7,6 +7,7 @@ the request; bad requests are one line naming the flag.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import modelinit
@@ -160,3 +161,62 @@ def test_cli_table_json_and_plot(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     code, out, err = run_cli(["probe", str(config), "--widths", "32,64", "--steps", "2", "--batch", "2", "--seq", "16"], capsys)
     assert code == 0 and "coordinate check" in out and "growing" in out and "first:" in out, err
+
+
+@pytest.mark.parametrize("policy", ["hf-default", "mup"])
+def test_scales_match_mup_get_coord_data(policy):
+    """The same Llama, filled with the same bytes, the same batch, widths and Adam steps through
+    microsoft/mup's own ``get_coord_data`` (``MuReadout`` and ``MuAdam`` after ``set_base_shapes``
+    at base width 256 for µP; plain Adam otherwise): every module's mean |output| agrees. Needs
+    ``pip install --no-deps mup`` and pandas (its coord_check imports it); skipped without them."""
+    mup = pytest.importorskip("mup", reason="pip install --no-deps mup (docs/policies.md)")
+    pytest.importorskip("pandas", reason="mup.coord_check imports pandas")
+    import torch
+    from modelinit.request import RequestOptions
+    from mup.coord_check import get_coord_data
+    from modelinit_server.architectures import meta_models
+    from modelinit_server.messages import request_from_pb
+    from modelinit_server.probe.coord import _spec, coord_check
+    from modelinit_server.probe.run import build, make_batch
+
+    widths, steps, lr = [32, 64], 2, 1e-3
+    request = request_from_pb(RequestOptions(seed=0, policy=policy, dtype="float32").request(LLAMA))
+    ours = coord_check(request, policy, widths, steps, "adam", lr, batch=2, seq=16)
+
+    def with_readout(m, width):
+        head = mup.MuReadout(width, LLAMA["vocab_size"], bias=False, readout_zero_init=policy == "mup",
+                             device=m.lm_head.weight.device)
+        if m.lm_head.weight.device.type != "meta":
+            with torch.no_grad():
+                head.weight.copy_(m.lm_head.weight)
+        m.lm_head = head
+        return m
+
+    def lazy(width):
+        def make():
+            with torch.no_grad():
+                model = build(dataclasses.replace(request, model=_spec(request, width)))
+            if policy == "mup":
+                base = with_readout(meta_models.meta_model(widened_config(LLAMA, 256), "LlamaForCausalLM"), 256)
+                delta = with_readout(meta_models.meta_model(widened_config(LLAMA, 512), "LlamaForCausalLM"), 512)
+                mup.set_base_shapes(with_readout(model, width), base, delta=delta)
+            return model
+        return make
+
+    with torch.no_grad():
+        probe_model = build(dataclasses.replace(request, model=_spec(request, 32)))
+    data = make_batch(probe_model, 0, 2, 16)
+    batch = dict(data.inputs, labels=data.labels)
+    names = [s.module for s in ours.series if s.module not in ("logits",) and not s.module.endswith(("attn_logits", "self_attn"))]
+    df = get_coord_data({w: lazy(w) for w in widths}, [batch], optimizer="adam", lr=lr, mup=policy == "mup", dict_in_out=True,
+                        nsteps=steps, cuda=False, show_progress=False, filter_module_by_name=lambda n: n in names)
+    theirs = {(row.module.split(":")[0], int(row.t), int(row.width)): row.l1 for row in df.itertuples()
+              if ":" not in row.module or row.module.endswith(":out[0]")}
+    by = {s.module: s for s in ours.series}
+    compared = 0
+    for name in names:
+        for t in range(steps):
+            for i, w in enumerate(widths):
+                assert by[name].values[t][i] == pytest.approx(theirs[(name, t + 1, w)], rel=1e-4, abs=1e-7), (name, t, w)
+                compared += 1
+    assert compared > 20 * steps * len(widths)
