@@ -15,7 +15,7 @@ prints its report's labels. One case per script (the id names it), each in the s
 * ``end_to_end``: bert-base-uncased, one rep, one rep of the baselines: it runs all three of
   benchmarks/baselines/ (hf_init_save, torch_loop, grpc_ceiling).
 * ``object_store``: a tiny gpt2 config.json, one repeat, parts 1, no iterator ceiling (moto).
-* ``probe``: the tiny gpt2 config, batch 1 x 8 tokens.
+* ``probe``: the tiny gpt2 config, batch 1 x 8 tokens; and its coordinate-check mode at widths 32, 64, 2 steps.
 * ``verify``: ``--smoke`` (a tiny Llama in four files).
 * ``init_module``: TinyLlama's shape with one layer, float32, one repeat, CPU (``--device cuda``
   needs a GPU).
@@ -115,6 +115,11 @@ def test_object_store(tmp_path, tiny_config):
 def test_probe(tmp_path, tiny_config):
     ok(run([str(BENCH / "probe.py"), "--models", str(tiny_config), "--batch", "1", "--seq", "8",
             "--json", str(tmp_path / "probe.json")], tmp_path), "peak RSS")
+
+
+def test_probe_coordinate_check(tmp_path, tiny_config):
+    ok(run([str(BENCH / "probe.py"), "--models", str(tiny_config), "--widths", "32,64", "--steps", "2", "--batch", "1",
+            "--seq", "8", "--json", str(tmp_path / "coord.json")], tmp_path), "peak RSS", "first problem")
 
 
 def test_verify(tmp_path):

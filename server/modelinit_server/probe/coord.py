@@ -220,7 +220,8 @@ def _attn_logit_scale(probs, allowed) -> float:
     mean = logp.sum(-1, keepdim=True) / n.clamp_min(1).unsqueeze(-1)
     dev = torch.where(allowed, (logp - mean).abs(), torch.zeros_like(p)).sum(-1) / n.clamp_min(1)
     several = (n > 1).expand_as(dev)
-    return float((dev * several).sum() / several.sum().clamp_min(1))
+    value = float((dev * several).sum() / several.sum().clamp_min(1))
+    return value if value >= 1e-6 else 0.0
 
 
 def _run_width(request: Request, spec, width: int, batch: int, seq: int, steps: int, optimizer: str, lr: float):

@@ -151,7 +151,7 @@ def render_coord(results: list[CoordResult], console=None) -> None:
         table.add_column("verdict", justify="left")
         for s in r.series:
             colour = {"growing": "red", "shrinking": "yellow"}.get(s.verdict, "green")
-            table.add_row(s.module, *[_fmt(x) for x in s.slopes],
+            table.add_row(s.module, *[f"{x:.2f}" for x in s.slopes],
                           " ".join(_fmt(v) for v in s.values[-1]), f"[{colour}]{s.verdict}[/]")
         console.print(table)
         console.print("loss per step (widest width): " + " ".join(_fmt(step[-1]) for step in r.losses) +
