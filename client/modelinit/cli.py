@@ -253,10 +253,10 @@ def _parser() -> argparse.ArgumentParser:
     probe.add_argument("--widths", default=None, metavar="W1,W2,...",
                        help="coordinate check: rebuild the model at these hidden sizes (head size kept), train --steps "
                             "steps and report each module's scale against width (docs/probe.md)")
-    probe.add_argument("--steps", type=int, default=3, help="with --widths: optimizer steps, t = 1 being the init (default 3)")
+    probe.add_argument("--steps", type=int, default=None, help="with --widths: optimizer steps, t = 1 being the init (default 3)")
     probe.add_argument("--lr", type=float, default=None, help="with --widths: learning rate (default 1e-3 for adam, 0.1 for sgd; "
                                                             "the mup preset gets µP's per-parameter rates from it)")
-    probe.add_argument("--optimizer", default="adam", choices=("adam", "sgd"), help="with --widths: the optimizer (default adam)")
+    probe.add_argument("--optimizer", default=None, choices=("adam", "sgd"), help="with --widths: the optimizer (default adam)")
 
     verify = sub.add_parser("verify", help="check a finished folder against its modelinit.json (sizes, SHA-256, headers), "
                                            "regenerating its bytes from (spec, policy, seed)")
@@ -427,6 +427,9 @@ def _probe(args: argparse.Namespace) -> int:
         return _fail(e.details, 2)
     if args.widths is not None:
         return _coord_check(args, policies, budget)
+    alone = [flag for flag, v in (("--steps", args.steps), ("--lr", args.lr), ("--optimizer", args.optimizer)) if v is not None]
+    if alone:
+        return _fail(f"{alone[0]}: only with --widths (the coordinate check); the probe itself is one pass without steps", 2)
     try:
         report, to_json = probe_report(table=args.json != "-", plot=bool(args.plot))
         results = probe(args.spec, policies=policies, seed=args.seed, architecture=args.architecture,
@@ -464,7 +467,8 @@ def _coord_check(args: argparse.Namespace, policies: list[str | None], budget: i
         return _fail("--proxy: the coordinate check sets the widths itself; leave --proxy / --no-proxy out with --widths", 2)
     try:
         report, to_json = coord_report(table=args.json != "-", plot=bool(args.plot))
-        results = coord_check(args.spec, policies=policies, widths=widths, steps=args.steps, optimizer=args.optimizer,
+        results = coord_check(args.spec, policies=policies, widths=widths, steps=3 if args.steps is None else args.steps,
+                              optimizer=args.optimizer or "adam",
                               lr=args.lr, seed=args.seed, architecture=args.architecture, batch=args.batch, seq=args.seq,
                               memory_budget=budget)
     except ModelInitError as e:

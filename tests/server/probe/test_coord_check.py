@@ -130,6 +130,13 @@ def test_mup_learning_rates_match_mu_adam():
     assert all(ours[k] == pytest.approx(theirs[k]) for k in ours)
 
 
+def test_sgd_runs_with_mu_sgd_rates():
+    sp, mup = modelinit.coord_check(LLAMA, policies=["hf-default", "mup"], widths=[32, 64], steps=2, optimizer="sgd", **SMALL)
+    assert sp.lr == mup.lr == 0.1 and "sgd, one LR 0.1" in sp.lr_rule and "MuSGD" in mup.lr_rule
+    assert all(x == x for step in sp.losses + mup.losses for x in step)
+    assert "growing" in sp.first_problem  # what µP under SGD gives at tiny widths: left (docs/probe.md, "Not yet")
+
+
 @pytest.mark.parametrize("argv, start", [
     (["--widths", "64"], "--widths: a coordinate check needs at least two different widths"),
     (["--widths", "64,72"], "--widths: 72 is not a multiple of the head size 16"),
@@ -138,6 +145,7 @@ def test_mup_learning_rates_match_mu_adam():
     (["--widths", "32,64", "--lr", "-1"], "--lr: must be a positive number"),
     (["--widths", "32,64", "--memory-budget", "1MB"], "--widths: width 64"),
     (["--widths", "32,64", "--proxy", "2"], "--proxy: the coordinate check sets the widths itself"),
+    (["--steps", "2"], "--steps: only with --widths"),
 ])
 def test_bad_requests_are_one_line_naming_the_flag(tmp_path, capsys, argv, start):
     config = tmp_path / "config.json"
@@ -179,7 +187,7 @@ def test_scales_match_mup_get_coord_data(policy):
     from modelinit_server.probe.coord import _spec, coord_check
     from modelinit_server.probe.run import build, make_batch
 
-    widths, steps, lr = [32, 64], 2, 1e-3
+    widths, steps, lr = [32, 64], 3, 1e-3  # 3: the zero-initialized query's first update shows at t = 3
     request = request_from_pb(RequestOptions(seed=0, policy=policy, dtype="float32").request(LLAMA))
     ours = coord_check(request, policy, widths, steps, "adam", lr, batch=2, seq=16)
 
