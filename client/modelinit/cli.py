@@ -7,8 +7,8 @@
     plan       every tensor's rule, std and shard, nothing generated (--parts N: the split)
     explain    tensor groups with their std against the Xavier/LeCun references, and warnings
     job        print the Kueue-admitted Kubernetes Indexed Job whose N pods write one checkpoint
-    probe      one measured forward and backward pass of the model filled with a policy's bytes
-               (needs the server and probe extras)
+    probe      one measured forward and backward pass of the model filled with a policy's bytes;
+               with --widths, the coordinate check over widths and steps (needs the server and probe extras)
     verify     check a finished folder or prefix against its modelinit.json (and, unless told
                not to, regenerate its bytes)
 

@@ -32,7 +32,7 @@ prints its report's labels. One case per script (the id names it), each in the s
 Measured on the 2-core development machine (shared): 118 s for the module, over its 90 s target;
 end_to_end ~30 s (ten processes: warm-up, embedded, both baselines, server, library call, two
 ceilings), init_module ~19 s, init_module_ranks and init_module_stacks ~17 s each, object_store
-~10 s, probe ~7 s, the rest under 6 s each: mostly the imports of torch and transformers.
+~10 s, probe ~7 s (its coordinate-check case ~10 s), the rest under 6 s each: mostly the imports of torch and transformers.
 """
 from __future__ import annotations
 
