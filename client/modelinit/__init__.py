@@ -24,11 +24,11 @@ from modelinit_wire.v1.modelinit_pb2 import (  # typed policy objects, e.g. Rule
 )
 
 from .client import Client, InitResult, TensorBytes, reproduce
-from .probing import probe
+from .probing import coord_check, probe
 from .errors import ModelInitError
 
 __all__ = [
-    "Client", "InitResult", "TensorBytes", "ModelInitError", "reproduce", "init_module_", "probe",
+    "Client", "InitResult", "TensorBytes", "ModelInitError", "reproduce", "init_module_", "probe", "coord_check",
     "Policy", "Rule", "Match", "Distribution", "Normal", "TruncNormal", "Uniform", "Constant", "FanScaled",
 ]
 __version__ = "0.1.0"

@@ -7,8 +7,8 @@
     plan       every tensor's rule, std and shard, nothing generated (--parts N: the split)
     explain    tensor groups with their std against the Xavier/LeCun references, and warnings
     job        print the Kueue-admitted Kubernetes Indexed Job whose N pods write one checkpoint
-    probe      one measured forward and backward pass of the model filled with a policy's bytes
-               (needs the server and probe extras)
+    probe      one measured forward and backward pass of the model filled with a policy's bytes;
+               with --widths, the coordinate check over widths and steps (needs the server and probe extras)
     verify     check a finished folder or prefix against its modelinit.json (and, unless told
                not to, regenerate its bytes)
 
@@ -248,7 +248,15 @@ def _parser() -> argparse.ArgumentParser:
                        help="the whole model or nothing: refuse, with the figures, when it does not fit")
     probe.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                        help="write the results as JSON to FILE (or stdout with no FILE) instead of the table")
-    probe.add_argument("--plot", default=None, metavar="FILE.png", help="per-layer curves of each measure, one line per policy")
+    probe.add_argument("--plot", default=None, metavar="FILE.png", help="per-layer curves of each measure, one line per policy "
+                                                                         "(with --widths: the coordinate-check plot)")
+    probe.add_argument("--widths", default=None, metavar="W1,W2,...",
+                       help="coordinate check: rebuild the model at these hidden sizes (head size kept), train --steps "
+                            "steps and report each module's scale against width (docs/probe.md)")
+    probe.add_argument("--steps", type=int, default=None, help="with --widths: optimizer steps, t = 1 being the init (default 3)")
+    probe.add_argument("--lr", type=float, default=None, help="with --widths: learning rate (default 1e-3 for adam, 0.1 for sgd; "
+                                                            "the mup preset gets µP's per-parameter rates from it)")
+    probe.add_argument("--optimizer", default=None, choices=("adam", "sgd"), help="with --widths: the optimizer (default adam)")
 
     verify = sub.add_parser("verify", help="check a finished folder against its modelinit.json (sizes, SHA-256, headers), "
                                            "regenerating its bytes from (spec, policy, seed)")
@@ -417,6 +425,11 @@ def _probe(args: argparse.Namespace) -> int:
         budget = int(parse_bytes(args.memory_budget, "--memory-budget")) if args.memory_budget is not None else None
     except ModelInitError as e:
         return _fail(e.details, 2)
+    if args.widths is not None:
+        return _coord_check(args, policies, budget)
+    alone = [flag for flag, v in (("--steps", args.steps), ("--lr", args.lr), ("--optimizer", args.optimizer)) if v is not None]
+    if alone:
+        return _fail(f"{alone[0]}: only with --widths (the coordinate check); the probe itself is one pass without steps", 2)
     try:
         report, to_json = probe_report(table=args.json != "-", plot=bool(args.plot))
         results = probe(args.spec, policies=policies, seed=args.seed, architecture=args.architecture,
@@ -438,6 +451,43 @@ def _probe(args: argparse.Namespace) -> int:
             except OSError as e:
                 return _fail(f"--json: cannot write {args.json}: {e.strerror or e}", 1)
         report.render(results)
+    return 0
+
+
+def _coord_check(args: argparse.Namespace, policies: list[str | None], budget: int | None) -> int:
+    """``modelinit probe SPEC --widths ...``: the coordinate check (docs/probe.md)."""
+    from .probing import coord_check
+    from .server_extra import coord_report
+
+    try:
+        widths = [int(w) for w in args.widths.split(",") if w.strip()]
+    except ValueError:
+        return _fail(f"--widths: give hidden sizes separated by commas, e.g. 128,256,512,1024; got {args.widths!r}", 2)
+    if args.proxy is not None:
+        return _fail("--proxy: the coordinate check sets the widths itself; leave --proxy / --no-proxy out with --widths", 2)
+    try:
+        report, to_json = coord_report(table=args.json != "-", plot=bool(args.plot))
+        results = coord_check(args.spec, policies=policies, widths=widths, steps=3 if args.steps is None else args.steps,
+                              optimizer=args.optimizer or "adam",
+                              lr=args.lr, seed=args.seed, architecture=args.architecture, batch=args.batch, seq=args.seq,
+                              memory_budget=budget)
+    except ModelInitError as e:
+        return _fail(e.details, 2 if e.code == grpc.StatusCode.INVALID_ARGUMENT else 1)
+    if args.plot:
+        try:
+            report.plot_coord(results, args.plot)
+        except OSError as e:
+            return _fail(f"--plot: cannot write {args.plot}: {e.strerror or e}", 1)
+    if args.json == "-":
+        print(to_json(results))
+    else:
+        if args.json:
+            try:
+                with open(args.json, "w", encoding="utf-8") as fh:
+                    fh.write(to_json(results))
+            except OSError as e:
+                return _fail(f"--json: cannot write {args.json}: {e.strerror or e}", 1)
+        report.render_coord(results)
     return 0
 
 

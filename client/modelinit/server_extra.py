@@ -50,6 +50,28 @@ def probe(requests: list[pb.ModelRequest], labels: list[str], **options) -> list
         raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
 
 
+def coord_check(requests: list[pb.ModelRequest], labels: list[str], **options) -> list:
+    """``modelinit_server.probe.coord_check`` of the requests (the coordinate check; the server extra only)."""
+    try:
+        from modelinit_server.messages import request_from_pb
+        from modelinit_server.probe import coord_check as run
+    except ImportError as e:
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION, f"the probe needs the server extra ({e}); "
+                             f"{_EXTRA.format(extra='server')}") from None
+    try:
+        return run([request_from_pb(r) for r in requests], labels, **options)
+    except ValueError as e:  # a width, step count, optimizer or budget the check cannot take: one line naming the flag
+        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+
+
+def coord_report(table: bool = True, plot: bool = False):
+    """The report module and the coordinate check's JSON writer (``probe_report``'s needs)."""
+    report, _ = probe_report(table=table, plot=plot)
+    from modelinit_server.probe import coord_to_json
+
+    return report, coord_to_json
+
+
 def probe_report(table: bool = True, plot: bool = False):
     """The probe's report module (table, plot) and its JSON writer. The table needs rich and the
     plot matplotlib (the probe extra); JSON alone needs neither."""

@@ -15,7 +15,7 @@ prints its report's labels. One case per script (the id names it), each in the s
 * ``end_to_end``: bert-base-uncased, one rep, one rep of the baselines: it runs all three of
   benchmarks/baselines/ (hf_init_save, torch_loop, grpc_ceiling).
 * ``object_store``: a tiny gpt2 config.json, one repeat, parts 1, no iterator ceiling (moto).
-* ``probe``: the tiny gpt2 config, batch 1 x 8 tokens.
+* ``probe``: the tiny gpt2 config, batch 1 x 8 tokens; and its coordinate-check mode at widths 32, 64, 2 steps.
 * ``verify``: ``--smoke`` (a tiny Llama in four files).
 * ``init_module``: TinyLlama's shape with one layer, float32, one repeat, CPU (``--device cuda``
   needs a GPU).
@@ -32,7 +32,7 @@ prints its report's labels. One case per script (the id names it), each in the s
 Measured on the 2-core development machine (shared): 118 s for the module, over its 90 s target;
 end_to_end ~30 s (ten processes: warm-up, embedded, both baselines, server, library call, two
 ceilings), init_module ~19 s, init_module_ranks and init_module_stacks ~17 s each, object_store
-~10 s, probe ~7 s, the rest under 6 s each: mostly the imports of torch and transformers.
+~10 s, probe ~7 s (its coordinate-check case ~10 s), the rest under 6 s each: mostly the imports of torch and transformers.
 """
 from __future__ import annotations
 
@@ -115,6 +115,11 @@ def test_object_store(tmp_path, tiny_config):
 def test_probe(tmp_path, tiny_config):
     ok(run([str(BENCH / "probe.py"), "--models", str(tiny_config), "--batch", "1", "--seq", "8",
             "--json", str(tmp_path / "probe.json")], tmp_path), "peak RSS")
+
+
+def test_probe_coordinate_check(tmp_path, tiny_config):
+    ok(run([str(BENCH / "probe.py"), "--models", str(tiny_config), "--widths", "32,64", "--steps", "2", "--batch", "1",
+            "--seq", "8", "--json", str(tmp_path / "coord.json")], tmp_path), "peak RSS", "first problem")
 
 
 def test_verify(tmp_path):

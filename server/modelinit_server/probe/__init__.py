@@ -6,8 +6,9 @@ returns per-layer measures and findings in plain words for each policy, on the s
 
 The package, top to bottom:
 
-    __init__    probe() and ProbeResult (JSON in and out)
+    __init__    probe() and ProbeResult, coord_check() and CoordResult (JSON in and out)
     report      the terminal table (rich) and the plot (matplotlib)
+    coord       the coordinate check: the model at several widths, K optimizer steps, slopes
     run         the model (float32, eager attention, filled), the batch, one measured pass
     findings    the measures read as sentences, with their thresholds
     proxy       a model larger than the machine: the width-reduced, depth-preserving proxy
@@ -23,12 +24,14 @@ import time
 from dataclasses import dataclass, field
 
 from ..core.planner import Request
+from .coord import CoordResult, CoordSeries
 from .findings import findings
 from .measures import LayerMeasures, ModelMeasures
 from .proxy import fixed_std, gain_factors, proxy_config
 from .run import build, estimate_bytes, make_batch, measure
 
-__all__ = ["LayerMeasures", "ModelMeasures", "ProbeResult", "from_json", "probe", "to_json"]
+__all__ = ["CoordResult", "CoordSeries", "LayerMeasures", "ModelMeasures", "ProbeResult", "coord_check", "from_json",
+           "probe", "to_json"]
 
 #: Default batch: a few sequences of moderate length (enough elements for stable stds).
 BATCH, SEQ = 4, 128
@@ -174,4 +177,39 @@ def from_json(text: str) -> list[ProbeResult]:
         m["nonfinite"] = tuple(m["nonfinite"])
         r = dict(r, measures=ModelMeasures(**m), findings=tuple(r["findings"]), notes=tuple(r.get("notes", ())))
         out.append(ProbeResult(**r))
+    return out
+
+
+def coord_check(requests: list[Request], labels: list[str], widths: list[int], steps: int, optimizer: str = "adam",
+                lr: float | None = None, batch: int = BATCH, seq: int = SEQ,
+                memory_budget: int | None = None) -> list[CoordResult]:
+    """The coordinate check of each request (one per policy; same spec and seed) over ``widths``
+    and ``steps`` (:mod:`.coord`); every request is validated before anything is built."""
+    from . import coord
+
+    budget = memory_budget if memory_budget is not None else _available_bytes() // 2
+    for request in requests:
+        coord.validate(request, widths, steps, optimizer, lr, batch, seq, budget)
+    return [coord.coord_check(r, label, widths, steps, optimizer, lr, batch, seq, budget) for r, label in zip(requests, labels)]
+
+
+def coord_to_json(results: list[CoordResult]) -> str:
+    """Coordinate-check results as JSON (``coord_from_json`` reads it back); each series carries its verdict."""
+    doc = []
+    for r in results:
+        d = dataclasses.asdict(r)
+        for s, x in zip(r.series, d["series"]):
+            x["verdict"] = s.verdict
+        doc.append(d)
+    return json.dumps({"coord_check": doc}, indent=1, allow_nan=True)
+
+
+def coord_from_json(text: str) -> list[CoordResult]:
+    out = []
+    for r in json.loads(text)["coord_check"]:
+        series = tuple(CoordSeries(x["module"], tuple(tuple(v) for v in x["values"]), tuple(x["slopes"]), tuple(x["verdicts"]))
+                       for x in r["series"])
+        r = dict(r, series=series, widths=tuple(r["widths"]), losses=tuple(tuple(v) for v in r["losses"]),
+                 params=tuple(r["params"]), notes=tuple(r["notes"]))
+        out.append(CoordResult(**r))
     return out

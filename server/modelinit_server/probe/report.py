@@ -9,6 +9,7 @@ import shutil
 from typing import Any
 
 from . import ProbeResult
+from .coord import CoordResult
 
 #: (field, title, log scale) of each per-layer panel of the plot.
 PANELS = (
@@ -130,3 +131,69 @@ def figure(results: list[ProbeResult]):
     fig.suptitle(f"modelinit probe: {first.model}, seed {first.seed}, {first.batch}{proxy}")
     fig.tight_layout()
     return fig
+
+
+def render_coord(results: list[CoordResult], console=None) -> None:
+    """Per policy: each series' slope of log(scale) vs log(width) at each step and its verdict; then
+    where it first goes wrong."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(width=max(shutil.get_terminal_size((160, 24)).columns, 120))
+    for r in results:
+        title = (f"coordinate check: {r.model}, policy {r.policy}, seed {r.seed}, widths {','.join(map(str, r.widths))}, "
+                 f"{r.steps} step(s); {r.lr_rule}; {r.batch}")
+        table = Table(title=title, title_justify="left")
+        table.add_column("module", justify="left")
+        for t in range(1, r.steps + 1):
+            table.add_column(f"slope t={t}", justify="right")
+        table.add_column(f"scale t={r.steps}", justify="right")
+        table.add_column("verdict", justify="left")
+        for s in r.series:
+            colour = {"growing": "red", "shrinking": "yellow"}.get(s.verdict, "green")
+            table.add_row(s.module, *[f"{x:.2f}" for x in s.slopes],
+                          " ".join(_fmt(v) for v in s.values[-1]), f"[{colour}]{s.verdict}[/]")
+        console.print(table)
+        console.print("loss per step (widest width): " + " ".join(_fmt(step[-1]) for step in r.losses) +
+                      f"; |slope| > {r.threshold:.2f} is growing / shrinking ({len(r.widths)} widths); {r.seconds:.1f} s")
+        for note in r.notes:
+            console.print(f"note: {note}")
+        if r.first_problem:
+            console.print(f"[bold red]first:[/] {r.first_problem}")
+        else:
+            console.print("[green]stable[/]: every module's scale stays within the threshold at every step")
+
+
+def plot_coord(results: list[CoordResult], path: str) -> None:
+    """The coord-check plot (microsoft/mup's ``plot_coord_data``): per policy one row, one panel per
+    step, one line per module, scale against width, log-log; written as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = max(r.steps for r in results)
+    fig, axes = plt.subplots(len(results), steps, figsize=(4 * steps + 1, 3.6 * len(results)), squeeze=False)
+    for row, r in zip(axes, results):
+        for t, ax in enumerate(row):
+            if t >= r.steps:
+                ax.axis("off")
+                continue
+            for s in r.series:
+                ys = [v if v > 0 else float("nan") for v in s.values[t]]
+                ax.plot(r.widths, ys, marker="o", linewidth=1,
+                        color="red" if s.verdicts[t] == "growing" else "orange" if s.verdicts[t] == "shrinking" else None,
+                        alpha=1.0 if s.verdicts[t] in ("growing", "shrinking") else 0.5)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"{r.policy}: t = {t + 1}" + (" (init)" if t == 0 else ""))
+            ax.set_xlabel("width")
+            if t == 0:
+                ax.set_ylabel("mean |output|")
+            ax.grid(True, alpha=0.3)
+    first = results[0]
+    fig.suptitle(f"coordinate check: {first.model}, seed {first.seed}, {first.optimizer} lr {first.lr:g} "
+                 "(red: growing, orange: shrinking)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
