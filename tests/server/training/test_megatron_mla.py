@@ -62,7 +62,7 @@ def _mla_gpt(tp: int = 1, q_lora: int | None = 32, dtype: str = "float32"):
         multi_latent_attention=True, q_lora_rank=q_lora, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4,
         v_head_dim=8, rope_type="rope", qk_layernorm=True, use_cpu_initialization=True, perform_initialization=False,
         gated_linear_unit=True, activation_func=torch.nn.functional.silu, normalization="RMSNorm",
-        add_bias_linear=False, params_dtype=dt, pipeline_dtype=dt, bf16=dtype == "bfloat16")
+        add_bias_linear=False, layernorm_epsilon=1e-6, params_dtype=dt, pipeline_dtype=dt, bf16=dtype == "bfloat16")
     spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm", multi_latent_attention=True)
     spec.submodules.self_attention.submodules.core_attention = _CoreAttention
     te, device = mla.HAVE_TE, torch.cuda.current_device
@@ -158,6 +158,15 @@ def _fill(rank: int, world: int, init_file: str, refs: dict, out: str) -> None:
         assert summary.dtypes == tuple(sorted({dtype, "float32"}))
         assert summary.elements == sum(p.numel() for p in model.parameters())
         torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, f"{out}/{q_lora}-rank{rank}.pt")
+        derived = _mla_gpt(world, q_lora, dtype)
+        with no_collectives():  # no spec: DeepSeek-V3's config derived from the MLATransformerConfig, the same bytes
+            own = modelinit.init_module_(derived, seed=SEED)
+        differ = {k: (v, own.derived_config[k]) for k, v in {**HF, "q_lora_rank": q_lora}.items()
+                  if k in own.derived_config and own.derived_config[k] != v}
+        assert differ == {}
+        assert {"n_routed_experts", "rope_scaling"}.isdisjoint(own.derived_config) and own.fingerprint == summary.fingerprint
+        mine = dict(model.named_parameters())
+        assert all(same_bytes(p, mine[n]) for n, p in derived.named_parameters())
         if q_lora and world == 1:  # a spec without the q LoRA: the model's q_a_proj is refused by name, nothing written
             before = {n: p.detach().clone() for n, p in model.named_parameters()}
             with pytest.raises(ValueError, match=r"^module: Megatron's 'decoder\.layers\.0\.self_attention\."
@@ -196,8 +205,9 @@ def test_mla_equals_the_deepseek_v3_folder(tmp_path, tp):
     """MLA with a q LoRA (float32) and without (bfloat16; its norms float32), TP=1 and TP=2 (each
     rank its heads' rows of the up projections and ``linear_q_proj``, its rows of the down
     projections, its columns of ``linear_proj``): every parameter is the DeepSeek-V3-shaped folder's
-    bytes; at TP=1 :func:`mla_rows` is checked against Megatron's own split, and a spec without the
-    q LoRA is refused by name before anything is written."""
+    bytes, with the spec and without it (DeepSeek-V3's config derived from the MLATransformerConfig);
+    at TP=1 :func:`mla_rows` is checked against Megatron's own split, and a spec without the q LoRA
+    is refused by name before anything is written."""
     import torch.multiprocessing as mp
 
     refs = {}
