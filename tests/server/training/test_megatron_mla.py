@@ -143,38 +143,50 @@ def _check_mla_rows() -> None:
         assert torch.equal(v.reshape(heads, -1).long(), kv_rows[:, nope:]), q_lora
 
 
-def _fill(rank: int, world: int, init_file: str, refs: dict, out: str) -> None:
+def _fill(rank: int, world: int, init_file: str, out: str) -> None:
+    """Each case filled at TP=``world``, then (parallel state made again, TP=1, rank 0 only) at
+    TP=1 with :func:`_check_mla_rows`, a fill without spec and a refused spec; saved per TP size."""
     from megatron.core import parallel_state as ps
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    ps.initialize_model_parallel(tensor_model_parallel_size=world)
-    if world == 1:
-        _check_mla_rows()
-    for q_lora, dtype in _CASES:
-        model = _mla_gpt(world, q_lora, dtype)
-        with no_collectives():
-            summary = modelinit.init_module_(model, seed=SEED, spec={**HF, "q_lora_rank": q_lora})
-        assert summary.architecture == "DeepseekV3ForCausalLM" and summary.missing == 0
-        assert summary.dtypes == tuple(sorted({dtype, "float32"}))
-        assert summary.elements == sum(p.numel() for p in model.parameters())
-        torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, f"{out}/{q_lora}-rank{rank}.pt")
-        derived = _mla_gpt(world, q_lora, dtype)
-        with no_collectives():  # no spec: DeepSeek-V3's config derived from the MLATransformerConfig, the same bytes
-            own = modelinit.init_module_(derived, seed=SEED)
-        differ = {k: (v, own.derived_config[k]) for k, v in {**HF, "q_lora_rank": q_lora}.items()
-                  if k in own.derived_config and own.derived_config[k] != v}
-        assert differ == {}
-        assert {"n_routed_experts", "rope_scaling"}.isdisjoint(own.derived_config) and own.fingerprint == summary.fingerprint
-        mine = dict(model.named_parameters())
-        assert all(same_bytes(p, mine[n]) for n, p in derived.named_parameters())
-        if q_lora and world == 1:  # a spec without the q LoRA: the model's q_a_proj is refused by name, nothing written
-            before = {n: p.detach().clone() for n, p in model.named_parameters()}
-            with pytest.raises(ValueError, match=r"^module: Megatron's 'decoder\.layers\.0\.self_attention\."
-                                                 r"linear_q_down_proj\.weight' holds 'model\.layers\.0\.self_attn\."
-                                                 r"q_a_proj\.weight', which the spec \(DeepseekV3ForCausalLM\) does not have"):
-                modelinit.init_module_(model, seed=SEED, spec={**HF, "q_lora_rank": None})
-            assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    for tp in (world, 1):
+        ps.destroy_model_parallel()
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+        if tp == 1 and rank:
+            break
+        if tp == 1:
+            _check_mla_rows()
+        for q_lora, dtype in _CASES:
+            _fill_case(tp, rank, q_lora, dtype, out)
     exit_rank()
+
+
+def _fill_case(tp: int, rank: int, q_lora: int | None, dtype: str, out: str) -> None:
+    model = _mla_gpt(tp, q_lora, dtype)
+    with no_collectives():
+        summary = modelinit.init_module_(model, seed=SEED, spec={**HF, "q_lora_rank": q_lora})
+    assert summary.architecture == "DeepseekV3ForCausalLM" and summary.missing == 0
+    assert summary.dtypes == tuple(sorted({dtype, "float32"}))
+    assert summary.elements == sum(p.numel() for p in model.parameters())
+    torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, f"{out}/tp{tp}-{q_lora}-rank{rank}.pt")
+    if tp > 1:
+        return
+    derived = _mla_gpt(tp, q_lora, dtype)
+    with no_collectives():  # no spec: DeepSeek-V3's config derived from the MLATransformerConfig, the same bytes
+        own = modelinit.init_module_(derived, seed=SEED)
+    differ = {k: (v, own.derived_config[k]) for k, v in {**HF, "q_lora_rank": q_lora}.items()
+              if k in own.derived_config and own.derived_config[k] != v}
+    assert differ == {}
+    assert {"n_routed_experts", "rope_scaling"}.isdisjoint(own.derived_config) and own.fingerprint == summary.fingerprint
+    mine = dict(model.named_parameters())
+    assert all(same_bytes(p, mine[n]) for n, p in derived.named_parameters())
+    if q_lora:  # a spec without the q LoRA: the model's q_a_proj is refused by name, nothing written
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        with pytest.raises(ValueError, match=r"^module: Megatron's 'decoder\.layers\.0\.self_attention\."
+                                             r"linear_q_down_proj\.weight' holds 'model\.layers\.0\.self_attn\."
+                                             r"q_a_proj\.weight', which the spec \(DeepseekV3ForCausalLM\) does not have"):
+            modelinit.init_module_(model, seed=SEED, spec={**HF, "q_lora_rank": None})
+        assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
 _ROWS = ("word_embeddings.weight", "output_layer.weight", "linear_q_proj.weight", "linear_q_down_proj.weight",
@@ -200,14 +212,13 @@ def _put_together(shares: list[dict]) -> dict:
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo is not available")
-@pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2"])
-def test_mla_equals_the_deepseek_v3_folder(tmp_path, tp):
-    """MLA with a q LoRA (float32) and without (bfloat16; its norms float32), TP=1 and TP=2 (each
-    rank its heads' rows of the up projections and ``linear_q_proj``, its rows of the down
-    projections, its columns of ``linear_proj``): every parameter is the DeepSeek-V3-shaped folder's
-    bytes, with the spec and without it (DeepSeek-V3's config derived from the MLATransformerConfig);
-    at TP=1 :func:`mla_rows` is checked against Megatron's own split, and a spec without the q LoRA
-    is refused by name before anything is written."""
+def test_mla_equals_the_deepseek_v3_folder(tmp_path):
+    """MLA with a q LoRA (float32) and without (bfloat16; its norms float32), at TP=2 (each rank its
+    heads' rows of the up projections and ``linear_q_proj``, its rows of the down projections, its
+    columns of ``linear_proj``) and TP=1: every parameter is the DeepSeek-V3-shaped folder's bytes;
+    at TP=1 the same without a spec (DeepSeek-V3's config derived from the MLATransformerConfig),
+    :func:`mla_rows` checked against Megatron's own split, and a spec without the q LoRA refused by
+    name before anything is written."""
     import torch.multiprocessing as mp
 
     refs = {}
@@ -217,11 +228,12 @@ def test_mla_equals_the_deepseek_v3_folder(tmp_path, tp):
     out = tmp_path / "shares"
     out.mkdir()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_fill, args=(tp, str(tmp_path / "pg"), {}, str(out)), nprocs=tp, join=True)
-    for q_lora, dtype in _CASES:
-        got = _put_together([torch.load(out / f"{q_lora}-rank{r}.pt") for r in range(tp)])
-        ref = refs[(q_lora, dtype)]
-        assert sorted(got) == sorted(ref)
-        bad = [n for n in ref if not same_bytes(got[n], refs[(q_lora, str(got[n].dtype).removeprefix("torch."))][n])]
-        assert bad == [], q_lora
-        assert any(t.dtype == torch.float32 for t in got.values())
+    mp.spawn(_fill, args=(2, str(tmp_path / "pg"), str(out)), nprocs=2, join=True)
+    for tp in (2, 1):
+        for q_lora, dtype in _CASES:
+            got = _put_together([torch.load(out / f"tp{tp}-{q_lora}-rank{r}.pt") for r in range(tp)])
+            ref = refs[(q_lora, dtype)]
+            assert sorted(got) == sorted(ref)
+            bad = [n for n in ref if not same_bytes(got[n], refs[(q_lora, str(got[n].dtype).removeprefix("torch."))][n])]
+            assert bad == [], (tp, q_lora)
+            assert any(t.dtype == torch.float32 for t in got.values())
