@@ -6,7 +6,8 @@ Two steps, the first read off Megatron's own code:
 1. ``model.sharded_state_dict()`` (Megatron's distributed checkpoint) says, for every local
    parameter, which global tensor it is a piece of (the key; a decoder's layers stacked on a
    leading axis), that tensor's global shape, and the offset of the local piece in it (the
-   tensor-parallel rank's rows or columns; the pipeline stage's layer offset). The SwiGLU
+   tensor-parallel rank's rows or columns; the pipeline stage's layer offset; a model whose layers
+   differ, dense and MoE, saves each layer under its own key instead, :func:`_stacked`). The SwiGLU
    ``linear_fc1`` is a factory of two pieces, gate and up, each at its own offset (at TP > 1 a
    rank holds ``[gate_r; up_r]``: partition stride 2). It runs on the model itself and only wraps
    views of its local tensors: no copy, no communication. The local parameter is then a shard of
@@ -85,6 +86,7 @@ _MLP = {True: ("gate_proj", "up_proj", "down_proj"), False: (None, "c_fc", "c_pr
 _QKV = "decoder.layers.self_attention.linear_qkv."
 _PADDED = ("embedding.word_embeddings.weight", "output_layer.weight")
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 
 def is_megatron_model(module) -> bool:
@@ -416,6 +418,7 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
         grouped = _grouped_place(name, t, sharded)
         if grouped is None:
             key, lead, shape, held_idx = _global_place(name, t, sharded)
+            key, lead = _stacked(key, lead)
             sets[name] = (shape, held_idx)
             boxes = _hf_boxes(key, lead, shape, config, gated, spec.family)
         else:  # GroupedMLP: each expert's tensor, transposed, in one tensor per layer
@@ -453,6 +456,15 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
         raise ValueError(f"module: it lacks {lacking} tensor(s) of the spec, e.g. {absent!r}: the model does not match "
                          "the spec")
     return spec, pieces, sets, lacking, views
+
+
+def _stacked(key: str, lead: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
+    """A layer's key as the stacked layers' key: Megatron saves the layers of a model whose layers
+    differ (``moe_layer_freq`` a list or above 1: dense and MoE layers) one key each,
+    ``decoder.layers.<global layer>.<rest>``, instead of stacking them on a leading axis; the same
+    tensor is then ``decoder.layers.<rest>`` at that layer."""
+    m = _LAYER_KEY.match(key)
+    return (f"decoder.layers.{m.group(2)}", (int(m.group(1)), *lead)) if m else (key, lead)
 
 
 def _padded(ti: int, want: tuple[int, ...], length: tuple[int, ...]) -> list[Piece]:

@@ -38,6 +38,12 @@ HF = {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "
       "qk_rope_head_dim": 4, "v_head_dim": 8, "first_k_dense_replace": 2, "n_routed_experts": 4,
       "num_experts_per_tok": 2, "n_shared_experts": 1, "vocab_size": VOCAB, "tie_word_embeddings": False,
       "max_position_embeddings": 128, "rms_norm_eps": 1e-6}
+#: DeepSeek-V3 itself, small: layer 0 dense, layer 1 MoE (4 routed experts, top 2, a shared expert,
+#: the router's sigmoid scores and expert bias: ``mlp.gate.e_score_correction_bias``).
+MOE = {**HF, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}
+_MOE_FIELDS = dict(num_moe_experts=4, moe_ffn_hidden_size=32, moe_router_topk=2, moe_layer_freq=[0, 1],
+                   moe_shared_expert_intermediate_size=32, moe_router_score_function="sigmoid",
+                   moe_router_enable_expert_bias=True, moe_router_dtype="fp32")
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Megatron warns that Apex/TE are absent
 
@@ -49,11 +55,12 @@ class _CoreAttention(torch.nn.Module):
         super().__init__()
 
 
-def _mla_gpt(tp: int = 1, q_lora: int | None = 32, dtype: str = "float32"):
-    """A GPTModel with MLA matching HF (``q_lora``: HF's q_lora_rank) on this rank of a TP layout."""
+def _mla_gpt(tp: int = 1, q_lora: int | None = 32, dtype: str = "float32", moe: bool = False):
+    """A GPTModel with MLA matching HF (``q_lora``: HF's q_lora_rank; ``moe``: MOE, its layers built
+    by Megatron's decoder block spec) on this rank of a TP layout."""
     import megatron.core.transformer.multi_latent_attention as mla
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
     from megatron.core.transformer import MLATransformerConfig
 
     dt = getattr(torch, dtype)
@@ -62,9 +69,16 @@ def _mla_gpt(tp: int = 1, q_lora: int | None = 32, dtype: str = "float32"):
         multi_latent_attention=True, q_lora_rank=q_lora, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4,
         v_head_dim=8, rope_type="rope", qk_layernorm=True, use_cpu_initialization=True, perform_initialization=False,
         gated_linear_unit=True, activation_func=torch.nn.functional.silu, normalization="RMSNorm",
-        add_bias_linear=False, layernorm_epsilon=1e-6, params_dtype=dt, pipeline_dtype=dt, bf16=dtype == "bfloat16")
-    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm", multi_latent_attention=True)
-    spec.submodules.self_attention.submodules.core_attention = _CoreAttention
+        add_bias_linear=False, layernorm_epsilon=1e-6, params_dtype=dt, pipeline_dtype=dt, bf16=dtype == "bfloat16",
+        **(_MOE_FIELDS if moe else {}))
+    if moe:  # a dense layer, then an MoE one: Megatron's decoder block spec of the config
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm", qk_l2_norm=False)
+        layers = spec.layer_specs
+    else:
+        spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm", multi_latent_attention=True)
+        layers = [spec]
+    for layer in layers:
+        layer.submodules.self_attention.submodules.core_attention = _CoreAttention
     te, device = mla.HAVE_TE, torch.cuda.current_device
     mla.HAVE_TE, torch.cuda.current_device = False, lambda: "cpu"
     try:
@@ -75,11 +89,12 @@ def _mla_gpt(tp: int = 1, q_lora: int | None = 32, dtype: str = "float32"):
         mla.HAVE_TE, torch.cuda.current_device = te, device
 
 
-def _reference(tmp_path: pathlib.Path, q_lora: int | None, dtype: str) -> dict:
-    """The DeepSeek-V3-shaped folder of (HF, SEED) in Megatron's layout, by a one-process model's names."""
-    out = tmp_path / f"hf-{q_lora}-{dtype}"
+def _reference(tmp_path: pathlib.Path, q_lora: int | None, dtype: str, moe: bool = False) -> dict:
+    """The DeepSeek-V3-shaped folder of (HF or MOE, SEED) in Megatron's layout, by a one-process model's names."""
+    out = tmp_path / f"hf-{q_lora}-{dtype}-{moe}"
+    hf_config = MOE if moe else HF
     with modelinit.Client() as c:
-        c.init_model({**HF, "q_lora_rank": q_lora}, seed=SEED, out_dir=out, dtype=dtype)
+        c.init_model({**hf_config, "q_lora_rank": q_lora}, seed=SEED, out_dir=out, dtype=dtype)
     files = {}
     for f in out.glob("*.safetensors"):
         files.update(safetensors_torch.load_file(f))
@@ -95,14 +110,21 @@ def _reference(tmp_path: pathlib.Path, q_lora: int | None, dtype: str) -> dict:
             ref[f"{layer}self_attention.{mine}.weight"] = files[f"{hf}self_attn.{theirs}.weight"]
         ref[layer + "input_layernorm.weight"] = files[hf + "input_layernorm.weight"]
         ref[layer + "pre_mlp_layernorm.weight"] = files[hf + "post_attention_layernorm.weight"]
-        ref[layer + "mlp.linear_fc1.weight"] = torch.cat([files[hf + "mlp.gate_proj.weight"],
-                                                          files[hf + "mlp.up_proj.weight"]])
-        ref[layer + "mlp.linear_fc2.weight"] = files[hf + "mlp.down_proj.weight"]
+        mlps = {"mlp.": "mlp."}
+        if i >= hf_config["first_k_dense_replace"]:  # DeepSeek's MoE layer: router, its expert bias, experts, shared
+            ref[layer + "mlp.router.weight"] = files[hf + "mlp.gate.weight"]
+            ref[layer + "mlp.router.expert_bias"] = files[hf + "mlp.gate.e_score_correction_bias"]
+            mlps = {f"mlp.experts.local_experts.{e}.": f"mlp.experts.{e}." for e in range(hf_config["n_routed_experts"])}
+            mlps["mlp.shared_experts."] = "mlp.shared_experts."
+        for mine, theirs in mlps.items():
+            ref[layer + mine + "linear_fc1.weight"] = torch.cat([files[hf + theirs + "gate_proj.weight"],
+                                                                 files[hf + theirs + "up_proj.weight"]])
+            ref[layer + mine + "linear_fc2.weight"] = files[hf + theirs + "down_proj.weight"]
     return ref
 
 
-#: (q_lora_rank, dtype) filled and checked, each in float32 too where bfloat16 (Megatron's norms stay float32).
-_CASES = ((32, "float32"), (None, "bfloat16"))
+#: (q_lora_rank, dtype, MoE) filled and checked, each in float32 too where bfloat16 (Megatron's norms stay float32).
+_CASES = ((32, "float32", False), (None, "bfloat16", False), (32, "float32", True))
 
 
 def _check_mla_rows() -> None:
@@ -156,20 +178,30 @@ def _fill(rank: int, world: int, init_file: str, out: str) -> None:
             break
         if tp == 1:
             _check_mla_rows()
-        for q_lora, dtype in _CASES:
-            _fill_case(tp, rank, q_lora, dtype, out)
+        for q_lora, dtype, moe in _CASES:
+            _fill_case(tp, rank, q_lora, dtype, moe, out)
     exit_rank()
 
 
-def _fill_case(tp: int, rank: int, q_lora: int | None, dtype: str, out: str) -> None:
-    model = _mla_gpt(tp, q_lora, dtype)
+def _state(model) -> dict:
+    return {n: t.detach().clone() for n, t in model.state_dict().items()
+            if t is not None and t.is_floating_point() and not n.endswith("_extra_state")}
+
+
+def _fill_case(tp: int, rank: int, q_lora: int | None, dtype: str, moe: bool, out: str) -> None:
+    model = _mla_gpt(tp, q_lora, dtype, moe)
     with no_collectives():
-        summary = modelinit.init_module_(model, seed=SEED, spec={**HF, "q_lora_rank": q_lora})
+        summary = modelinit.init_module_(model, seed=SEED, spec={**(MOE if moe else HF), "q_lora_rank": q_lora})
     assert summary.architecture == "DeepseekV3ForCausalLM" and summary.missing == 0
     assert summary.dtypes == tuple(sorted({dtype, "float32"}))
-    assert summary.elements == sum(p.numel() for p in model.parameters())
-    torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, f"{out}/tp{tp}-{q_lora}-rank{rank}.pt")
+    state = _state(model)
+    assert summary.elements == sum(t.numel() for t in state.values())
+    torch.save(state, f"{out}/tp{tp}-{q_lora}-{moe}-rank{rank}.pt")
     if tp > 1:
+        return
+    if moe:  # DeepSeek-V3's routing is not derived: refused by name
+        with pytest.raises(ValueError, match=r"^spec: the Megatron model's moe_router_enable_expert_bias=True"):
+            modelinit.init_module_(model, seed=SEED)
         return
     derived = _mla_gpt(tp, q_lora, dtype)
     with no_collectives():  # no spec: DeepSeek-V3's config derived from the MLATransformerConfig, the same bytes
@@ -213,7 +245,8 @@ def _put_together(shares: list[dict]) -> dict:
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo is not available")
 def test_mla_equals_the_deepseek_v3_folder(tmp_path):
-    """MLA with a q LoRA (float32) and without (bfloat16; its norms float32), at TP=2 (each rank its
+    """MLA with a q LoRA (float32) and without (bfloat16; its norms float32), and DeepSeek-V3's
+    MoE layer after a dense one (the layers saved one key each: ``decoder.layers.<i>.*``), at TP=2 (each rank its
     heads' rows of the up projections and ``linear_q_proj``, its rows of the down projections, its
     columns of ``linear_proj``) and TP=1: every parameter is the DeepSeek-V3-shaped folder's bytes;
     at TP=1 the same without a spec (DeepSeek-V3's config derived from the MLATransformerConfig),
@@ -222,18 +255,19 @@ def test_mla_equals_the_deepseek_v3_folder(tmp_path):
     import torch.multiprocessing as mp
 
     refs = {}
-    for q_lora, dtype in _CASES:
+    for q_lora, dtype, moe in _CASES:
         for d in sorted({dtype, "float32"}):
-            refs[(q_lora, d)] = _reference(tmp_path, q_lora, d)
+            refs[(q_lora, d, moe)] = _reference(tmp_path, q_lora, d, moe)
     out = tmp_path / "shares"
     out.mkdir()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_fill, args=(2, str(tmp_path / "pg"), str(out)), nprocs=2, join=True)
     for tp in (2, 1):
-        for q_lora, dtype in _CASES:
-            got = _put_together([torch.load(out / f"tp{tp}-{q_lora}-rank{r}.pt") for r in range(tp)])
-            ref = refs[(q_lora, dtype)]
+        for q_lora, dtype, moe in _CASES:
+            got = _put_together([torch.load(out / f"tp{tp}-{q_lora}-{moe}-rank{r}.pt") for r in range(tp)])
+            ref = refs[(q_lora, dtype, moe)]
             assert sorted(got) == sorted(ref)
-            bad = [n for n in ref if not same_bytes(got[n], refs[(q_lora, str(got[n].dtype).removeprefix("torch."))][n])]
-            assert bad == [], (tp, q_lora)
+            bad = [n for n in ref
+                   if not same_bytes(got[n], refs[(q_lora, str(got[n].dtype).removeprefix("torch."), moe)][n])]
+            assert bad == [], (tp, q_lora, moe)
             assert any(t.dtype == torch.float32 for t in got.values())
