@@ -377,6 +377,11 @@ def _check_config(model) -> Any:
         if getattr(config, flag, None):
             raise ValueError(f"module: a Megatron model with {why} ({flag}) is not supported yet; GPTModel with "
                              "grouped-query attention, a dense MLP or SequentialMLP/GroupedMLP experts is")
+    if getattr(model, "mtp_process", False) or getattr(model, "mtp", None) is not None:
+        raise ValueError(f"module: the Megatron model has a multi-token prediction block (mtp_num_layers="
+                         f"{getattr(config, 'mtp_num_layers', None)}), whose tensors no Hugging Face folder modelinit "
+                         "writes holds (transformers builds no MTP layers); build the GPTModel without mtp_block_spec "
+                         "to fill it, and initialize the MTP block by Megatron's own init")
     experts = {type(m).__name__ for m in model.modules() if type(m).__name__.endswith("GroupedMLP")}
     if experts - {"GroupedMLP"}:
         raise ValueError(f"module: {sorted(experts - {'GroupedMLP'})[0]} (Transformer Engine's grouped-GEMM experts) is not "

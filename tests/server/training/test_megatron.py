@@ -412,6 +412,11 @@ def _check_refusals() -> None:
                                          r"supported yet"):
         modelinit.init_module_(model, seed=SEED, spec=HF)
     model.config.rotary_interleaved = False
+    model.mtp_process = True  # a multi-token prediction block: the folder has no tensors of it
+    with pytest.raises(ValueError, match=r"^module: the Megatron model has a multi-token prediction block .*build the "
+                                         r"GPTModel without mtp_block_spec"):
+        modelinit.init_module_(model, seed=SEED, spec=HF)
+    model.mtp_process = False
     model.te_experts = type("TEGroupedMLP", (torch.nn.Module,), {})()  # Transformer Engine's grouped experts' class name
     with pytest.raises(ValueError, match=r"^module: TEGroupedMLP \(Transformer Engine's grouped-GEMM experts\) is not "
                                          r"supported: it cannot be built or verified without a GPU here"):
@@ -420,7 +425,8 @@ def _check_refusals() -> None:
 
 def test_a_model_that_does_not_match_its_spec_is_refused_by_name(tmp_path):
     """No spec where the config cannot be derived, a spec that differs in a size, in tying, in depth, in vocabulary, in its tensors
-    (q/k norms), a layout not mapped yet (interleaved RoPE, Transformer Engine's grouped experts): each one line
+    (q/k norms), a layout not mapped yet (interleaved RoPE, Transformer Engine's grouped experts, a multi-token
+    prediction block): each one line
     naming the tensor and what was expected."""
     _one_process(str(tmp_path / "pg"), _check_refusals)
 
