@@ -56,6 +56,37 @@ def test_a_llama_3_8b_shaped_config_derives_the_real_llama_3_8b():
     assert set(derived) - set(hub) == {"head_dim"} and derived["head_dim"] == 4096 // 32  # Llama's own default
 
 
+def _mla_config(**fields):
+    from megatron.core.transformer import MLATransformerConfig
+
+    return MLATransformerConfig(**{**_SMALL, "num_query_groups": None, "kv_channels": None, "qk_layernorm": True,
+                                   **fields})
+
+
+def test_a_deepseek_v3_shaped_mla_config_derives_deepseek_v3s_dense_layers():
+    """Megatron's DeepSeek-V3 attention (MLATransformerConfig: 128 heads, q LoRA 1536, KV latent
+    512, 128 + 64 query/key dims, 128 value dims, YaRN factor 40), its first three (dense) layers
+    alone, derives the hub's config cut to those layers: every tensor equal, the MLA sizes and YaRN
+    as the hub has them."""
+    hub = PRESETS["deepseek-v3"]
+    config = _mla_config(num_layers=3, hidden_size=7168, num_attention_heads=128, ffn_hidden_size=18432,
+                         q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128,
+                         rope_type="yarn", rotary_scaling_factor=40, original_max_position_embeddings=4096,
+                         mscale=1.0, mscale_all_dim=1.0, layernorm_epsilon=1e-6, attention_dropout=0.0)
+    derived = hf_config(config, GPTFields(vocab_size=129280, max_sequence_length=163840))
+    assert from_config(derived).tensors == from_config({**hub, "num_hidden_layers": 3}).tensors
+    fields = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_attention_heads",
+              "num_key_value_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+              "first_k_dense_replace", "vocab_size", "tie_word_embeddings", "attention_bias", "hidden_act", "rms_norm_eps",
+              "rope_theta", "rope_scaling", "max_position_embeddings", "initializer_range", "attention_dropout")
+    assert {f: derived[f] for f in fields} == {f: hub[f] for f in fields}
+    assert hf_config(_mla_config(q_lora_rank=None, rope_type="rope", num_attention_heads=4), _GPT)["q_lora_rank"] is None
+    for fields, message in (({"qk_layernorm": False}, r"qk_layernorm=False \(with multi-latent attention"),
+                            ({**_MOE_FIELDS}, r"num_moe_experts=4 \(with multi-latent attention")):
+        with pytest.raises(ValueError, match=rf"^spec: the Megatron model's {message}.*init_module_\(model, spec="):
+            hf_config(_mla_config(rope_type="rope", num_attention_heads=4, **fields), _GPT)
+
+
 @pytest.mark.parametrize("fields, hf", [
     ({}, HF),
     (_MOE_FIELDS, MOE),
