@@ -105,7 +105,8 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     a dict): the model is filled with exactly the bytes of the folder ``modelinit init`` writes for
     it. Left out, the stack derives it from the model's own configuration where it can
     (torchtitan's Llama 3, Qwen3, DeepSeek-V3; Megatron-Core's Llama, Qwen2/3, StarCoder2,
-    Qwen3-MoE, Mixtral, Qwen2-MoE: ``summary.derived_config``) and refuses naming the field it cannot.
+    Qwen3-MoE, Mixtral, Qwen2-MoE, dense DeepSeek-V3-style MLA: ``summary.derived_config``) and
+    refuses naming the field it cannot.
     Raises ValueError for a module on the meta device, an unmatched parameter, a dtype mismatch,
     or a tensor the architecture does not have.
     """

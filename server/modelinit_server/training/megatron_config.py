@@ -11,7 +11,11 @@ Only where the mapping is exact, field for field:
 * MoE (``num_moe_experts``, SequentialMLP or GroupedMLP experts): ``qwen3_moe`` (with
   ``qk_layernorm``; dense layers by ``moe_layer_freq`` as ``mlp_only_layers``), ``mixtral`` (every
   layer MoE, no q/k norms), ``qwen2_moe`` (a shared expert with its sigmoid gate,
-  ``moe_shared_expert_gate``; q/k/v biases as ``add_qkv_bias`` says).
+  ``moe_shared_expert_gate``; q/k/v biases as ``add_qkv_bias`` says);
+* multi-latent attention (``MLATransformerConfig``, dense): ``deepseek_v3`` (``q_lora_rank``,
+  ``kv_lora_rank``, ``qk_head_dim``/``qk_pos_emb_head_dim``/``v_head_dim`` as
+  ``qk_nope_head_dim``/``qk_rope_head_dim``/``v_head_dim``, every layer dense by
+  ``first_k_dense_replace``, YaRN as ``rope_scaling``).
 
 Any other field that changes what the model computes or holds, and has no counterpart in the
 family derived, is refused by name (:func:`hf_config` lists them), with the fix: give the
@@ -135,7 +139,10 @@ def _moe_pattern(config, gpt: GPTFields) -> list[bool]:
 def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
     """The Hugging Face config document of a GPTModel of ``config`` (its TransformerConfig) and
     ``gpt``; ``ValueError`` naming a field that has no counterpart in the family derived."""
+    mla = bool(getattr(config, "multi_latent_attention", False))
     for name, off, what in _OFF:
+        if mla and name == "multi_latent_attention":
+            continue
         value = getattr(config, name, off)
         if value != off and not (off in (False, None) and not value):
             raise _refuse(name, value, what)
@@ -152,6 +159,8 @@ def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
         if value != off:
             raise _refuse(name, value, what)
 
+    if mla:
+        return _mla(config, gpt)
     heads, layers = config.num_attention_heads, config.num_layers
     groups = config.num_query_groups or heads
     head_dim = config.kv_channels or config.hidden_size // heads
@@ -229,3 +238,38 @@ def _moe(config, gpt: GPTFields, doc: dict[str, Any], qk_norm: bool, bias: bool,
         raise _refuse("moe_router_pre_softmax", True, "Mixtral renormalizes its top k")
     return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", **doc, "intermediate_size": width,
             "num_local_experts": experts, "num_experts_per_tok": topk}
+
+
+def _mla(config, gpt: GPTFields) -> dict[str, Any]:
+    """DeepSeek-V3's config of a dense GPTModel with multi-latent attention (``MLATransformerConfig``):
+    its q LoRA (``q_lora_rank``, None: ``q_proj``), KV latent, query/key dims without and with RoPE,
+    value dims, every layer dense (``first_k_dense_replace``), YaRN as ``rope_scaling``."""
+    for name, value, want, what in (
+            ("normalization", config.normalization, "RMSNorm", "DeepSeek-V3's norms are RMSNorm"),
+            ("gated_linear_unit", bool(config.gated_linear_unit), True, "DeepSeek-V3's MLP is gated"),
+            ("add_bias_linear", bool(config.add_bias_linear), False, "DeepSeek-V3's linears have no biases"),
+            ("qk_layernorm", bool(config.qk_layernorm), True, "DeepSeek-V3 norms its q and KV latents"),
+            ("num_moe_experts", config.num_moe_experts, None, "MoE layers with multi-latent attention (DeepSeek-V3's "
+             "routing) are not derived")):
+        if value != want:
+            raise _refuse(name, value, f"with multi-latent attention: {what}")
+    rope_type = getattr(config, "rope_type", "rope")
+    if rope_type not in ("rope", "yarn"):
+        raise _refuse("rope_type", rope_type, "RoPE other than rope or yarn")
+    doc: dict[str, Any] = {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_attention_heads, "intermediate_size": config.ffn_hidden_size,
+        "q_lora_rank": config.q_lora_rank, "kv_lora_rank": config.kv_lora_rank, "qk_nope_head_dim": config.qk_head_dim,
+        "qk_rope_head_dim": config.qk_pos_emb_head_dim, "v_head_dim": config.v_head_dim,
+        "first_k_dense_replace": config.num_layers, "hidden_act": _activation(config),
+        "max_position_embeddings": gpt.max_sequence_length, "rope_theta": float(config.rotary_base),
+        "vocab_size": gpt.vocab_size, "tie_word_embeddings": gpt.tied, "initializer_range": config.init_method_std,
+        "attention_dropout": float(config.attention_dropout), "attention_bias": False,
+        "rms_norm_eps": config.layernorm_epsilon}
+    if rope_type == "yarn":
+        doc["rope_scaling"] = {"type": "yarn", "factor": config.rotary_scaling_factor,
+                               "original_max_position_embeddings": config.original_max_position_embeddings,
+                               "beta_fast": config.beta_fast, "beta_slow": config.beta_slow, "mscale": config.mscale,
+                               "mscale_all_dim": config.mscale_all_dim}
+    return doc

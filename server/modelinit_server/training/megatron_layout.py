@@ -6,7 +6,8 @@ Two steps, the first read off Megatron's own code:
 1. ``model.sharded_state_dict()`` (Megatron's distributed checkpoint) says, for every local
    parameter, which global tensor it is a piece of (the key; a decoder's layers stacked on a
    leading axis), that tensor's global shape, and the offset of the local piece in it (the
-   tensor-parallel rank's rows or columns; the pipeline stage's layer offset). The SwiGLU
+   tensor-parallel rank's rows or columns; the pipeline stage's layer offset; a model whose layers
+   differ, dense and MoE, saves each layer under its own key instead, :func:`_stacked`). The SwiGLU
    ``linear_fc1`` is a factory of two pieces, gate and up, each at its own offset (at TP > 1 a
    rank holds ``[gate_r; up_r]``: partition stride 2). It runs on the model itself and only wraps
    views of its local tensors: no copy, no communication. The local parameter is then a shard of
@@ -16,6 +17,8 @@ Two steps, the first read off Megatron's own code:
    spec family's names (:data:`_MOE_NAMES`: Mixtral's, Qwen2-MoE's shared expert and its gate);
    the layouts that are not a block: the grouped QKV, :func:`qkv_rows`, and GroupedMLP's weights
    (each expert's tensor transposed in the view its grouped GEMM takes), :func:`grouped_mlp_box`.
+   Multi-latent attention's tensors (:data:`_MLA_NAMES`, DeepSeek-V3's names) hold the Hugging
+   Face rows in their order (:func:`mla_rows`), each one block.
 
 Without a spec, the one filled is the config :mod:`.megatron_config` derives from the model's own
 ``TransformerConfig`` (``MegatronStack.own_config``).
@@ -57,11 +60,33 @@ _NAMES = {
     "decoder.layers.mlp.linear_fc1.layer_norm_weight": "model.layers.{}.post_attention_layernorm.weight",
     "decoder.layers.mlp.linear_fc1.layer_norm_bias": "model.layers.{}.post_attention_layernorm.bias",
 }
+#: Multi-latent attention's keys (``multi_latent_attention``; DeepSeek-V3's names): Megatron's MLA
+#: layer keeps its input norm under its own name, its q/kv latent norms as ``q_layernorm``/
+#: ``kv_layernorm`` (local spec) or fused into ``linear_q_up_proj``/``linear_kv_up_proj`` as
+#: ``layer_norm_weight`` (Transformer Engine spec). Every fused tensor holds the Hugging Face rows in
+#: their order (:func:`mla_rows`: each head's no-RoPE then RoPE query rows, each head's key then value
+#: rows, the KV latent then the shared RoPE key), so each maps as one block and a tensor-parallel
+#: rank's rows (whole heads; the down projections' latent rows, column parallel in the local spec)
+#: are a block of them.
+_MLA_NAMES = {
+    "decoder.layers.input_layernorm.weight": "model.layers.{}.input_layernorm.weight",
+    "decoder.layers.pre_mlp_layernorm.weight": "model.layers.{}.post_attention_layernorm.weight",
+    "decoder.layers.self_attention.linear_q_proj.weight": "model.layers.{}.self_attn.q_proj.weight",
+    "decoder.layers.self_attention.linear_q_down_proj.weight": "model.layers.{}.self_attn.q_a_proj.weight",
+    "decoder.layers.self_attention.q_layernorm.weight": "model.layers.{}.self_attn.q_a_layernorm.weight",
+    "decoder.layers.self_attention.linear_q_up_proj.layer_norm_weight": "model.layers.{}.self_attn.q_a_layernorm.weight",
+    "decoder.layers.self_attention.linear_q_up_proj.weight": "model.layers.{}.self_attn.q_b_proj.weight",
+    "decoder.layers.self_attention.linear_kv_down_proj.weight": "model.layers.{}.self_attn.kv_a_proj_with_mqa.weight",
+    "decoder.layers.self_attention.kv_layernorm.weight": "model.layers.{}.self_attn.kv_a_layernorm.weight",
+    "decoder.layers.self_attention.linear_kv_up_proj.layer_norm_weight": "model.layers.{}.self_attn.kv_a_layernorm.weight",
+    "decoder.layers.self_attention.linear_kv_up_proj.weight": "model.layers.{}.self_attn.kv_b_proj.weight",
+}
 #: The MLP's names, by the spec's naming: gated (SwiGLU: ``linear_fc1`` holds [gate; up]), or not.
 _MLP = {True: ("gate_proj", "up_proj", "down_proj"), False: (None, "c_fc", "c_proj")}
 _QKV = "decoder.layers.self_attention.linear_qkv."
 _PADDED = ("embedding.word_embeddings.weight", "output_layer.weight")
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 
 def is_megatron_model(module) -> bool:
@@ -89,6 +114,25 @@ def qkv_rows(n_heads: int, n_groups: int, head_dim: int) -> tuple[np.ndarray, np
     k = (g + per * head_dim + d).reshape(-1)
     v = (g + (per + 1) * head_dim + d).reshape(-1)
     return q, k, v
+
+
+def mla_rows(n_heads: int, nope: int, rope: int, v_dim: int, kv_lora_rank: int) -> dict[str, np.ndarray]:
+    """For multi-latent attention: the rows of the Hugging Face tensor that Megatron's fused tensor
+    holds, in Megatron's row order, by what its forward (``MLASelfAttention.get_query_key_value_tensors``)
+    splits them into. ``linear_q_up_proj``/``linear_q_proj`` ([heads, nope + rope] rows: each head's
+    query without RoPE, then its RoPE part) is ``q_b_proj``/``q_proj``; ``linear_kv_up_proj``
+    ([heads, nope + v]: each head's key without RoPE, then its value) is ``kv_b_proj``;
+    ``linear_kv_down_proj`` ([kv_lora_rank + rope]: the KV latent, then the key's RoPE part shared by
+    every head) is ``kv_a_proj_with_mqa``. DeepSeek-V3's Hugging Face forward splits the same rows
+    the same way (the RoPE rows as interleaved pairs in both: Megatron's MLA RoPE de-interleaves them
+    as DeepSeek's ``rope_interleave`` does), so each is the identity: every fused tensor is one block."""
+    for name, value in (("num_attention_heads", n_heads), ("qk_head_dim", nope), ("qk_pos_emb_head_dim", rope),
+                        ("v_head_dim", v_dim), ("kv_lora_rank", kv_lora_rank)):
+        if value <= 0:
+            raise ValueError(f"module: multi-latent attention's {name} is {value}; it must be positive")
+    return {"linear_q_up_proj": np.arange(n_heads * (nope + rope), dtype=np.int64),
+            "linear_kv_up_proj": np.arange(n_heads * (nope + v_dim), dtype=np.int64),
+            "linear_kv_down_proj": np.arange(kv_lora_rank + rope, dtype=np.int64)}
 
 
 def _pieces_of(model) -> dict[int, list[Any]]:
@@ -240,6 +284,8 @@ def _hf_boxes(key: str, lead: tuple[int, ...], shape: tuple[int, ...], config, g
     def hf(name: str) -> str:
         return name.format(layer) if "{}" in name else name
 
+    if getattr(config, "multi_latent_attention", False) and key in _MLA_NAMES:  # one block each: mla_rows
+        return [(hf(_MLA_NAMES[key]), _whole(shape))]
     if key in _NAMES:
         return [(hf(_NAMES[key]), _whole(shape))]
     leaf = key.rpartition(".")[2]
@@ -327,10 +373,15 @@ def _check_config(model) -> Any:
     if config is None or not hasattr(config, "num_attention_heads"):
         raise ValueError(f"module: {type(model).__name__} is not a Megatron-Core GPTModel (it has no TransformerConfig); "
                          "modelinit maps GPTModel")
-    for flag, why in (("multi_latent_attention", "multi-latent attention"), ("rotary_interleaved", "interleaved RoPE")):
+    for flag, why in (("rotary_interleaved", "interleaved RoPE"),):
         if getattr(config, flag, None):
             raise ValueError(f"module: a Megatron model with {why} ({flag}) is not supported yet; GPTModel with "
                              "grouped-query attention, a dense MLP or SequentialMLP/GroupedMLP experts is")
+    if getattr(model, "mtp_process", False) or getattr(model, "mtp", None) is not None:
+        raise ValueError(f"module: the Megatron model has a multi-token prediction block (mtp_num_layers="
+                         f"{getattr(config, 'mtp_num_layers', None)}), whose tensors no Hugging Face folder modelinit "
+                         "writes holds (transformers builds no MTP layers); build the GPTModel without mtp_block_spec "
+                         "to fill it, and initialize the MTP block by Megatron's own init")
     experts = {type(m).__name__ for m in model.modules() if type(m).__name__.endswith("GroupedMLP")}
     if experts - {"GroupedMLP"}:
         raise ValueError(f"module: {sorted(experts - {'GroupedMLP'})[0]} (Transformer Engine's grouped-GEMM experts) is not "
@@ -372,6 +423,7 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
         grouped = _grouped_place(name, t, sharded)
         if grouped is None:
             key, lead, shape, held_idx = _global_place(name, t, sharded)
+            key, lead = _stacked(key, lead)
             sets[name] = (shape, held_idx)
             boxes = _hf_boxes(key, lead, shape, config, gated, spec.family)
         else:  # GroupedMLP: each expert's tensor, transposed, in one tensor per layer
@@ -409,6 +461,15 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
         raise ValueError(f"module: it lacks {lacking} tensor(s) of the spec, e.g. {absent!r}: the model does not match "
                          "the spec")
     return spec, pieces, sets, lacking, views
+
+
+def _stacked(key: str, lead: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
+    """A layer's key as the stacked layers' key: Megatron saves the layers of a model whose layers
+    differ (``moe_layer_freq`` a list or above 1: dense and MoE layers) one key each,
+    ``decoder.layers.<global layer>.<rest>``, instead of stacking them on a leading axis; the same
+    tensor is then ``decoder.layers.<rest>`` at that layer."""
+    m = _LAYER_KEY.match(key)
+    return (f"decoder.layers.{m.group(2)}", (int(m.group(1)), *lead)) if m else (key, lead)
 
 
 def _padded(ti: int, want: tuple[int, ...], length: tuple[int, ...]) -> list[Piece]:

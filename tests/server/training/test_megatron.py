@@ -53,9 +53,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Megatron warns
 
 
 def _gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = False, vocab: int = PADDED, moe: bool = False,
-         ep: int = 1, layernorm: bool = False, **over):
+         ep: int = 1, layernorm: bool = False, vp_stage: int | None = None, **over):
     """A GPTModel matching HF (MOE: with SequentialMLP experts, ``ep`` ways expert parallel) on this
-    rank of a (tp, pp) layout (parallel_state set up by the caller)."""
+    rank of a (tp, pp) layout (parallel_state set up by the caller); ``vp_stage``: this rank's
+    model chunk ``vp_stage`` of an interleaved pipeline (``virtual_pipeline_model_parallel_size``
+    in ``over``), built as Megatron's training loop builds it."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -78,8 +80,10 @@ def _gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = False, v
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return GPTModel(config, spec, vocab_size=vocab, max_sequence_length=128, position_embedding_type="rope",
-                        share_embeddings_and_output_weights=tied, pre_process=ps.is_pipeline_first_stage(),
-                        post_process=ps.is_pipeline_last_stage())
+                        share_embeddings_and_output_weights=tied,
+                        pre_process=ps.is_pipeline_first_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
+                        post_process=ps.is_pipeline_last_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
+                        vp_stage=vp_stage)
 
 
 def _files(out: pathlib.Path) -> dict:
@@ -300,6 +304,59 @@ def test_parallel_layouts_equal_one_device(tmp_path, tp, pp, ep, tied, layernorm
     assert [n for n, ts in whole.items() if len(ts) != 1 or not same_bytes(ts[0], ref[n])] == []
 
 
+def _fill_chunks(rank: int, world: int, init_file: str, vp: int, out: str) -> None:
+    """This rank's ``vp`` model chunks of a PP=``world`` interleaved pipeline, each a GPTModel with
+    its ``vp_stage``, each filled by its own call, with the spec and without (the config derived from
+    the chunk is the whole model's), saved with the layers Megatron numbers it (its offset)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    _init_group(rank, world, init_file)
+    ps.initialize_model_parallel(pipeline_model_parallel_size=world, virtual_pipeline_model_parallel_size=vp)
+    for stage in range(vp):
+        over = dict(virtual_pipeline_model_parallel_size=vp)
+        model, derived = _gpt(pp=world, vp_stage=stage, **over), _gpt(pp=world, vp_stage=stage, **over)
+        with no_collectives():
+            summary = modelinit.init_module_(model, seed=SEED, spec=HF)
+            own = modelinit.init_module_(derived, seed=SEED)
+        assert own.derived_config["num_hidden_layers"] == HF["num_hidden_layers"], own.derived_config
+        assert own.derived_config["model_type"] == "qwen3" and own.missing == summary.missing > 0
+        got, again = dict(derived.named_parameters()), dict(model.named_parameters())
+        assert sorted(got) == sorted(again) and all(same_bytes(got[n], again[n]) for n in got)
+        first = [layer.layer_number - 1 for layer in model.decoder.layers]
+        assert first == [get_transformer_layer_offset(model.config, vp_stage=stage) + i for i in range(len(first))]
+        torch.save({"first": first[0], "state": {n: p.detach().clone() for n, p in model.named_parameters()}},
+                   f"{out}/rank{rank}-chunk{stage}.pt")
+    exit_rank()
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo is not available")
+def test_virtual_pipeline_chunks_hold_the_folder_each_tensor_once(tmp_path):
+    """PP=2 x VP=2 (interleaved 1F1B): each rank builds 2 model chunks (GPTModel with ``vp_stage``,
+    one layer each: rank 0 holds layers 0 and 2, rank 1 layers 1 and 3, by Megatron's
+    ``get_transformer_layer_offset``), each filled by its own ``init_module_`` call. Over all
+    ranks' chunks every stored tensor is in exactly one chunk (the embedding in rank 0's first,
+    the final norm and output layer in rank 1's last), with the folder's bytes; without a spec
+    each chunk derives the whole model's config (4 layers) and the same bytes."""
+    import torch.multiprocessing as mp
+
+    ref, out = _reference(tmp_path), tmp_path / "chunks"
+    out.mkdir()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_fill_chunks, args=(2, str(tmp_path / "pg"), 2, str(out)), nprocs=2, join=True)
+    held: dict[str, list] = {}
+    for f in sorted(out.glob("rank*-chunk*.pt")):
+        share = torch.load(f)
+        for name, t in share["state"].items():
+            held.setdefault(_global_name(name, share["first"], 0, 1), []).append((f.stem, t))
+    assert {n: [c for c, _ in ts] for n, ts in held.items() if len(ts) != 1} == {}
+    assert sorted(held) == sorted(ref)
+    assert [n for n, ts in held.items() if not same_bytes(ts[0][1], ref[n])] == []
+    assert [c for c, _ in held["embedding.word_embeddings.weight"]] == ["rank0-chunk0"]
+    assert [c for c, _ in held["output_layer.weight"]] == ["rank1-chunk1"]
+    assert [c for c, _ in held["decoder.layers.2.input_layernorm.weight"]] == ["rank0-chunk1"]
+
+
 def _check_qkv_rows() -> None:
     from modelinit_server.training.megatron_layout import qkv_rows
 
@@ -355,6 +412,11 @@ def _check_refusals() -> None:
                                          r"supported yet"):
         modelinit.init_module_(model, seed=SEED, spec=HF)
     model.config.rotary_interleaved = False
+    model.mtp_process = True  # a multi-token prediction block: the folder has no tensors of it
+    with pytest.raises(ValueError, match=r"^module: the Megatron model has a multi-token prediction block .*build the "
+                                         r"GPTModel without mtp_block_spec"):
+        modelinit.init_module_(model, seed=SEED, spec=HF)
+    model.mtp_process = False
     model.te_experts = type("TEGroupedMLP", (torch.nn.Module,), {})()  # Transformer Engine's grouped experts' class name
     with pytest.raises(ValueError, match=r"^module: TEGroupedMLP \(Transformer Engine's grouped-GEMM experts\) is not "
                                          r"supported: it cannot be built or verified without a GPU here"):
@@ -363,7 +425,8 @@ def _check_refusals() -> None:
 
 def test_a_model_that_does_not_match_its_spec_is_refused_by_name(tmp_path):
     """No spec where the config cannot be derived, a spec that differs in a size, in tying, in depth, in vocabulary, in its tensors
-    (q/k norms), a layout not mapped yet (interleaved RoPE, Transformer Engine's grouped experts): each one line
+    (q/k norms), a layout not mapped yet (interleaved RoPE, Transformer Engine's grouped experts, a multi-token
+    prediction block): each one line
     naming the tensor and what was expected."""
     _one_process(str(tmp_path / "pg"), _check_refusals)
 

@@ -56,6 +56,37 @@ def test_a_llama_3_8b_shaped_config_derives_the_real_llama_3_8b():
     assert set(derived) - set(hub) == {"head_dim"} and derived["head_dim"] == 4096 // 32  # Llama's own default
 
 
+def _mla_config(**fields):
+    from megatron.core.transformer import MLATransformerConfig
+
+    return MLATransformerConfig(**{**_SMALL, "num_query_groups": None, "kv_channels": None, "qk_layernorm": True,
+                                   **fields})
+
+
+def test_a_deepseek_v3_shaped_mla_config_derives_deepseek_v3s_dense_layers():
+    """Megatron's DeepSeek-V3 attention (MLATransformerConfig: 128 heads, q LoRA 1536, KV latent
+    512, 128 + 64 query/key dims, 128 value dims, YaRN factor 40), its first three (dense) layers
+    alone, derives the hub's config cut to those layers: every tensor equal, the MLA sizes and YaRN
+    as the hub has them."""
+    hub = PRESETS["deepseek-v3"]
+    config = _mla_config(num_layers=3, hidden_size=7168, num_attention_heads=128, ffn_hidden_size=18432,
+                         q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128,
+                         rope_type="yarn", rotary_scaling_factor=40, original_max_position_embeddings=4096,
+                         mscale=1.0, mscale_all_dim=1.0, layernorm_epsilon=1e-6, attention_dropout=0.0)
+    derived = hf_config(config, GPTFields(vocab_size=129280, max_sequence_length=163840))
+    assert from_config(derived).tensors == from_config({**hub, "num_hidden_layers": 3}).tensors
+    fields = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_attention_heads",
+              "num_key_value_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+              "first_k_dense_replace", "vocab_size", "tie_word_embeddings", "attention_bias", "hidden_act", "rms_norm_eps",
+              "rope_theta", "rope_scaling", "max_position_embeddings", "initializer_range", "attention_dropout")
+    assert {f: derived[f] for f in fields} == {f: hub[f] for f in fields}
+    assert hf_config(_mla_config(q_lora_rank=None, rope_type="rope", num_attention_heads=4), _GPT)["q_lora_rank"] is None
+    for fields, message in (({"qk_layernorm": False}, r"qk_layernorm=False \(with multi-latent attention"),
+                            ({**_MOE_FIELDS}, r"num_moe_experts=4 \(with multi-latent attention")):
+        with pytest.raises(ValueError, match=rf"^spec: the Megatron model's {message}.*init_module_\(model, spec="):
+            hf_config(_mla_config(rope_type="rope", num_attention_heads=4, **fields), _GPT)
+
+
 @pytest.mark.parametrize("fields, hf", [
     ({}, HF),
     (_MOE_FIELDS, MOE),
@@ -125,13 +156,29 @@ def _check_derived(out: str) -> None:
             assert again.fingerprint == summary.fingerprint or spec is HF  # the tokenizer's vocabulary: another plan
             assert [n for n, p in model.named_parameters() if not same_bytes(p.detach(), got[n])] == [], spec
         torch.save({"derived": summary.derived_config, "state": got}, f"{out}-{summary.derived_config['model_type']}.pt")
+    # dense and MoE layers (moe_layer_freq a list; Megatron's decoder block spec): Megatron saves one key per layer
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    config = _gpt(dtype="bfloat16", moe=True, moe_layer_freq=[0, 1, 1, 0]).config
+    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm", qk_l2_norm=False)
+    mixed = GPTModel(config, spec, vocab_size=PADDED, max_sequence_length=128, position_embedding_type="rope")
+    with no_collectives():
+        summary = modelinit.init_module_(mixed, seed=SEED)
+    assert summary.derived_config["mlp_only_layers"] == [0, 3] and summary.missing == 0
+    state = {n: p.detach() for n, p in mixed.named_parameters()}
+    assert summary.elements == sum(p.numel() for p in state.values())
+    torch.save({"derived": summary.derived_config, "state": state}, f"{out}-mixed.pt")
 
 
 def test_a_model_filled_without_a_spec_is_the_folder_of_its_derived_config(tmp_path):
     """Without ``spec=``: the config derived is reported (``summary.derived_config``), the fill is
     the explicit config's, and the Hugging Face folder of the derived config (``modelinit init``)
     holds the same bytes: Mixtral's per-expert ``w1``/``w3`` as Megatron's ``[gate; up]``, ``w2`` as
-    ``linear_fc2``, ``block_sparse_moe.gate`` as the router, the padded vocabulary's rows."""
+    ``linear_fc2``, ``block_sparse_moe.gate`` as the router, the padded vocabulary's rows. A
+    Qwen3-MoE-style model with dense layers (``moe_layer_freq=[0, 1, 1, 0]``, built by Megatron's
+    decoder block spec, which saves each layer under its own key) derives ``mlp_only_layers: [0,
+    3]`` and holds its folder's bytes."""
     out = str(tmp_path / "filled")
     _one_process(str(tmp_path / "pg"), _check_derived, out)
     mixtral = torch.load(f"{out}-mixtral.pt")
@@ -149,3 +196,17 @@ def test_a_model_filled_without_a_spec_is_the_folder_of_its_derived_config(tmp_p
             w1, w3, w2 = (files[f"{hf}experts.{e}.{w}.weight"] for w in ("w1", "w3", "w2"))
             assert same_bytes(state[expert + "linear_fc1.weight"], torch.cat([w1, w3]))
             assert same_bytes(state[expert + "linear_fc2.weight"], w2)
+    mixed = torch.load(f"{out}-mixed.pt")  # Qwen3-MoE with mlp_only_layers [0, 3]: the folder of its derived config
+    with modelinit.Client() as c:
+        c.init_model(mixed["derived"], seed=SEED, out_dir=tmp_path / "hf-mixed", dtype="bfloat16")
+    files, state = _files(tmp_path / "hf-mixed"), mixed["state"]
+    for i in (0, 3):  # dense
+        assert same_bytes(state[f"decoder.layers.{i}.mlp.linear_fc1.weight"], torch.cat(
+            [files[f"model.layers.{i}.mlp.gate_proj.weight"], files[f"model.layers.{i}.mlp.up_proj.weight"]]))
+    for i in (1, 2):  # MoE
+        assert same_bytes(state[f"decoder.layers.{i}.mlp.router.weight"], files[f"model.layers.{i}.mlp.gate.weight"])
+        assert same_bytes(state[f"decoder.layers.{i}.mlp.experts.local_experts.3.linear_fc2.weight"],
+                          files[f"model.layers.{i}.mlp.experts.3.down_proj.weight"])
+    for i in range(4):
+        assert same_bytes(state[f"decoder.layers.{i}.self_attention.linear_proj.weight"],
+                          files[f"model.layers.{i}.self_attn.o_proj.weight"])
