@@ -52,6 +52,35 @@ def install_torchtitan():
     return torchtitan
 
 
+
+MUP = ("mup==1.0.0", "pandas==3.1.1", "pytz==2026.6", "tzdata==2026.6")
+"""microsoft/mup, the µP reference the mup preset and the coordinate check are compared with, and
+what its ``coord_check`` imports (pandas): pinned. mup is an sdist whose declared dependencies
+(torchvision, seaborn) would replace the CPU torch, so the test extra cannot hold it; installed
+without dependencies like torchtitan (numpy, torch and dateutil are the test extra's)."""
+
+
+def install_mup():
+    """The mup module, installed with pandas into tests/.stacks first when it is not importable."""
+    try:
+        import mup  # noqa: F401 - installed by the caller's environment
+        import pandas  # noqa: F401
+        return sys.modules["mup"]
+    except ImportError:
+        pass
+    HERE.mkdir(exist_ok=True)
+    with open(HERE / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not all((HERE / name).is_dir() for name in ("mup", "pandas", "pytz", "tzdata")):
+            done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(HERE), *MUP],
+                                  capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                pytest.skip(f"cannot install {' '.join(MUP)}: {(done.stdout + done.stderr)[-500:]}")
+    _on_path()
+    import mup
+
+    return mup
+
 #: The Hugging Face config of the torchtitan tests' model: torchtitan's own debugmodel flavor
 #: (dim 256, 16 heads, FFN 768, vocabulary 2048) cut to 2 layers, with 4 KV heads.
 TORCHTITAN_HF = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_layers": 2,

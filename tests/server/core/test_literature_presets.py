@@ -12,6 +12,8 @@ from modelinit_server.architectures import from_config
 from modelinit_server.core import policies
 from modelinit_server.core.policies.presets import MUP_BASE_WIDTH, deepnet_betas
 
+from tests.support.stacks import install_mup
+
 torch.set_num_threads(2)
 
 LLAMA = {"model_type": "llama", "vocab_size": 512, "hidden_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4,
@@ -102,7 +104,7 @@ def test_mup_preset_matches_the_mup_package():
     gives every hidden matrix std 0.02·(512/256)^-1/2 and every vector-like weight 0.02; the preset's
     std for each tensor is within sampling tolerance of the package's sample std. Needs
     ``pip install --no-deps mup`` (its declared torchvision would replace the CPU torch)."""
-    mup = pytest.importorskip("mup", reason="pip install --no-deps mup (docs/policies.md)")
+    mup = install_mup()  # tests/support/stacks.py: pinned, without its declared torchvision
     import transformers
 
     def model(width: int):  # the base model: mup wants its own MuReadout for a head

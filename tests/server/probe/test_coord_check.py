@@ -16,6 +16,8 @@ from modelinit.cli import main
 from modelinit_server.probe import coord_from_json, coord_to_json
 from modelinit_server.probe.coord import lr_groups, threshold, widened_config
 
+from tests.support.stacks import install_mup
+
 GPT2 = {"model_type": "gpt2", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64,
         "architectures": ["GPT2LMHeadModel"], "tie_word_embeddings": False}
 LLAMA = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -114,7 +116,7 @@ def test_mup_learning_rates_by_shape():
 def test_mup_learning_rates_match_mu_adam():
     """µP's Adam rates against microsoft/mup's MuAdam after set_base_shapes (base width 256):
     ``pip install --no-deps mup`` (its declared torchvision would replace the CPU torch)."""
-    mup = pytest.importorskip("mup", reason="pip install --no-deps mup (docs/policies.md)")
+    mup = install_mup()
     from modelinit_server.architectures import meta_models
 
     def model_at(width: int):  # mup wants its own MuReadout for a head (the same shape: ours reads only shapes)
@@ -176,9 +178,8 @@ def test_scales_match_mup_get_coord_data(policy):
     """The same Llama, filled with the same bytes, the same batch, widths and Adam steps through
     microsoft/mup's own ``get_coord_data`` (``MuReadout`` and ``MuAdam`` after ``set_base_shapes``
     at base width 256 for µP; plain Adam otherwise): every module's mean |output| agrees. Needs
-    ``pip install --no-deps mup`` and pandas (its coord_check imports it); skipped without them."""
-    mup = pytest.importorskip("mup", reason="pip install --no-deps mup (docs/policies.md)")
-    pytest.importorskip("pandas", reason="mup.coord_check imports pandas")
+    mup and pandas, which tests/support/stacks.py installs into tests/.stacks."""
+    mup = install_mup()  # and pandas, which its coord_check imports (tests/support/stacks.py)
     import torch
     from modelinit.request import RequestOptions
     from mup.coord_check import get_coord_data
