@@ -41,6 +41,7 @@ from modelinit_wire.constants import (
     DEFAULT_MAX_TENSORS,
     DEVICES,
     DTYPES,
+    MUP_BASE_WIDTH,
 )
 from modelinit_wire.credentials import load_token
 from modelinit_wire.policy_file import looks_like_file, to_dict
@@ -677,6 +678,11 @@ def _print_explain(plan, as_json: bool, given_policy: str | None = None) -> None
                  rows)
     print("xavier std = sqrt(2/(fan_in+fan_out)); lecun std = 1/sqrt(fan_in); std/lecun = eff. std / lecun std "
           "(1: the fan-in scale; '-': not a fan-based tensor)")
+    if plan.request.policy.preset == "mup":  # the half of µP the weights do not hold
+        print(f"learning rates (µP; the optimizer's, not in the weights; `modelinit probe --widths` applies them, "
+              f"docs/probe.md): Adam: hidden matrices LR · {MUP_BASE_WIDTH}/width, vector-like (embeddings, readout, "
+              f"norms, biases) LR; SGD: hidden matrices LR, vector-like LR · width/{MUP_BASE_WIDTH}; the readout's "
+              f"output x {MUP_BASE_WIDTH}/width in the forward pass")
     warnings = [f"{_group_label(g)}: {w}" for g in plan.groups for w in g.warnings]
     if warnings:
         print("\nwarnings:")

@@ -43,3 +43,8 @@ DEFAULT_MAX_REQUEST_BYTES = 4 << 20
 #: Most characters of a request's value an error message quotes (either side): a hostile value
 #: (a megabyte-long glob, a 400-digit number) is shown as an excerpt, never whole.
 EXCERPT: int = 80
+
+#: The width the ``mup`` preset's hidden stds are given at (microsoft/mup's examples use 256):
+#: std = sigma·sqrt(MUP_BASE_WIDTH / width). Its learning rates scale by the same ratio (µP's
+#: MuAdam / MuSGD): the server's preset and probe, and what ``explain`` prints, read it here.
+MUP_BASE_WIDTH = 256

@@ -23,12 +23,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from modelinit_wire.constants import MUP_BASE_WIDTH
+
 from ..architectures import meta_models
 from ..core.planner import Request
 from .run import Batch, _attentions, build, estimate_bytes, make_batch, stacks
 
-#: The µP preset's base width (server/modelinit_server/core/policies/presets.py: MUP_BASE_WIDTH).
-MUP_BASE_WIDTH = 256
 OPTIMIZERS = ("adam", "sgd")
 #: The learning rate when none is given, per optimizer.
 DEFAULT_LR = {"adam": 1e-3, "sgd": 1e-1}

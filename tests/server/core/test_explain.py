@@ -147,3 +147,14 @@ def test_explain_and_plan_offer_only_the_flags_that_apply():
     assert "--max-shard-size" in plan and "--rehash" not in plan and "--device" not in plan
     refused = run("explain", "gpt2", "--max-shard-size", "1GB")
     assert refused.returncode == 2 and "unrecognized arguments: --max-shard-size" in refused.stderr
+
+
+
+def test_explain_of_mup_states_its_learning_rates():
+    """µP is an init and learning rates: explain shows the half the weights do not hold (the rule
+    the coordinate check applies, docs/probe.md); other policies print no such line."""
+    mup = run("explain", "gpt2", "--policy", "mup")
+    assert mup.returncode == 0, mup.stderr
+    line = next(x for x in mup.stdout.splitlines() if x.startswith("learning rates (µP"))
+    assert "Adam: hidden matrices LR · 256/width" in line and "SGD: hidden matrices LR, vector-like LR · width/256" in line
+    assert "learning rates" not in run("explain", "gpt2").stdout

@@ -9,6 +9,8 @@ from __future__ import annotations
 import glob
 import math
 
+from modelinit_wire.constants import MUP_BASE_WIDTH
+
 from ..tensors import ModelSpec
 from .rules import Distribution, Match, Rule
 
@@ -281,8 +283,6 @@ def _deepnet(model: ModelSpec) -> list[Rule]:
     return rules
 
 
-#: The width µP's hidden stds are given at (mup's examples use 256): std = sigma·sqrt(BASE / fan_in-width).
-MUP_BASE_WIDTH = 256
 
 
 def _mup(model: ModelSpec) -> list[Rule]:
