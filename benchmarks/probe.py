@@ -44,6 +44,12 @@ def run(model: str, args: argparse.Namespace, out: str) -> tuple[float, int, flo
     return wall, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
+def repeated(model: str, args: argparse.Namespace, out: str) -> tuple[float, int, float]:
+    """``run`` ``--repeat`` times: the median wall, the largest peak RSS, the median CPU seconds."""
+    runs = [run(model, args, out) for _ in range(args.repeat)]
+    return (statistics.median(r[0] for r in runs), max(r[1] for r in runs), statistics.median(r[2] for r in runs))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -59,19 +65,14 @@ def main() -> int:
     rows = []
     print(f"{'model':20s} {'wall s':>8s} {'peak RSS GB':>12s} {'CPU s':>8s} {'probed params':>14s}  proxy")
     for model in args.models.split(","):
-        walls, rss, cpu = [], 0, []
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "probe.json")
-            for _ in range(args.repeat):
-                w, r, c = run(model, args, out)
-                walls.append(w)
-                rss = max(rss, r)
-                cpu.append(c)
+            wall, rss, cpu = repeated(model, args, out)
             result = json.load(open(out, encoding="utf-8"))["probe"]
         if len(result) != 1 or not result[0]["measures"]["layers"] or result[0]["measures"]["loss"] != result[0]["measures"]["loss"]:
             raise SystemExit(f"{model}: the probe's JSON is not one finite result")
         r0 = result[0]
-        row = dict(model=model, wall_s=statistics.median(walls), peak_rss_bytes=rss, cpu_s=statistics.median(cpu),
+        row = dict(model=model, wall_s=wall, peak_rss_bytes=rss, cpu_s=cpu,
                    probed_params=r0["params"], proxy=r0["proxy"], layers=len(r0["measures"]["layers"]))
         rows.append(row)
         proxy = r0["proxy"].split(";")[0] if r0["proxy"] else "whole model"
@@ -93,20 +94,15 @@ def coord(args: argparse.Namespace) -> int:
                 json.dump(SMALL_LLAMA, fh)
         for model in models:
             out = os.path.join(tmp, "coord.json")
-            walls, rss, cpu = [], 0, []
-            for _ in range(args.repeat):
-                w, r, c = run(model, args, out)
-                walls.append(w)
-                rss = max(rss, r)
-                cpu.append(c)
+            wall, rss, cpu = repeated(model, args, out)
             result = json.load(open(out, encoding="utf-8"))["coord_check"]
             widths = [int(x) for x in args.widths.split(",")]
             if len(result) != 1 or result[0]["widths"] != sorted(set(widths)) or \
                     not all(v == v and abs(v) != float("inf") for step in result[0]["losses"] for v in step):
                 raise SystemExit(f"{model}: the coordinate check's JSON is not one finite result at the widths asked")
             name = "small-llama" if model.endswith("small-llama.json") else model
-            row = dict(model=name, widths=result[0]["widths"], steps=args.steps, wall_s=statistics.median(walls),
-                       peak_rss_bytes=rss, cpu_s=statistics.median(cpu), params=result[0]["params"],
+            row = dict(model=name, widths=result[0]["widths"], steps=args.steps, wall_s=wall,
+                       peak_rss_bytes=rss, cpu_s=cpu, params=result[0]["params"],
                        first_problem=result[0]["first_problem"])
             rows.append(row)
             print(f"{name:20s} {args.widths:>20s} {args.steps:5d} {row['wall_s']:8.1f} {rss / 1e9:12.2f} {row['cpu_s']:8.1f}  "

@@ -437,22 +437,7 @@ def _probe(args: argparse.Namespace) -> int:
                         batch=args.batch, seq=args.seq, memory_budget=budget, proxy=args.proxy)
     except ModelInitError as e:
         return _fail(e.details, 2 if e.code == grpc.StatusCode.INVALID_ARGUMENT else 1)
-    if args.plot:
-        try:
-            report.plot(results, args.plot)
-        except OSError as e:
-            return _fail(f"--plot: cannot write {args.plot}: {e.strerror or e}", 1)
-    if args.json == "-":
-        print(to_json(results))
-    else:
-        if args.json:
-            try:
-                with open(args.json, "w", encoding="utf-8") as fh:
-                    fh.write(to_json(results))
-            except OSError as e:
-                return _fail(f"--json: cannot write {args.json}: {e.strerror or e}", 1)
-        report.render(results)
-    return 0
+    return _probe_output(args, results, report.plot, to_json, report.render)
 
 
 def _coord_check(args: argparse.Namespace, policies: list[str | None], budget: int | None) -> int:
@@ -474,21 +459,27 @@ def _coord_check(args: argparse.Namespace, policies: list[str | None], budget: i
                               memory_budget=budget)
     except ModelInitError as e:
         return _fail(e.details, 2 if e.code == grpc.StatusCode.INVALID_ARGUMENT else 1)
+    return _probe_output(args, results, report.plot_coord, to_json, report.render_coord)
+
+
+def _probe_output(args: argparse.Namespace, results: list, plot, to_json, render) -> int:
+    """The probe's or coordinate check's ``--plot`` file, ``--json`` (a file, or ``-`` for stdout
+    instead of the table) and table; 1 with one line if a file cannot be written."""
     if args.plot:
         try:
-            report.plot_coord(results, args.plot)
+            plot(results, args.plot)
         except OSError as e:
             return _fail(f"--plot: cannot write {args.plot}: {e.strerror or e}", 1)
     if args.json == "-":
         print(to_json(results))
-    else:
-        if args.json:
-            try:
-                with open(args.json, "w", encoding="utf-8") as fh:
-                    fh.write(to_json(results))
-            except OSError as e:
-                return _fail(f"--json: cannot write {args.json}: {e.strerror or e}", 1)
-        report.render_coord(results)
+        return 0
+    if args.json:
+        try:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                fh.write(to_json(results))
+        except OSError as e:
+            return _fail(f"--json: cannot write {args.json}: {e.strerror or e}", 1)
+    render(results)
     return 0
 
 

@@ -38,29 +38,26 @@ def init_module_():
 
 def probe(requests: list[pb.ModelRequest], labels: list[str], **options) -> list:
     """``modelinit_server.probe.probe`` of the requests (the pass needs the server extra only)."""
-    try:
-        from modelinit_server.messages import request_from_pb
-        from modelinit_server.probe import probe as run
-    except ImportError as e:
-        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION, f"the probe needs the server extra ({e}); "
-                             f"{_EXTRA.format(extra='server')}") from None
-    try:
-        return run([request_from_pb(r) for r in requests], labels, **options)
-    except ValueError as e:  # a spec, policy or batch the probe cannot take: one line naming it
-        raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+    return _run_probe("probe", requests, labels, options)
 
 
 def coord_check(requests: list[pb.ModelRequest], labels: list[str], **options) -> list:
     """``modelinit_server.probe.coord_check`` of the requests (the coordinate check; the server extra only)."""
+    return _run_probe("coord_check", requests, labels, options)
+
+
+def _run_probe(name: str, requests: list[pb.ModelRequest], labels: list[str], options: dict) -> list:
+    """``modelinit_server.probe.<name>`` of the requests, its ValueError (a spec, policy, width,
+    step count or budget it cannot take: one line naming it) as INVALID_ARGUMENT."""
     try:
+        from modelinit_server import probe as probing
         from modelinit_server.messages import request_from_pb
-        from modelinit_server.probe import coord_check as run
     except ImportError as e:
         raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION, f"the probe needs the server extra ({e}); "
                              f"{_EXTRA.format(extra='server')}") from None
     try:
-        return run([request_from_pb(r) for r in requests], labels, **options)
-    except ValueError as e:  # a width, step count, optimizer or budget the check cannot take: one line naming the flag
+        return getattr(probing, name)([request_from_pb(r) for r in requests], labels, **options)
+    except ValueError as e:
         raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
 
 

@@ -28,6 +28,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is in the test extra"
 import modelinit  # noqa: E402
 
 from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
+from tests.support.megatron_rules import gated_mlp, qkv_per_group, tp_whole  # noqa: E402
 
 SEED = 11
 VOCAB, PADDED = 1000, 1024
@@ -118,11 +119,8 @@ def _reference(tmp_path: pathlib.Path, dtype: str = "float32", tied: bool = Fals
     for i in range(HF["num_hidden_layers"]):
         hf_layer, layer = f"model.layers.{i}.", f"decoder.layers.{i}."
         for leaf in ("weight", "bias") if layernorm else ("weight",):
-            q, k, v = (files[f"{hf_layer}self_attn.{p}_proj.{leaf}"] for p in "qkv")
-            rest = q.shape[1:]
-            ref[layer + f"self_attention.linear_qkv.{leaf}"] = torch.cat(
-                [q.view(groups, -1, *rest), k.view(groups, head_dim, *rest), v.view(groups, head_dim, *rest)], dim=1
-            ).reshape(-1, *rest)
+            ref[layer + f"self_attention.linear_qkv.{leaf}"] = qkv_per_group(
+                *(files[f"{hf_layer}self_attn.{p}_proj.{leaf}"] for p in "qkv"), groups, head_dim)
         ref[layer + "self_attention.linear_proj.weight"] = files[f"{hf_layer}self_attn.o_proj.weight"]
         if layernorm:  # LayerNorm's biases, the linears' biases, a GELU MLP
             ref[layer + "self_attention.linear_proj.bias"] = files[f"{hf_layer}self_attn.o_proj.bias"]
@@ -141,9 +139,7 @@ def _reference(tmp_path: pathlib.Path, dtype: str = "float32", tied: bool = Fals
             ref[layer + "mlp.router.weight"] = files[f"{hf_layer}mlp.gate.weight"]
             mlps = {f"mlp.experts.local_experts.{e}.": f"{hf_layer}mlp.experts.{e}." for e in range(MOE["num_experts"])}
         for mine, theirs in mlps.items():
-            ref[layer + mine + "linear_fc1.weight"] = torch.cat([files[f"{theirs}gate_proj.weight"],
-                                                                 files[f"{theirs}up_proj.weight"]])
-            ref[layer + mine + "linear_fc2.weight"] = files[f"{theirs}down_proj.weight"]
+            ref.update({layer + mine + k: t for k, t in gated_mlp(files, theirs).items()})
     return ref
 
 
@@ -262,17 +258,7 @@ def _put_together(out: pathlib.Path, world: int, ep: int, gated: bool = True) ->
     for name, by_tp in by_name.items():
         for copies in by_tp.values():
             assert all(torch.equal(c, copies[0]) for c in copies), name
-        parts = [by_tp[k][0] for k in sorted(by_tp)]
-        if name.endswith(_ROWS):
-            t = torch.cat(parts)
-        elif name.endswith(_COLUMNS):
-            t = torch.cat(parts, dim=1)
-        elif name.endswith(("linear_fc1.weight", "linear_fc1.bias")):  # column parallel; SwiGLU's [gate_r; up_r]
-            t = torch.cat([p.chunk(2)[0] for p in parts] + [p.chunk(2)[1] for p in parts]) if gated else torch.cat(parts)
-        else:
-            assert all(torch.equal(p, parts[0]) for p in parts), name
-            t = parts[0]
-        assembled[name] = [t]
+        assembled[name] = [tp_whole(name, [by_tp[k][0] for k in sorted(by_tp)], _ROWS, _COLUMNS, gated)]
     return assembled
 
 

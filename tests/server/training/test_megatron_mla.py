@@ -27,6 +27,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is in the test extra"
 import modelinit  # noqa: E402
 
 from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
+from tests.support.megatron_rules import gated_mlp, tp_whole  # noqa: E402
 
 SEED = 13
 VOCAB = 1024
@@ -117,9 +118,7 @@ def _reference(tmp_path: pathlib.Path, q_lora: int | None, dtype: str, moe: bool
             mlps = {f"mlp.experts.local_experts.{e}.": f"mlp.experts.{e}." for e in range(hf_config["n_routed_experts"])}
             mlps["mlp.shared_experts."] = "mlp.shared_experts."
         for mine, theirs in mlps.items():
-            ref[layer + mine + "linear_fc1.weight"] = torch.cat([files[hf + theirs + "gate_proj.weight"],
-                                                                 files[hf + theirs + "up_proj.weight"]])
-            ref[layer + mine + "linear_fc2.weight"] = files[hf + theirs + "down_proj.weight"]
+            ref.update({layer + mine + k: t for k, t in gated_mlp(files, hf + theirs).items()})
     return ref
 
 
@@ -228,19 +227,8 @@ _ROWS = ("word_embeddings.weight", "output_layer.weight", "linear_q_proj.weight"
 def _put_together(shares: list[dict]) -> dict:
     """A TP layout's tensors by Megatron's rules: column-parallel rows (the down projections' latent
     rows included, as the local spec builds them), row-parallel columns, SwiGLU's [gate_r; up_r]."""
-    whole = {}
-    for name, first in shares[0].items():
-        parts = [s[name] for s in shares]
-        if name.endswith(_ROWS):
-            whole[name] = torch.cat(parts)
-        elif name.endswith(("linear_proj.weight", "linear_fc2.weight")):
-            whole[name] = torch.cat(parts, dim=1)
-        elif name.endswith("linear_fc1.weight"):
-            whole[name] = torch.cat([p.chunk(2)[0] for p in parts] + [p.chunk(2)[1] for p in parts])
-        else:
-            assert all(torch.equal(p, first) for p in parts), name
-            whole[name] = first
-    return whole
+    return {name: tp_whole(name, [s[name] for s in shares], _ROWS, ("linear_proj.weight", "linear_fc2.weight"))
+            for name in shares[0]}
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo is not available")

@@ -26,6 +26,7 @@ import modelinit  # noqa: E402
 from tests.server.training.test_megatron import (HF, MOE, PADDED, SEED, _files, _gpt, _init_group,  # noqa: E402
                                                  _put_together, _reference)
 from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
+from tests.support.megatron_rules import gated_mlp, qkv_per_group  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),  # Megatron warns that Apex/TE are absent
               pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
@@ -58,11 +59,8 @@ def _in_megatrons_layout(files: dict, shared: str, shared_gate: str | None) -> d
         hf, mine = f"model.layers.{i}.", f"decoder.layers.{i}."
         for leaf in ("weight", "bias"):
             if f"{hf}self_attn.q_proj.{leaf}" in files:
-                q, k, v = (files[f"{hf}self_attn.{p}_proj.{leaf}"] for p in "qkv")
-                rest = q.shape[1:]
-                ref[mine + f"self_attention.linear_qkv.{leaf}"] = torch.cat(
-                    [q.view(groups, -1, *rest), k.view(groups, head_dim, *rest), v.view(groups, head_dim, *rest)], dim=1
-                ).reshape(-1, *rest)
+                ref[mine + f"self_attention.linear_qkv.{leaf}"] = qkv_per_group(
+                    *(files[f"{hf}self_attn.{p}_proj.{leaf}"] for p in "qkv"), groups, head_dim)
         ref[mine + "self_attention.linear_proj.weight"] = files[f"{hf}self_attn.o_proj.weight"]
         ref[mine + "input_layernorm.weight"] = files[f"{hf}input_layernorm.weight"]
         ref[mine + "pre_mlp_layernorm.weight"] = files[f"{hf}post_attention_layernorm.weight"]
@@ -72,9 +70,7 @@ def _in_megatrons_layout(files: dict, shared: str, shared_gate: str | None) -> d
         mlps = {f"mlp.experts.local_experts.{e}.": f"{hf}mlp.experts.{e}." for e in range(4)}
         mlps["mlp.shared_experts."] = f"{hf}{shared}"
         for theirs_mine, theirs in mlps.items():
-            ref[mine + theirs_mine + "linear_fc1.weight"] = torch.cat([files[f"{theirs}gate_proj.weight"],
-                                                                       files[f"{theirs}up_proj.weight"]])
-            ref[mine + theirs_mine + "linear_fc2.weight"] = files[f"{theirs}down_proj.weight"]
+            ref.update({mine + theirs_mine + k: t for k, t in gated_mlp(files, theirs).items()})
         if shared_gate:
             ref[mine + "mlp.shared_experts.gate_weight"] = files[f"{hf}{shared_gate}"]
     return ref
