@@ -26,12 +26,9 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 import modelinit  # noqa: E402
 
 from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
-from tests.support.stacks import TORCHTITAN_HF, install_torchtitan  # noqa: E402
-
-SEED = 7
-#: torchtitan's llama3 "debugmodel" flavor (dim 256, 6 layers, 16 heads, FFN 768, vocabulary 2048), made
-#: smaller where the test's speed asks (2 layers, 4 KV heads: grouped-query attention).
-HF = TORCHTITAN_HF
+from tests.support.stacks import install_torchtitan  # noqa: E402
+from tests.support.torchtitan_models import (DEEPSEEK_V3, HF, QWEN3, QWEN3_MOE, SEED, flavor_model,  # noqa: E402
+                                             folder_as_loaded, meta_model, titan_config)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -39,88 +36,8 @@ def torchtitan():
     return install_torchtitan()
 
 
-def _config():
-    """The debugmodel's config with the test's sizes (2 layers, 4 KV heads)."""
-    import dataclasses
-
-    from torchtitan.models.llama3 import model_registry
-
-    config = model_registry("debugmodel", attn_backend="flex").model
-    layers = [dataclasses.replace(layer, attention=_with_kv_heads(layer.attention, 4)) for layer in config.layers[:2]]
-    return dataclasses.replace(config, layers=layers)
-
-
-def _with_kv_heads(attention, n_kv_heads: int):
-    import dataclasses
-
-    qkv = attention.qkv_linear
-    fused = dataclasses.replace(qkv.wqkv, out_features=(attention.n_heads + 2 * n_kv_heads) * (qkv.head_dim or 16))
-    return dataclasses.replace(attention, n_kv_heads=n_kv_heads,
-                               qkv_linear=dataclasses.replace(qkv, n_kv_heads=n_kv_heads, wqkv=fused))
-
-
-def _meta_model():
-    with torch.device("meta"):
-        return _config().build()
-
-
-def _reference(tmp_path: pathlib.Path, dtype: str, policy=None) -> dict:
-    """The folder of (HF, SEED, policy) in ``dtype``, loaded the way torchtitan loads a Hugging Face
-    checkpoint: its adapter's ``from_hf``, then the model's own load hooks: the parameters."""
-    from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
-
-    out = tmp_path / f"hf-{dtype}-{policy}"
-    with modelinit.Client() as c:
-        c.init_model(HF, seed=SEED, out_dir=out, dtype=dtype, policy=policy)
-    files = {}
-    for f in out.glob("*.safetensors"):
-        files.update(safetensors_torch.load_file(f))
-    model = _meta_model().to_empty(device="cpu").to(getattr(torch, dtype))
-    model.load_state_dict(Llama3StateDictAdapter(model.config, None).from_hf(files))
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
 def _dtype_of(model, dtype: str):
     return model.to(getattr(torch, dtype)) if dtype != "float32" else model
-
-
-#: Qwen3 dense (tied embeddings, q/k norms, head_dim 128 over a 256 model) and MoE (GroupedExperts' stacked
-#: w1_EFD/w2_EDF/w3_EFD, a router), torchtitan's debug flavors cut to 2 layers.
-QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 256, "head_dim": 128,
-         "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 8, "intermediate_size": 3072,
-         "vocab_size": 2048, "tie_word_embeddings": True, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6}
-QWEN3_MOE = {**QWEN3, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "tie_word_embeddings": False,
-             "intermediate_size": 768, "moe_intermediate_size": 768, "num_experts": 64, "num_experts_per_tok": 8,
-             "decoder_sparse_step": 1, "mlp_only_layers": []}
-
-#: DeepSeek-V3's debug flavor cut to 3 layers: MLA (kv_lora_rank 512, no q LoRA), a dense first layer, then MoE
-#: layers with 2 shared experts and a router whose bias the Hugging Face layout stores (e_score_correction_bias).
-DEEPSEEK_V3 = {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 256,
-               "num_hidden_layers": 3, "num_attention_heads": 16, "num_key_value_heads": 16, "q_lora_rank": None,
-               "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-               "intermediate_size": 1024, "moe_intermediate_size": 256, "n_routed_experts": 8, "n_shared_experts": 2,
-               "num_experts_per_tok": 3, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "vocab_size": 2048,
-               "tie_word_embeddings": False, "max_position_embeddings": 16384, "rms_norm_eps": 1e-5}
-
-
-def _qwen3(flavor: str, built: bool = True):
-    """The flavor's model on the meta device (its config when ``built`` is False)."""
-    import dataclasses
-
-    if flavor == "deepseek_v3":
-        from torchtitan.models.deepseek_v3 import model_registry
-
-        config = model_registry("debugmodel", attn_backend="flex").model
-        config = dataclasses.replace(config, layers=config.layers[:3])
-    else:
-        from torchtitan.models.qwen3 import model_registry
-
-        config = model_registry(flavor, attn_backend="flex").model
-        config = dataclasses.replace(config, layers=config.layers[:2])
-    if not built:
-        return config
-    with torch.device("meta"):
-        return config.build()
 
 
 def _loaded(model_meta, files: dict):
@@ -145,7 +62,7 @@ def _folder_reference(tmp_path_factory, flavor: str, hf: dict) -> str:
         files = {}
         for f in (out / "hf").glob("*.safetensors"):
             files.update(safetensors_torch.load_file(f))
-        torch.save(_loaded(_qwen3(flavor), files), out / "ref.pt")
+        torch.save(_loaded(flavor_model(flavor), files), out / "ref.pt")
         _FOLDERS[flavor] = str(out / "ref.pt")
     return _FOLDERS[flavor]
 
@@ -153,7 +70,7 @@ def _folder_reference(tmp_path_factory, flavor: str, hf: dict) -> str:
 @pytest.mark.parametrize("flavor, hf", [("debugmodel", QWEN3), ("debugmodel_moe", QWEN3_MOE), ("deepseek_v3", DEEPSEEK_V3)],
                          ids=["qwen3", "qwen3-moe", "deepseek-v3"])
 def test_qwen3_and_deepseek_v3_equal_their_folders(tmp_path_factory, flavor, hf):
-    model = _qwen3(flavor).to_empty(device="cpu")
+    model = flavor_model(flavor).to_empty(device="cpu")
     summary = modelinit.init_module_(model, seed=SEED, spec=hf)
     ref = torch.load(_folder_reference(tmp_path_factory, flavor, hf))
     got = dict(model.named_parameters(remove_duplicate=False))  # a tied tensor under each name
@@ -177,16 +94,16 @@ def test_qwen3_and_deepseek_v3_equal_their_folders(tmp_path_factory, flavor, hf)
 
 @pytest.mark.parametrize("dtype, policy", [("float32", None), ("bfloat16", None), ("float32", "torchtitan-llama3")])
 def test_one_device_equals_the_hugging_face_folder_as_torchtitan_loads_it(tmp_path, dtype, policy):
-    model = _dtype_of(_meta_model().to_empty(device="cpu"), dtype)
+    model = _dtype_of(meta_model().to_empty(device="cpu"), dtype)
     summary = modelinit.init_module_(model, seed=SEED, spec=HF, policy=policy)
-    ref = _reference(tmp_path, dtype, policy)
+    ref = folder_as_loaded(tmp_path, dtype, policy)
     got = dict(model.named_parameters())
     assert sorted(got) == sorted(ref)
     assert [n for n in ref if not same_bytes(got[n].detach(), ref[n])] == []
     assert summary.architecture == "LlamaForCausalLM" and summary.missing == 0
     assert summary.global_elements == sum(p.numel() for p in got.values())
     # The RoPE tables (buffers, not weights) are torchtitan's own, as its init_states computes them.
-    fresh = _config().build()  # computed by torchtitan, in its dtypes (complex RoPE tables stay complex)
+    fresh = titan_config().build()  # computed by torchtitan, in its dtypes (complex RoPE tables stay complex)
     assert all(torch.equal(b, dict(fresh.named_buffers())[n]) for n, b in model.named_buffers())
 
 
@@ -233,9 +150,9 @@ def _build(layout: str, world: int):
              "titan_ep_qwen3_moe": {"expert_parallel_degree": 2}, "titan_ep_deepseek_v3": {"expert_parallel_degree": 2}}
     if layout in titan:  # torchtitan's own parallelize function, as its trainer calls it
         moe = {"titan_ep_qwen3_moe": "debugmodel_moe", "titan_ep_deepseek_v3": "deepseek_v3"}
-        config = _qwen3(moe[layout], built=False) if layout in moe else _config()
+        config = flavor_model(moe[layout], built=False) if layout in moe else titan_config()
         return _titan_parallelized(config, world, **titan[layout]).to_empty(device="cpu")
-    model = _meta_model()
+    model = meta_model()
     tp_plan = {"attention.qkv_linear.wqkv": ColwiseParallel(), "attention.wo": RowwiseParallel(),
                "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
                "feed_forward.w2": RowwiseParallel()}
@@ -301,7 +218,7 @@ def _worker(rank: int, world: int, init_file: str, layouts: list, refs: dict):
 def _fresh_rope_cache():
     """The RoPE table of layer 0 as torchtitan computes it for the unsharded model."""
     with torch.device("meta"):
-        model = _config().build()
+        model = titan_config().build()
     rope = model.layers["0"].attention.rope
     rope.to_empty(device="cpu")
     rope.init_states()
@@ -328,7 +245,7 @@ def test_sharded_layouts_equal_one_device(tmp_path, world, layouts):
     DTensor buffers), FSDP x TP on a 2x2 mesh (``_StridedShard``), by hand and by ``parallelize_llama``:
     the gathered parameters are the one-device bytes."""
     ref_path = str(tmp_path / "ref.pt")
-    torch.save(_reference(tmp_path, "float32"), ref_path)
+    torch.save(folder_as_loaded(tmp_path, "float32"), ref_path)
     _spawn(world, layouts, dict.fromkeys(layouts, ref_path), tmp_path)
 
 
@@ -356,9 +273,9 @@ def test_a_pipeline_stage_holds_the_whole_models_bytes(tmp_path, tmp_path_factor
     from modelinit_server.training.torchtitan_layout import _adapter
 
     if flavor == "llama3":
-        whole, hf, ref = _meta_model(), HF, _reference(tmp_path, "float32")
+        whole, hf, ref = meta_model(), HF, folder_as_loaded(tmp_path, "float32")
     else:  # a dense first layer, then MoE layers: the stages differ in structure
-        whole, hf = _qwen3("deepseek_v3"), DEEPSEEK_V3
+        whole, hf = flavor_model("deepseek_v3"), DEEPSEEK_V3
         ref = torch.load(_folder_reference(tmp_path_factory, "deepseek_v3", DEEPSEEK_V3))
     stored = len(_adapter(whole).to_hf(whole.state_dict()))  # the folder's tensors
     stages = _generate_llm_fqn_per_model_part(2, len(whole.layers))
@@ -399,7 +316,7 @@ def test_a_torchtitan_model_needs_a_spec_it_matches():
                                          r"derives a Hugging Face config from \(llama3, qwen3, deepseek_v3\); give the "
                                          r"Hugging Face config this model corresponds to: init_module_\(model, spec=\.\.\.\)$"):
         modelinit.init_module_(gpt_oss.to_empty(device="cpu"), seed=SEED)
-    model = _meta_model().to_empty(device="cpu")
+    model = meta_model().to_empty(device="cpu")
     with pytest.raises(ValueError, match=r"stores 'model\.layers\.0\.mlp\.gate_proj\.weight' as \[768, 256\], the spec has "
                                          r"\[512, 256\]: the model does not match the spec"):
         modelinit.init_module_(model, seed=SEED, spec={**HF, "intermediate_size": 512})

@@ -20,8 +20,8 @@ torch = pytest.importorskip("torch")
 
 import modelinit  # noqa: E402
 
-from tests.server.training.test_torchtitan import (  # noqa: E402
-    DEEPSEEK_V3, HF, QWEN3, QWEN3_MOE, SEED, _meta_model, _qwen3, _reference)
+from tests.support.torchtitan_models import (  # noqa: E402
+    DEEPSEEK_V3, HF, QWEN3, QWEN3_MOE, SEED, flavor_model, folder_as_loaded, meta_model, titan_config)
 from tests.support.distributed import same_bytes  # noqa: E402
 from tests.support.stacks import install_torchtitan  # noqa: E402
 
@@ -69,14 +69,14 @@ def test_a_llama3_model_without_spec_holds_the_folders_bytes(tmp_path):
     and the fingerprint is that of the explicit config's."""
     from modelinit_server import architectures
 
-    model = _meta_model().to_empty(device="cpu")
+    model = meta_model().to_empty(device="cpu")
     summary = modelinit.init_module_(model, seed=SEED)
     derived = summary.derived_config
     assert _tensors(architectures.from_config(derived)) == _tensors(architectures.from_config(HF))
-    ref = _reference(tmp_path, "float32")
+    ref = folder_as_loaded(tmp_path, "float32")
     got = dict(model.named_parameters())
     assert [n for n in ref if not same_bytes(got[n].detach(), ref[n])] == []
-    explicit = modelinit.init_module_(_meta_model().to_empty(device="cpu"), seed=SEED, spec=HF)
+    explicit = modelinit.init_module_(meta_model().to_empty(device="cpu"), seed=SEED, spec=HF)
     assert summary.fingerprint == explicit.fingerprint and explicit.derived_config is None
     assert (summary.tensors, summary.elements, summary.missing) == (explicit.tensors, explicit.elements, 0)
 
@@ -93,7 +93,7 @@ def _sigmoid_routed(config):
 def test_qwen3_and_deepseek_v3_without_spec_equal_their_explicit_configs(flavor, hf):
     from modelinit_server import architectures
 
-    config = _qwen3(flavor, built=False)
+    config = flavor_model(flavor, built=False)
     if flavor == "deepseek_v3":
         config = _sigmoid_routed(config)
 
@@ -116,9 +116,7 @@ def test_qwen3_and_deepseek_v3_without_spec_equal_their_explicit_configs(flavor,
 
 def _llama_with(**layer0):
     """The test's Llama 3 config with layer 0's sub-configs replaced (``attention_norm=...``)."""
-    from tests.server.training.test_torchtitan import _config
-
-    config = _config()
+    config = titan_config()
     layers = [dataclasses.replace(config.layers[0], **{k: f(config.layers[0]) for k, f in layer0.items()}),
               *config.layers[1:]]
     return dataclasses.replace(config, layers=layers)
@@ -142,7 +140,7 @@ REFUSED = {
         lambda: _llama_with(attention=lambda b: dataclasses.replace(b.attention, qk_norm=b.attention_norm)),
         r"^module\.config\.layers\[0\]\.attention\.qk_norm: set, and Llama has no q/k norms; give", None),
     "a softmax router on DeepSeek-V3": (
-        lambda: _qwen3("deepseek_v3", built=False),
+        lambda: flavor_model("deepseek_v3", built=False),
         r"^module\.config\.layers\[1\]\.moe\.router\.score_func: 'softmax', and the Hugging Face class routes by "
         r"sigmoid; give the Hugging Face config", DEEPSEEK_V3),
 }

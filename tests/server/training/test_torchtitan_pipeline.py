@@ -19,7 +19,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 import modelinit  # noqa: E402
 
-from tests.server.training.test_torchtitan import SEED, _with_kv_heads  # noqa: E402
+from tests.support.torchtitan_models import SEED, with_kv_heads  # noqa: E402
 from tests.support.distributed import same_bytes  # noqa: E402
 from tests.support.stacks import install_torchtitan  # noqa: E402
 
@@ -32,17 +32,17 @@ def torchtitan():
     return install_torchtitan()
 
 
-def _config():
+def titan_config():
     from torchtitan.models.llama3 import model_registry
 
     config = model_registry("debugmodel", attn_backend="flex").model
-    layers = [dataclasses.replace(layer, attention=_with_kv_heads(layer.attention, 4)) for layer in config.layers[:LAYERS]]
+    layers = [dataclasses.replace(layer, attention=with_kv_heads(layer.attention, 4)) for layer in config.layers[:LAYERS]]
     return dataclasses.replace(config, layers=layers)
 
 
-def _meta_model():
+def meta_model():
     with torch.device("meta"):
-        return _config().build()
+        return titan_config().build()
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +53,11 @@ def reference(tmp_path_factory) -> dict:
 
     out = tmp_path_factory.mktemp("hf-pipeline")
     with modelinit.Client() as c:
-        c.init_model(own_config(_meta_model()), seed=SEED, out_dir=out)
+        c.init_model(own_config(meta_model()), seed=SEED, out_dir=out)
     files = {}
     for f in out.glob("*.safetensors"):
         files.update(safetensors_torch.load_file(f))
-    model = _meta_model().to_empty(device="cpu")
+    model = meta_model().to_empty(device="cpu")
     model.load_state_dict(_adapter(model).from_hf(files))
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -72,7 +72,7 @@ def test_each_ranks_stages_hold_the_whole_models_bytes(reference, schedule, plac
     from torchtitan.distributed.pipeline_parallel import (
         _generate_llm_fqn_per_model_part, _get_pp_rank_to_stage_indices_mapping, _split_module)
 
-    whole = _meta_model()
+    whole = meta_model()
     fqns = _generate_llm_fqn_per_model_part(4, LAYERS)
     seen: list[str] = []
     fingerprints, configs = set(), []
@@ -96,7 +96,7 @@ def test_each_ranks_stages_hold_the_whole_models_bytes(reference, schedule, plac
 def test_a_list_of_stages_is_refused_with_the_fix():
     from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part, _split_module
 
-    whole = _meta_model()
+    whole = meta_model()
     parts = [_split_module(whole, names).to_empty(device="cpu") for names in _generate_llm_fqn_per_model_part(2, LAYERS)]
     with pytest.raises(ValueError, match=r"^module: a list of 2 modules; fill each model part \(a pipeline stage\) with "
                                          r"its own call: for part in model_parts: init_module_\(part, seed=\.\.\., "
@@ -126,7 +126,7 @@ def test_activation_checkpointing_and_compile_wrappers_get_the_unwrapped_bytes(r
     gain ``_checkpoint_wrapped_module``) and its ``apply_compile`` (each block compiled in place), in
     the order its parallelize functions apply them, and a ``torch.compile`` of the whole model: the
     same bytes as the unwrapped model, under the model's own names."""
-    model = _meta_model()
+    model = meta_model()
     if "ac" in wrap:
         _ac(wrap.split("_")[0]).apply(model)
         assert "_checkpoint_wrapped_module" in next(n for n, _ in model.named_parameters() if n.startswith("layers."))
