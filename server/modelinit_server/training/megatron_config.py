@@ -12,10 +12,16 @@ Only where the mapping is exact, field for field:
   ``qk_layernorm``; dense layers by ``moe_layer_freq`` as ``mlp_only_layers``), ``mixtral`` (every
   layer MoE, no q/k norms), ``qwen2_moe`` (a shared expert with its sigmoid gate,
   ``moe_shared_expert_gate``; q/k/v biases as ``add_qkv_bias`` says);
-* multi-latent attention (``MLATransformerConfig``, dense): ``deepseek_v3`` (``q_lora_rank``,
+* multi-latent attention (``MLATransformerConfig``): ``deepseek_v3`` (``q_lora_rank``,
   ``kv_lora_rank``, ``qk_head_dim``/``qk_pos_emb_head_dim``/``v_head_dim`` as
-  ``qk_nope_head_dim``/``qk_rope_head_dim``/``v_head_dim``, every layer dense by
-  ``first_k_dense_replace``, YaRN as ``rope_scaling``).
+  ``qk_nope_head_dim``/``qk_rope_head_dim``/``v_head_dim``, YaRN as ``rope_scaling``), dense or
+  with DeepSeek's MoE;
+* DeepSeek's MoE (sigmoid scores with the router's expert bias, ``moe_router_score_function`` and
+  ``moe_router_enable_expert_bias``; shared experts without a gate; the first k layers dense):
+  ``deepseek_v3`` with multi-latent attention, ``glm4_moe`` over grouped-query attention
+  (``qk_layernorm`` as ``use_qk_norm``, ``add_qkv_bias`` as ``attention_bias``, ``rotary_percent``
+  as ``partial_rotary_factor``); the group-limited top k and the weights' scale as ``n_group``,
+  ``topk_group`` and ``routed_scaling_factor``.
 
 Any other field that changes what the model computes or holds, and has no counterpart in the
 family derived, is refused by name (:func:`hf_config` lists them), with the fix: give the
@@ -55,10 +61,16 @@ _OFF: tuple[tuple[str, Any, str], ...] = (
     ("moe_latent_size", None, "MoE latent projections"),
     ("moe_apply_probs_on_input", False, "router probabilities applied to the experts' input"),
     ("moe_router_enable_expert_bias", False, "the router's expert bias"),
-    ("moe_router_score_function", "softmax", "a router score function other than softmax"),
+    ("moe_router_score_function", "softmax", "a router score function other than softmax without the expert bias "
+     "(sigmoid with it is DeepSeek's MoE)"),
     ("moe_router_num_groups", None, "group-limited routing"),
     ("moe_router_topk_scaling_factor", None, "scaled routing weights"),
 )
+
+#: The router fields DeepSeek's MoE (DeepSeek-V3, GLM-4-MoE) has in its Hugging Face config: sigmoid
+#: scores, the expert bias (``e_score_correction_bias``), group-limited top k, scaled weights.
+_DEEPSEEK_ROUTER = ("moe_router_enable_expert_bias", "moe_router_score_function", "moe_router_num_groups",
+                    "moe_router_topk_scaling_factor")
 
 
 @dataclass(frozen=True)
@@ -140,8 +152,9 @@ def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
     """The Hugging Face config document of a GPTModel of ``config`` (its TransformerConfig) and
     ``gpt``; ``ValueError`` naming a field that has no counterpart in the family derived."""
     mla = bool(getattr(config, "multi_latent_attention", False))
+    routing = _deepseek_routing(config)
     for name, off, what in _OFF:
-        if mla and name == "multi_latent_attention":
+        if (mla and name == "multi_latent_attention") or (routing and name in _DEEPSEEK_ROUTER):
             continue
         value = getattr(config, name, off)
         if value != off and not (off in (False, None) and not value):
@@ -152,7 +165,8 @@ def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
                       "Hugging Face has one initializer_range")
     for name, value, off, what in (
             ("position_embedding_type", gpt.position_embedding_type, "rope", "positions other than RoPE"),
-            ("rotary_percent", gpt.rotary_percent, 1.0, "partial RoPE"),
+            ("rotary_percent", gpt.rotary_percent, 1.0 if not routing or mla else gpt.rotary_percent,
+             "partial RoPE"),  # GLM-4-MoE's partial_rotary_factor
             ("rope_scaling", gpt.rope_scaling, False, "Llama 3.1's RoPE scaling, whose factor GPTModel does not keep"),
             ("seq_len_interpolation_factor", gpt.seq_len_interpolation_factor, None, "linearly interpolated RoPE"),
             ("mtp_block_spec", gpt.mtp, False, "multi-token prediction layers")):
@@ -206,6 +220,11 @@ def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
 def _moe(config, gpt: GPTFields, doc: dict[str, Any], qk_norm: bool, bias: bool, qkv_bias: bool) -> dict[str, Any]:
     if bias:
         raise _refuse("add_bias_linear", True, "biases on the experts' linears")
+    if _deepseek_routing(config):  # GLM-4-MoE: DeepSeek's MoE over grouped-query attention
+        return {"architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", **doc,
+                "intermediate_size": config.ffn_hidden_size, "attention_bias": qkv_bias, "use_qk_norm": qk_norm,
+                "partial_rotary_factor": gpt.rotary_percent,
+                **_deepseek_moe(config, gpt, "over grouped-query attention (GLM-4-MoE)")}
     pattern = _moe_pattern(config, gpt)
     dense = [i for i, moe in enumerate(pattern) if not moe]
     experts, topk = config.num_moe_experts, config.moe_router_topk
@@ -215,8 +234,8 @@ def _moe(config, gpt: GPTFields, doc: dict[str, Any], qk_norm: bool, bias: bool,
     norm_topk = not bool(config.moe_router_pre_softmax)  # softmax over the top k == the top k renormalized
     if shared:
         if not gate:
-            raise _refuse("moe_shared_expert_gate", False, "a shared expert without its gate: DeepSeek's and GLM-4's "
-                          "shared experts come with a router of another kind")
+            raise _refuse("moe_shared_expert_gate", False, "a shared expert without its gate under a softmax router: "
+                          "DeepSeek's and GLM-4's shared experts come with sigmoid scores and the expert bias")
         if qk_norm:
             raise _refuse("qk_layernorm", True, "q/k norms with a gated shared expert (Qwen2-MoE has none)")
         return {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", **doc,
@@ -241,16 +260,15 @@ def _moe(config, gpt: GPTFields, doc: dict[str, Any], qk_norm: bool, bias: bool,
 
 
 def _mla(config, gpt: GPTFields) -> dict[str, Any]:
-    """DeepSeek-V3's config of a dense GPTModel with multi-latent attention (``MLATransformerConfig``):
+    """DeepSeek-V3's config of a GPTModel with multi-latent attention (``MLATransformerConfig``):
     its q LoRA (``q_lora_rank``, None: ``q_proj``), KV latent, query/key dims without and with RoPE,
-    value dims, every layer dense (``first_k_dense_replace``), YaRN as ``rope_scaling``."""
+    value dims, YaRN as ``rope_scaling``; every layer dense (``first_k_dense_replace``), or
+    DeepSeek's MoE (:func:`_deepseek_moe`)."""
     for name, value, want, what in (
             ("normalization", config.normalization, "RMSNorm", "DeepSeek-V3's norms are RMSNorm"),
             ("gated_linear_unit", bool(config.gated_linear_unit), True, "DeepSeek-V3's MLP is gated"),
             ("add_bias_linear", bool(config.add_bias_linear), False, "DeepSeek-V3's linears have no biases"),
-            ("qk_layernorm", bool(config.qk_layernorm), True, "DeepSeek-V3 norms its q and KV latents"),
-            ("num_moe_experts", config.num_moe_experts, None, "MoE layers with multi-latent attention (DeepSeek-V3's "
-             "routing) are not derived")):
+            ("qk_layernorm", bool(config.qk_layernorm), True, "DeepSeek-V3 norms its q and KV latents")):
         if value != want:
             raise _refuse(name, value, f"with multi-latent attention: {what}")
     rope_type = getattr(config, "rope_type", "rope")
@@ -272,4 +290,48 @@ def _mla(config, gpt: GPTFields) -> dict[str, Any]:
                                "original_max_position_embeddings": config.original_max_position_embeddings,
                                "beta_fast": config.beta_fast, "beta_slow": config.beta_slow, "mscale": config.mscale,
                                "mscale_all_dim": config.mscale_all_dim}
+    if config.num_moe_experts:
+        doc.update(_deepseek_moe(config, gpt, "with multi-latent attention (DeepSeek-V3)"))
     return doc
+
+
+def _deepseek_routing(config) -> bool:
+    """Whether the model routes as DeepSeek's MoE does (sigmoid scores with the expert bias)."""
+    return bool(config.num_moe_experts) and getattr(config, "moe_router_score_function", "softmax") == "sigmoid" \
+        and bool(getattr(config, "moe_router_enable_expert_bias", False))
+
+
+def _deepseek_moe(config, gpt: GPTFields, family: str) -> dict[str, Any]:
+    """The MoE fields of DeepSeek-V3's and GLM-4-MoE's configs: routed experts after the first k
+    dense layers (``first_k_dense_replace``), shared experts as wide as ``n_shared_experts`` routed
+    ones without a gate, sigmoid scores with the expert bias, group-limited top k (``n_group``,
+    ``topk_group``), weights renormalized (Megatron renormalizes sigmoid top-k weights when k > 1,
+    ``norm_topk_prob``) and scaled (``routed_scaling_factor``)."""
+    if not _deepseek_routing(config):
+        raise _refuse("moe_router_score_function", getattr(config, "moe_router_score_function", "softmax"),
+                      f"MoE {family} routes by sigmoid scores with the expert bias (moe_router_score_function="
+                      "'sigmoid', moe_router_enable_expert_bias=True)")
+    if config.add_bias_linear:
+        raise _refuse("add_bias_linear", True, "biases on the experts' linears")
+    topk, width = config.moe_router_topk, config.moe_ffn_hidden_size or config.ffn_hidden_size
+    shared = getattr(config, "moe_shared_expert_intermediate_size", None)
+    for name, value, bad, what in (
+            ("moe_router_topk", topk, topk < 2, "one expert per token, whose sigmoid score Megatron keeps and "
+             "norm_topk_prob makes 1"),
+            ("moe_shared_expert_gate", True, bool(getattr(config, "moe_shared_expert_gate", False)),
+             "a gated shared expert"),
+            ("moe_shared_expert_intermediate_size", shared, not shared or shared % width,
+             f"shared experts whose width is not a multiple of the routed experts' ({width})")):
+        if bad:
+            raise _refuse(name, value, f"{what}, with which MoE {family} is not derived")
+    pattern = _moe_pattern(config, gpt)
+    first = pattern.index(True) if True in pattern else len(pattern)
+    if not all(pattern[first:]):
+        raise _refuse("moe_layer_freq", config.moe_layer_freq, "dense layers after the first MoE one: "
+                      "first_k_dense_replace makes only the first k dense")
+    return {"n_routed_experts": config.num_moe_experts, "moe_intermediate_size": width,
+            "n_shared_experts": shared // width, "num_experts_per_tok": topk, "first_k_dense_replace": first,
+            "n_group": getattr(config, "moe_router_num_groups", None) or 1,
+            "topk_group": getattr(config, "moe_router_group_topk", None) or 1,
+            "routed_scaling_factor": float(getattr(config, "moe_router_topk_scaling_factor", None) or 1.0),
+            "norm_topk_prob": True}

@@ -82,9 +82,41 @@ def test_a_deepseek_v3_shaped_mla_config_derives_deepseek_v3s_dense_layers():
     assert {f: derived[f] for f in fields} == {f: hub[f] for f in fields}
     assert hf_config(_mla_config(q_lora_rank=None, rope_type="rope", num_attention_heads=4), _GPT)["q_lora_rank"] is None
     for fields, message in (({"qk_layernorm": False}, r"qk_layernorm=False \(with multi-latent attention"),
-                            ({**_MOE_FIELDS}, r"num_moe_experts=4 \(with multi-latent attention")):
+                            ({**_MOE_FIELDS}, r"moe_router_score_function='softmax' \(MoE with multi-latent attention "
+                                              r"\(DeepSeek-V3\) routes by sigmoid scores with the expert bias")):
         with pytest.raises(ValueError, match=rf"^spec: the Megatron model's {message}.*init_module_\(model, spec="):
             hf_config(_mla_config(rope_type="rope", num_attention_heads=4, **fields), _GPT)
+
+
+def test_deepseek_v3_whole_derives_the_real_deepseek_v3():
+    """Megatron's DeepSeek-V3 (as Megatron-Bridge configures it: MLA as above, 61 layers of which
+    the first three dense, 256 routed experts 2048 wide, top 8 in 4 of 8 groups, sigmoid scores
+    with the expert bias, weights scaled by 2.5, one shared expert 2048 wide) derives the hub's
+    config: every tensor equal to the ``deepseek-v3`` preset's, and every MoE field the same."""
+    hub = PRESETS["deepseek-v3"]
+    config = _mla_config(num_layers=61, hidden_size=7168, num_attention_heads=128, ffn_hidden_size=18432,
+                         q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128,
+                         rope_type="yarn", rotary_scaling_factor=40, original_max_position_embeddings=4096,
+                         mscale=1.0, mscale_all_dim=1.0, layernorm_epsilon=1e-6, attention_dropout=0.0,
+                         num_moe_experts=256, moe_ffn_hidden_size=2048, moe_router_topk=8,
+                         moe_layer_freq=[0] * 3 + [1] * 58, moe_shared_expert_intermediate_size=2048,
+                         moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+                         moe_router_num_groups=8, moe_router_group_topk=4, moe_router_topk_scaling_factor=2.5)
+    derived = hf_config(config, GPTFields(vocab_size=129280, max_sequence_length=163840))
+    assert from_config(derived).tensors == from_preset("deepseek-v3").tensors
+    fields = ("n_routed_experts", "moe_intermediate_size", "n_shared_experts", "num_experts_per_tok",
+              "first_k_dense_replace", "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob",
+              "num_hidden_layers", "intermediate_size")
+    assert {f: derived[f] for f in fields} == {f: hub[f] for f in fields}
+
+
+#: GLM-4-MoE-style Megatron fields: DeepSeek's MoE (sigmoid scores, the expert bias, a shared expert
+#: without a gate) over the test model's grouped-query attention with q/k norms.
+_GLM4_FIELDS = dict(_MOE_FIELDS, moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+                    moe_shared_expert_intermediate_size=32)
+_GLM4 = {**HF, "model_type": "glm4_moe", "architectures": ["Glm4MoeForCausalLM"], "moe_intermediate_size": 32,
+         "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 0,
+         "use_qk_norm": True, "attention_bias": False}
 
 
 @pytest.mark.parametrize("fields, hf", [
@@ -102,8 +134,11 @@ def test_a_deepseek_v3_shaped_mla_config_derives_deepseek_v3s_dense_layers():
      {**MOE, "model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], "shared_expert_intermediate_size": 48,
       "qkv_bias": True}),
     ({**_MOE_FIELDS, "moe_layer_freq": [0, 1, 1, 0]}, {**MOE, "mlp_only_layers": [0, 3]}),
+    (_GLM4_FIELDS, _GLM4),
+    ({**_GLM4_FIELDS, "qk_layernorm": False, "add_qkv_bias": True, "moe_layer_freq": [0, 1, 1, 1]},
+     {**_GLM4, "use_qk_norm": False, "attention_bias": True, "first_k_dense_replace": 1}),
 ], ids=["qwen3", "qwen3-moe", "starcoder2", "llama", "qwen2", "llama-biases", "mixtral", "qwen2-moe-shared-expert",
-        "qwen3-moe-dense-layers"])
+        "qwen3-moe-dense-layers", "glm4-moe", "glm4-moe-biases-dense-first"])
 def test_each_family_derived_has_the_tensors_of_its_hugging_face_config(fields, hf):
     """The families derived, each from the Megatron fields of the Hugging Face config it
     corresponds to: the derived config's spec has exactly that config's tensors (the padded
@@ -115,7 +150,16 @@ def test_each_family_derived_has_the_tensors_of_its_hugging_face_config(fields, 
 
 @pytest.mark.parametrize("fields, gpt, message", [
     ({"window_size": (64, 0)}, {}, r"window_size=\(64, 0\) \(sliding-window attention\)"),
-    ({"moe_router_enable_expert_bias": True, "moe_router_score_function": "sigmoid", **_MOE_FIELDS}, {}, r"moe_router_enable_expert_bias=True"),
+    ({"moe_router_score_function": "sigmoid", **_MOE_FIELDS}, {}, r"moe_router_score_function='sigmoid' \(a router "
+     r"score function other than softmax without the expert bias"),
+    ({**_GLM4_FIELDS, "moe_shared_expert_gate": True}, {}, r"moe_shared_expert_gate=True \(a gated shared expert, "
+     r"with which MoE over grouped-query attention \(GLM-4-MoE\) is not derived"),
+    ({**_GLM4_FIELDS, "moe_shared_expert_intermediate_size": None}, {}, r"moe_shared_expert_intermediate_size=None"),
+    ({**_GLM4_FIELDS, "moe_shared_expert_intermediate_size": 48}, {}, r"moe_shared_expert_intermediate_size=48 "
+     r"\(shared experts whose width is not a multiple of the routed experts' \(32\)"),
+    ({**_GLM4_FIELDS, "moe_router_topk": 1}, {}, r"moe_router_topk=1 \(one expert per token"),
+    ({**_GLM4_FIELDS, "moe_layer_freq": [1, 0, 1, 1]}, {}, r"moe_layer_freq=\[1, 0, 1, 1\] \(dense layers after the "
+     r"first MoE one"),
     ({"activation_func": F.relu}, {}, r"activation_func='relu'"),
     ({"layernorm_zero_centered_gamma": True}, {}, r"layernorm_zero_centered_gamma=True"),
     ({"add_bias_linear": True}, {}, r"add_bias_linear=True \(biases with q/k norms"),

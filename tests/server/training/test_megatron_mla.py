@@ -198,17 +198,20 @@ def _fill_case(tp: int, rank: int, q_lora: int | None, dtype: str, moe: bool, ou
     torch.save(state, f"{out}/tp{tp}-{q_lora}-{moe}-rank{rank}.pt")
     if tp > 1:
         return
-    if moe:  # DeepSeek-V3's routing is not derived: refused by name
-        with pytest.raises(ValueError, match=r"^spec: the Megatron model's moe_router_enable_expert_bias=True"):
-            modelinit.init_module_(model, seed=SEED)
-        return
-    derived = _mla_gpt(tp, q_lora, dtype)
+    derived = _mla_gpt(tp, q_lora, dtype, moe)
     with no_collectives():  # no spec: DeepSeek-V3's config derived from the MLATransformerConfig, the same bytes
         own = modelinit.init_module_(derived, seed=SEED)
-    differ = {k: (v, own.derived_config[k]) for k, v in {**HF, "q_lora_rank": q_lora}.items()
-              if k in own.derived_config and own.derived_config[k] != v}
-    assert differ == {}
-    assert {"n_routed_experts", "rope_scaling"}.isdisjoint(own.derived_config) and own.fingerprint == summary.fingerprint
+    given = {**(MOE if moe else HF), "q_lora_rank": q_lora}
+    differ = {k: (v, own.derived_config.get(k)) for k, v in given.items() if own.derived_config.get(k, v) != v}
+    assert differ == {}, differ
+    if moe:  # DeepSeek's MoE derived: its routing, the shared expert's width in routed experts, layer 0 dense
+        assert {k: own.derived_config[k] for k in ("n_routed_experts", "n_shared_experts", "first_k_dense_replace",
+                                                   "routed_scaling_factor", "norm_topk_prob")} == \
+            {"n_routed_experts": 4, "n_shared_experts": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 1.0,
+             "norm_topk_prob": True}
+    else:
+        assert {"n_routed_experts", "rope_scaling"}.isdisjoint(own.derived_config)
+        assert own.fingerprint == summary.fingerprint
     mine = dict(model.named_parameters())
     assert all(same_bytes(p, mine[n]) for n, p in derived.named_parameters())
     if q_lora:  # a spec without the q LoRA: the model's q_a_proj is refused by name, nothing written
@@ -237,7 +240,8 @@ def test_mla_equals_the_deepseek_v3_folder(tmp_path):
     MoE layer after a dense one (the layers saved one key each: ``decoder.layers.<i>.*``), at TP=2 (each rank its
     heads' rows of the up projections and ``linear_q_proj``, its rows of the down projections, its
     columns of ``linear_proj``) and TP=1: every parameter is the DeepSeek-V3-shaped folder's bytes;
-    at TP=1 the same without a spec (DeepSeek-V3's config derived from the MLATransformerConfig),
+    at TP=1 the same without a spec (DeepSeek-V3's config derived from the MLATransformerConfig, its
+    MoE layer's routing included),
     :func:`mla_rows` checked against Megatron's own split, and a spec without the q LoRA refused by
     name before anything is written."""
     import torch.multiprocessing as mp

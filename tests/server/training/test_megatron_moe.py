@@ -7,7 +7,7 @@ of the same config put into Megatron's layout by this test's own conversion.
 Two ranks (gloo) each fill their share of two tiny models: a Qwen2-MoE-style one without a spec
 (the config derived, ``training/megatron_config.py``) in bfloat16, and a GLM-4-MoE-style one
 (shared experts without a gate, the expert bias, sigmoid routing) with its config given, in
-float32; and a Qwen3-MoE-style one with GroupedMLP experts (built on CPU with the check for the
+float32, and again without it (``glm4_moe`` derived: the same bytes); and a Qwen3-MoE-style one with GroupedMLP experts (built on CPU with the check for the
 grouped_gemm CUDA library bypassed: filling runs no kernel). The shares are put together by
 Megatron's rules (test_megatron._put_together)."""
 from __future__ import annotations
@@ -46,7 +46,7 @@ GLM4_MOE = {"model_type": "glm4_moe", "architectures": ["Glm4MoeForCausalLM"], "
             "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 96,
             "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
             "first_k_dense_replace": 0, "n_group": 1, "topk_group": 1, "use_qk_norm": False, "attention_bias": False,
-            "vocab_size": PADDED, "max_position_embeddings": 128, "tie_word_embeddings": False, "rms_norm_eps": 1e-6}
+            "vocab_size": PADDED, "max_position_embeddings": 128, "tie_word_embeddings": False, "rms_norm_eps": 1e-5}
 
 
 def _in_megatrons_layout(files: dict, shared: str, shared_gate: str | None) -> dict:
@@ -89,6 +89,7 @@ def _fill_shares(rank: int, world: int, init_file: str, out: str) -> None:
     try:
         qwen2 = _gpt(world, dtype="bfloat16", moe=True, **QWEN2_MOE_FIELDS)
         glm4 = _gpt(world, moe=True, **GLM4_MOE_FIELDS)
+        glm4_own = _gpt(world, moe=True, **GLM4_MOE_FIELDS)
         grouped = _gpt(world, moe=True, moe_grouped_gemm=True)
     finally:
         torch.cuda.current_device, grouped_gemm_util.assert_grouped_gemm_is_available = current, available
@@ -96,6 +97,7 @@ def _fill_shares(rank: int, world: int, init_file: str, out: str) -> None:
     with no_collectives():
         derived = modelinit.init_module_(qwen2, seed=SEED)  # no spec: Qwen2-MoE, derived
         given = modelinit.init_module_(glm4, seed=SEED, spec=GLM4_MOE)
+        own = modelinit.init_module_(glm4_own, seed=SEED)  # no spec: GLM-4-MoE, derived (DeepSeek's routing)
         in_groups = modelinit.init_module_(grouped, seed=SEED)  # no spec: Qwen3-MoE, derived
     assert in_groups.derived_config["model_type"] == "qwen3_moe"
     # GroupedMLP's weights as SequentialMLP's experts, by Megatron's own rule (its grouped GEMM's view, its
@@ -119,6 +121,11 @@ def _fill_shares(rank: int, world: int, init_file: str, out: str) -> None:
                 "derived": in_groups.derived_config}, f"{out}/grouped/rank{rank}.pt")
     assert in_groups.elements == sum(t.numel() for t in state.values()) < in_groups.global_elements
     assert derived.derived_config["model_type"] == "qwen2_moe" and given.derived_config is None
+    differ = {k: (v, own.derived_config.get(k)) for k, v in GLM4_MOE.items() if own.derived_config.get(k) != v}
+    assert differ == {}, differ
+    assert own.derived_config["partial_rotary_factor"] == 1.0 and own.derived_config["routed_scaling_factor"] == 1.0
+    mine = dict(glm4.named_parameters())
+    assert [n for n, t in glm4_own.named_parameters() if not same_bytes(t, mine[n])] == []
     assert given.dtypes == ("float32",) and derived.dtypes == ("bfloat16", "float32")  # norms stay float32
     tp = ps.get_tensor_model_parallel_rank()
     for name, model, summary in (("qwen2", qwen2, derived), ("glm4", glm4, given)):
