@@ -84,6 +84,9 @@ class InitSummary:
     """The Hugging Face config document derived from a training stack's own model configuration
     when no ``spec`` was given (write it to a config.json and ``modelinit init`` it for the same
     bytes in a folder); None when ``spec`` was given or the model carries its own."""
+    parts: tuple["InitSummary", ...] = ()
+    """Each model part's own summary, in order, when a list of parts was filled (the fields above
+    are then their sums and unions; ``missing`` counts the stored tensors no part holds)."""
 
 
 def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = None,
@@ -91,33 +94,87 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
                  spec: Any = None) -> InitSummary:
     """Fill every parameter and persistent floating-point buffer of ``module`` in place.
 
+    ``module``: the model, or a list of model parts (torchtitan's ``model_parts``: the pipeline
+    stages on this rank, as a looped or V schedule places several; a list, a tuple, or a
+    ``ModuleList`` of a training stack's or transformers' models), each filled with the whole
+    model's bytes as its own call would fill it; nothing is written unless every part can be.
     ``policy``: None (``hf-default``), a preset name, a policy dict (``{"preset": ..., "rules":
     [...]}``), a path to a policy file, a ``modelinit.Policy`` message or a core ``Policy``.
     ``dtype``: optional check that every tensor has this dtype (the bytes always follow each
     tensor's own dtype, as ``modelinit init --dtype`` of that dtype writes them).
     ``device``: the engine for CPU tensors, ``auto``/``cpu`` (numba) or ``reference`` (numpy);
     tensors on a CUDA device are filled on it by the Triton kernel.
-    ``partial``: the module is part of a transformers model (a pipeline stage: some layers, the
-    embedding or the head left out, the others under their original names); the tensors it
-    has are filled, those it lacks are counted in ``summary.missing`` instead of refused.
+    ``partial``: the module (or the parts together) is part of a model (a pipeline stage: some
+    layers, the embedding or the head left out, the others under their original names); the
+    tensors it has are filled, those it lacks are counted in ``summary.missing`` instead of refused.
     ``spec``: for a model of a training stack with its own module tree (torchtitan, Megatron-Core),
     the Hugging Face config it corresponds to (a preset name, a config.json path, or the config as
     a dict): the model is filled with exactly the bytes of the folder ``modelinit init`` writes for
     it. Left out, the stack derives it from the model's own configuration where it can
     (torchtitan's Llama 3, Qwen3, DeepSeek-V3; Megatron-Core's Llama, Qwen2/3, StarCoder2,
-    Qwen3-MoE, Mixtral, Qwen2-MoE, dense DeepSeek-V3-style MLA: ``summary.derived_config``) and
-    refuses naming the field it cannot.
+    Qwen3-MoE, Mixtral, Qwen2-MoE, GLM-4-MoE, DeepSeek-V3-style MLA: ``summary.derived_config``)
+    and refuses naming the field it cannot.
     Raises ValueError for a module on the meta device, an unmatched parameter, a dtype mismatch,
     or a tensor the architecture does not have.
     """
-    import torch
-
     version = ALGORITHM_VERSION if algorithm_version in (None, 0) else algorithm_version
     if dtype is not None and dtype not in TORCH_DTYPES:
         raise ValueError(f"dtype: {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
-    if isinstance(module, (list, tuple)):  # torchtitan's model_parts: each stage's tensors are the whole model's
-        raise ValueError(f"module: a list of {len(module)} modules; fill each model part (a pipeline stage) with its "
-                         "own call: for part in model_parts: init_module_(part, seed=..., partial=True)")
+    core_policy = _core_policy(policy)
+    parts = _model_parts(module)
+    if parts is None:
+        return _fill(_prepare(module, seed, core_policy, dtype, version, partial, spec), device)
+    jobs = [_prepare(part, seed, core_policy, dtype, version, partial, spec) for part in parts]
+    for i, job in enumerate(jobs[1:], 1):
+        if job.spec.tensors != jobs[0].spec.tensors:
+            raise ValueError(f"module: model part {i} ({job.spec.architecture}) is not a part of the same model as part 0 "
+                             f"({jobs[0].spec.architecture}); fill the parts of one model per call")
+    held = set().union(*(job.held for job in jobs))
+    lacking = sum(1 for i in range(len(jobs[0].spec.tensors)) if i not in held)
+    summaries = tuple(_fill(job, device) for job in jobs)
+    fps = {dt: job.plans[dt][2] for job in jobs for dt in job.dtypes}
+    return InitSummary(sum(s.tensors for s in summaries), sum(s.elements for s in summaries),
+                       sum(s.global_elements for s in summaries), _fingerprint(fps), version, tuple(sorted(fps)),
+                       summaries[0].architecture, tuple(n for s in summaries for n in s.skipped), lacking,
+                       tuple(n for s in summaries for n in s.stack_buffers), summaries[0].derived_config, summaries)
+
+
+def _model_parts(module) -> list | None:
+    """The model parts ``module`` lists (a list, a tuple, or a ``ModuleList`` whose members are
+    models of a stack that takes a spec or transformers models), or None for one model."""
+    import torch
+
+    if isinstance(module, (list, tuple)):
+        if not module:
+            raise ValueError("module: an empty list of model parts; give the model, or this rank's pipeline stages")
+        return list(module)
+    if isinstance(module, torch.nn.ModuleList) and len(module) and \
+            all(registry.stack_of(unwrap(m)).name != "plain" for m in module):
+        return list(module)
+    return None
+
+
+@dataclass
+class _Job:
+    """One model's fill, checked and planned, nothing written yet (:func:`_prepare`)."""
+
+    spec: ModelSpec
+    named: list[tuple[str, Any]]
+    layout: Any
+    plans: dict[str, tuple[list[Resolved], list[tuple[int, int]], str]]
+    dtypes: list[str]
+    skipped: tuple[str, ...]
+    stack_buffers: tuple[str, ...]
+    derived: dict[str, Any] | None
+    held: set[int]
+    """The spec's tensors this model holds (indices)."""
+    version: int
+
+
+def _prepare(module, seed: int, core_policy: Policy, dtype: str | None, version: int, partial: bool,
+             spec: Any) -> _Job:
+    """Everything :func:`init_module_` checks and plans for one model, before any tensor is written
+    (the stack's own buffers, which draw nothing, are set here)."""
     refuse_sharded_fsdp1(module)
     module = unwrap(module)
     stack = registry.stack_of(module)
@@ -131,7 +188,6 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     named = module_tensors(module)
     if not named:
         raise ValueError("module: it has no parameters or persistent buffers to fill")
-    core_policy = _core_policy(policy)
 
     skipped = tuple(n for n, _, t in named if not t.is_floating_point())
     real = {n: r for n, r, _ in named}
@@ -159,28 +215,35 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
         if not differences:
             raise
         raise ValueError(f"{e}; {differences}") from None
-    model_spec, pieces, missing, index_sets = layout.spec, layout.pieces, layout.missing, layout.index_sets
     named = [(n, t) for n, t in named if n not in layout.own_state]  # set by stack.prepare already
-    stack_buffers = tuple(n for n in stack_buffers if not pieces.get(n))
+    stack_buffers = tuple(n for n in stack_buffers if not layout.pieces.get(n))
 
     dtypes = sorted({dtype_name(t) for _, t in named})
-    plans: dict[str, tuple[list[Resolved], list[tuple[int, int]], str]] = {}
+    plans = {}
     for dt in dtypes:  # each tensor in its own dtype: the plan of a request for that dtype
-        request = Request(model=model_spec, policy=core_policy, seed=seed, dtype=dt, algorithm_version=version)
+        request = Request(model=layout.spec, policy=core_policy, seed=seed, dtype=dt, algorithm_version=version)
         plans[dt] = resolve_request(request)
+    held = {ti for name, _ in named for ti, *_ in layout.pieces.get(name, ())}
+    return _Job(layout.spec, named, layout, plans, dtypes, skipped, stack_buffers, derived, held, version)
 
+
+def _fill(job: _Job, device: str) -> InitSummary:
+    """Write every tensor of a prepared model: each rank only the elements it holds."""
+    import torch
+
+    layout, model_spec, pieces = job.layout, job.spec, job.layout.pieces
     filler = Filler(device)
     seen: set[int] = set()
     count = elements = total = 0
     with torch.no_grad():
-        for name, t in named:
+        for name, t in job.named:
             if id(t) in seen:
                 continue
             seen.add(id(t))
             dt = dtype_name(t)
-            resolved, keys, _ = plans[dt]
-            if name in index_sets:
-                (whole, sets), local = index_sets[name], t.view(layout.views[name]) if name in layout.views else t
+            resolved, keys, _ = job.plans[dt]
+            if name in layout.index_sets:
+                (whole, sets), local = layout.index_sets[name], t.view(layout.views[name]) if name in layout.views else t
             else:
                 (local, sets), whole = local_and_index_sets(t, name), t.shape
             for ti, *box in pieces[name]:
@@ -191,12 +254,16 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
             count += 1
             elements += local.numel()
             total += math.prod(whole)
-    if len(dtypes) == 1:
-        fp = plans[dtypes[0]][2]
-    else:
-        fp = hashlib.sha256(",".join(f"{d}:{plans[d][2]}" for d in dtypes).encode()).hexdigest()
-    return InitSummary(count, elements, total, fp, version, tuple(dtypes), model_spec.architecture, skipped, missing,
-                       stack_buffers, derived)
+    fp = _fingerprint({dt: job.plans[dt][2] for dt in job.dtypes})
+    return InitSummary(count, elements, total, fp, job.version, tuple(job.dtypes),
+                       model_spec.architecture, job.skipped, layout.missing, job.stack_buffers, job.derived)
+
+
+def _fingerprint(by_dtype: dict[str, str]) -> str:
+    """The plan's fingerprint; a module that mixes dtypes: a SHA-256 over ``dtype:fingerprint`` pairs."""
+    if len(by_dtype) == 1:
+        return next(iter(by_dtype.values()))
+    return hashlib.sha256(",".join(f"{d}:{by_dtype[d]}" for d in sorted(by_dtype)).encode()).hexdigest()
 
 
 def spec_of(spec: Any) -> ModelSpec:

@@ -292,19 +292,23 @@ def test_parallel_layouts_equal_one_device(tmp_path, tp, pp, ep, tied, layernorm
 
 def _fill_chunks(rank: int, world: int, init_file: str, vp: int, out: str) -> None:
     """This rank's ``vp`` model chunks of a PP=``world`` interleaved pipeline, each a GPTModel with
-    its ``vp_stage``, each filled by its own call, with the spec and without (the config derived from
-    the chunk is the whole model's), saved with the layers Megatron numbers it (its offset)."""
+    its ``vp_stage``: each filled by its own call with the spec, and again all in one call without
+    it (the rank's list of chunks, as Megatron's ``get_model`` returns it; the config derived from
+    a chunk is the whole model's); saved with the layers Megatron numbers it (its offset)."""
     from megatron.core import parallel_state as ps
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     _init_group(rank, world, init_file)
     ps.initialize_model_parallel(pipeline_model_parallel_size=world, virtual_pipeline_model_parallel_size=vp)
+    over = dict(virtual_pipeline_model_parallel_size=vp)
+    chunks = [_gpt(pp=world, vp_stage=stage, **over) for stage in range(vp)]
+    with no_collectives():
+        together = modelinit.init_module_(chunks, seed=SEED)
+    assert len(together.parts) == vp and together.elements == sum(s.elements for s in together.parts)
     for stage in range(vp):
-        over = dict(virtual_pipeline_model_parallel_size=vp)
-        model, derived = _gpt(pp=world, vp_stage=stage, **over), _gpt(pp=world, vp_stage=stage, **over)
+        model, derived, own = _gpt(pp=world, vp_stage=stage, **over), chunks[stage], together.parts[stage]
         with no_collectives():
             summary = modelinit.init_module_(model, seed=SEED, spec=HF)
-            own = modelinit.init_module_(derived, seed=SEED)
         assert own.derived_config["num_hidden_layers"] == HF["num_hidden_layers"], own.derived_config
         assert own.derived_config["model_type"] == "qwen3" and own.missing == summary.missing > 0
         got, again = dict(derived.named_parameters()), dict(model.named_parameters())
@@ -320,7 +324,8 @@ def _fill_chunks(rank: int, world: int, init_file: str, vp: int, out: str) -> No
 def test_virtual_pipeline_chunks_hold_the_folder_each_tensor_once(tmp_path):
     """PP=2 x VP=2 (interleaved 1F1B): each rank builds 2 model chunks (GPTModel with ``vp_stage``,
     one layer each: rank 0 holds layers 0 and 2, rank 1 layers 1 and 3, by Megatron's
-    ``get_transformer_layer_offset``), each filled by its own ``init_module_`` call. Over all
+    ``get_transformer_layer_offset``), each filled by its own ``init_module_`` call (and, without
+    a spec, the rank's chunks in one call). Over all
     ranks' chunks every stored tensor is in exactly one chunk (the embedding in rank 0's first,
     the final norm and output layer in rank 1's last), with the folder's bytes; without a spec
     each chunk derives the whole model's config (4 layers) and the same bytes."""

@@ -63,12 +63,16 @@ def reference(tmp_path_factory) -> dict:
 
 
 @pytest.mark.parametrize("schedule, placed", [("Interleaved1F1B", [(0, 2), (1, 3)]), ("ZBVZeroBubble", [(0, 3), (1, 2)])])
-def test_each_ranks_stages_hold_the_whole_models_bytes(reference, schedule, placed):
+@pytest.mark.parametrize("calls", ["per stage", "the rank's list", "a ModuleList"])
+def test_each_ranks_stages_hold_the_whole_models_bytes(reference, schedule, placed, calls):
     """Each PP rank's stages, as torchtitan's ``_pipeline_module_split`` builds them (its
-    ``_get_pp_rank_to_stage_indices_mapping`` for the schedule, then ``_split_module`` per stage):
-    one ``init_module_(stage, partial=True)`` per stage, no spec. Every stage's tensors are the
+    ``_get_pp_rank_to_stage_indices_mapping`` for the schedule, then ``_split_module`` per stage),
+    filled with no spec by one ``init_module_(stage, partial=True)`` per stage, or by one call with
+    the rank's ``model_parts`` (a list, or a ``ModuleList``). Every stage's tensors are the
     folder's, the stages of all ranks hold every tensor once, and each reports the whole model's
-    fingerprint and config."""
+    fingerprint and config; a call with the list sums its parts' and counts as missing what none
+    of them holds."""
+    from modelinit_server.architectures import from_config
     from torchtitan.distributed.pipeline_parallel import (
         _generate_llm_fqn_per_model_part, _get_pp_rank_to_stage_indices_mapping, _split_module)
 
@@ -79,9 +83,20 @@ def test_each_ranks_stages_hold_the_whole_models_bytes(reference, schedule, plac
     for rank, want in enumerate(placed):
         indices = _get_pp_rank_to_stage_indices_mapping(rank, 2, schedule, len(fqns))
         assert indices == want
-        for stage in [_split_module(whole, fqns[i]) for i in indices]:  # the rank's model_parts
-            stage.to_empty(device="cpu")
-            summary = modelinit.init_module_(stage, seed=SEED, partial=True)
+        model_parts = [_split_module(whole, fqns[i]).to_empty(device="cpu") for i in indices]
+        if calls == "per stage":
+            summaries = [modelinit.init_module_(stage, seed=SEED, partial=True) for stage in model_parts]
+        else:
+            given = model_parts if calls == "the rank's list" else torch.nn.ModuleList(model_parts)
+            summary = modelinit.init_module_(given, seed=SEED, partial=True)
+            summaries = list(summary.parts)
+            stored = len(from_config(summary.derived_config).tensors)
+            assert summary.missing == stored - sum(stored - s.missing for s in summaries) > 0
+            assert (summary.tensors, summary.elements) == (sum(s.tensors for s in summaries),
+                                                           sum(s.elements for s in summaries))
+            assert summary.fingerprint == summaries[0].fingerprint
+        assert len(summaries) == len(model_parts)
+        for stage, summary in zip(model_parts, summaries):
             got = {n: p.detach() for n, p in stage.named_parameters()}
             assert [n for n in got if not same_bytes(got[n], reference[n])] == []
             assert summary.missing > 0 and summary.tensors == len(got)
@@ -93,15 +108,31 @@ def test_each_ranks_stages_hold_the_whole_models_bytes(reference, schedule, plac
     assert configs[0]["num_hidden_layers"] == LAYERS
 
 
-def test_a_list_of_stages_is_refused_with_the_fix():
+def test_a_list_of_stages_without_partial_is_refused_before_anything_is_written():
+    """One rank's stages lack the other rank's: without ``partial=True`` the list is refused as
+    its first stage would be, naming a tensor and the fix, and no stage is written (the second
+    stage, which holds the head, neither); an empty list and parts of two different models are
+    refused too."""
     from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part, _split_module
 
     whole = meta_model()
-    parts = [_split_module(whole, names).to_empty(device="cpu") for names in _generate_llm_fqn_per_model_part(2, LAYERS)]
-    with pytest.raises(ValueError, match=r"^module: a list of 2 modules; fill each model part \(a pipeline stage\) with "
-                                         r"its own call: for part in model_parts: init_module_\(part, seed=\.\.\., "
-                                         r"partial=True\)$"):
+    fqns = _generate_llm_fqn_per_model_part(4, LAYERS)
+    parts = [_split_module(whole, fqns[i]).to_empty(device="cpu") for i in (0, 2)]
+    for part in parts:
+        for p in part.parameters():
+            p.data.fill_(7.0)
+    with pytest.raises(ValueError, match=r"^module: it lacks \d+ tensor\(s\) of the spec, e\.g\. "
+                                         r"'model\.layers\.\d\.[a-z_.]+'; a pipeline stage is filled with partial=True"):
         modelinit.init_module_(parts, seed=SEED)
+    assert all(bool((p == 7.0).all()) for part in parts for p in part.parameters())
+    with pytest.raises(ValueError, match=r"^module: an empty list of model parts"):
+        modelinit.init_module_([], seed=SEED)
+    with torch.device("meta"):
+        other = dataclasses.replace(titan_config(), layers=titan_config().layers[:2]).build()
+    other = _split_module(other, _generate_llm_fqn_per_model_part(2, 2)[1]).to_empty(device="cpu")
+    with pytest.raises(ValueError, match=r"^module: model part 1 \(LlamaForCausalLM\) is not a part of the same model "
+                                         r"as part 0"):
+        modelinit.init_module_([parts[0], other], seed=SEED, partial=True)
 
 
 def _ac(kind: str):
