@@ -180,7 +180,8 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
             dt = dtype_name(t)
             resolved, keys, _ = plans[dt]
             if name in index_sets:
-                (whole, sets), local = index_sets[name], t.view(layout.views[name]) if name in layout.views else t
+                (whole, sets), local = index_sets[name], t.view(layout.views[name]) if name in layout.views \
+                    else local_tensor(t)  # FSDP2's shard of Megatron's tensor-parallel parameter
             else:
                 (local, sets), whole = local_and_index_sets(t, name), t.shape
             for ti, *box in pieces[name]:
