@@ -548,13 +548,10 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
 def _within(held: list, shape: tuple[int, ...], t, name: str) -> list:
     """The global indices a DTensor parameter's local shard holds per dim: FSDP2 (torch's
     ``fully_shard``, over the data-parallel group) shards Megatron's tensor-parallel local
-    parameter, which holds ``held`` of the global tensor (None: all ``shape[d]``); the shard holds
-    the elements its placements pick of those (:func:`~.dtensor.local_and_index_sets`: Shard(0),
-    _StridedShard, uneven sizes included)."""
-    if t.device_mesh.ndim != 1:
-        raise ValueError(f"module: {name!r} is a DTensor over a {t.device_mesh.ndim}-D mesh; Megatron's FSDP2 "
-                         "(TorchFullyShardedDataParallel) shards over the data-parallel group only, which is what is "
-                         "supported (Megatron's own tensor parallel is not a DTensor)")
+    parameter (the DTensor's whole shape: Megatron's tensor parallel is not a DTensor), which
+    holds ``held`` of the global tensor (None: all ``shape[d]``); the shard holds the elements its
+    placements pick of those (:func:`~.dtensor.local_and_index_sets`: Shard(0), _StridedShard,
+    Replicate, uneven sizes included)."""
     _, picked = local_and_index_sets(t, name)
     return [h if p is None else (np.arange(n, dtype=np.int64) if h is None else h)[p]
             for h, p, n in zip(held, picked, shape)]

@@ -89,11 +89,14 @@ def _fill_fsdp2(rank: int, world: int, init_file: str, tp: int, dtype: str, tied
     exit_rank()
 
 
-@pytest.mark.parametrize("tp, dtype, tied", [(1, "float32", False), (1, "bfloat16", True), (2, "float32", True),
-                                             (2, "bfloat16", False)],
-                         ids=["dp2-float32", "dp2-bfloat16-tied", "dp2xtp2-float32-tied", "dp2xtp2-bfloat16"])
-def test_fsdp2_shards_put_together_are_the_hugging_face_folder(tmp_path, tp, dtype, tied):
-    """DP=2 (2 processes) and DP=2 x TP=2 (4 processes) under Megatron's FSDP2: each rank's
+@pytest.mark.parametrize("dp, tp, dtype, tied", [(2, 1, "float32", False), (2, 1, "bfloat16", True),
+                                                 (2, 2, "float32", True), (2, 2, "bfloat16", False),
+                                                 (3, 1, "float32", False)],
+                         ids=["dp2-float32", "dp2-bfloat16-tied", "dp2xtp2-float32-tied", "dp2xtp2-bfloat16",
+                              "dp3-uneven"])
+def test_fsdp2_shards_put_together_are_the_hugging_face_folder(tmp_path, dp, tp, dtype, tied):
+    """DP=2 (2 processes), DP=2 x TP=2 (4 processes) and DP=3 (uneven shards: 64 norm elements as
+    22, 21, 21; 8 q/k norm elements as 3, 3, 2) under Megatron's FSDP2: each rank's
     Shard(0) rows of its tensor-parallel parameter (of [gate_r; up_r], of its query groups, of its
     half of the padded vocabulary) hold the folder's bytes; gathered and put together, every
     tensor is the folder's in Megatron's layout, in float32 and bfloat16 (whose norms Megatron
@@ -103,7 +106,7 @@ def test_fsdp2_shards_put_together_are_the_hugging_face_folder(tmp_path, tp, dty
     refs = {d: _reference(tmp_path, d, tied) for d in sorted({dtype, "float32"})}
     out = tmp_path / "shares"
     out.mkdir()
-    world = 2 * tp
+    world = dp * tp
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_fill_fsdp2, args=(world, str(tmp_path / "pg"), tp, dtype, tied, str(out)), nprocs=world, join=True)
     whole = _put_together(out, world, 1)
