@@ -25,7 +25,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is in the test extra"
 
 import modelinit  # noqa: E402
 
-from tests.server.training.test_megatron import (HF, SEED, _gpt, _init_group, _one_process,  # noqa: E402
+from tests.server.training.test_megatron import (HF, MOE, SEED, _gpt, _init_group, _one_process,  # noqa: E402
                                                  _put_together, _reference)
 from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
 
@@ -153,10 +153,26 @@ def _check_refusals() -> None:
         modelinit.init_module_(model, seed=SEED, spec=HF)
     assert all(same_bytes(p.detach(), before[n]) for n, p in model.named_parameters() if n in before)  # nothing written
 
+    from megatron.core.transformer.moe import grouped_gemm_util
+    from torch.distributed.fsdp import fully_shard
+
+    current, available = torch.cuda.current_device, grouped_gemm_util.assert_grouped_gemm_is_available
+    torch.cuda.current_device = lambda: "cpu"  # the router makes its expert-bias buffers on CUDA's current device
+    grouped_gemm_util.assert_grouped_gemm_is_available = lambda: None  # building needs no kernel, nor does refusing
+    try:
+        grouped = fully_shard(_gpt(moe=True, moe_grouped_gemm=True), mesh=mesh)  # FSDP2, as the wrapper shards the root
+    finally:
+        torch.cuda.current_device, grouped_gemm_util.assert_grouped_gemm_is_available = current, available
+    with pytest.raises(ValueError, match=r"^module: 'decoder\.layers\.0\.mlp\.experts\.weight1' \(GroupedMLP\) is a "
+                                         r"DTensor: FSDP2's rows of its grouped GEMM's fused weight are not mapped; use "
+                                         r"SequentialMLP experts \(moe_grouped_gemm=False\) under FSDP2"):
+        modelinit.init_module_(grouped, seed=SEED, spec=MOE)
+
 
 def test_what_cannot_be_verified_here_is_refused_by_name(tmp_path):
     """The Transformer Engine layer spec (a module of Megatron's TE wrappers: a stand-in of its
-    class name) and Megatron-FSDP (its wrapper, a stand-in of its class and module; on the model
-    inside it, a DTensor that torch's fully_shard did not make): each one line naming the module
-    or parameter and the fix, before anything is written."""
+    class name), Megatron-FSDP (its wrapper, a stand-in of its class and module; on the model
+    inside it, a DTensor that torch's fully_shard did not make) and GroupedMLP's fused weights
+    under FSDP2: each one line naming the module or parameter and the fix, before anything is
+    written."""
     _one_process(str(tmp_path / "pg"), _check_refusals)
