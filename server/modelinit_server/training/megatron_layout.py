@@ -464,11 +464,11 @@ def _refuse_megatron_fsdp(model) -> None:
     if wrapper is None and (sharded is None or fsdp2):
         return
     name = sharded or next((n for n, _ in model.named_parameters()), type(model).__name__)
-    what = f"Megatron-FSDP's ({wrapper})" if wrapper else "a DTensor that torch's fully_shard did not make (Megatron-FSDP's?)"
-    raise ValueError(f"module: {name!r} is {what}: uneven DTensor pieces of flat buffers, which cannot be built or "
-                     "verified without a GPU here; use Megatron's --use-torch-fsdp2 (TorchFullyShardedDataParallel), "
-                     "or call init_module_ on the GPTModel before wrapping it (Megatron-FSDP copies each parameter's "
-                     "values into its buffers)")
+    what = f"Megatron-FSDP's ({wrapper}: uneven DTensor pieces of flat buffers)" if wrapper else \
+        "a DTensor that torch's fully_shard did not make (as Megatron-FSDP's uneven pieces of flat buffers)"
+    raise ValueError(f"module: {name!r} is {what}, which cannot be built or verified without a GPU here; use "
+                     "Megatron's --use-torch-fsdp2 (TorchFullyShardedDataParallel), or call init_module_ on the "
+                     "GPTModel before wrapping it (Megatron-FSDP copies each parameter's values into its buffers)")
 
 
 def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool = False

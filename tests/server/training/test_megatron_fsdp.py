@@ -136,20 +136,29 @@ def _check_refusals() -> None:
             modelinit.init_module_(model, seed=SEED, spec=spec)
     del model.decoder.layers[0].self_attention.te_qkv
 
-    wrapper = type("MegatronFSDP", (torch.nn.Module,), {"__module__": "megatron_fsdp.megatron_fsdp"})()
-    wrapper.module = model  # Megatron-FSDP's own class cannot be built without CUDA: a stand-in of its name and module
-    with pytest.raises(ValueError, match=r"^module: 'module\.embedding\.word_embeddings\.weight' is Megatron-FSDP's "
-                                         r"\(MegatronFSDP\): uneven DTensor pieces of flat buffers, which cannot be "
-                                         r"built or verified without a GPU here; use Megatron's --use-torch-fsdp2 "
-                                         r"\(TorchFullyShardedDataParallel\), or call init_module_ on the GPTModel "
-                                         r"before wrapping it"):
-        modelinit.init_module_(wrapper, seed=SEED, spec=HF)
+    # Megatron-FSDP's classes cannot be built without CUDA: stand-ins of their names and modules, Megatron's
+    # adapter (whose name is FSDP1's too) around the megatron_fsdp package's MegatronFSDP, and the latter alone
+    inner = type("MegatronFSDP", (torch.nn.Module,), {"__module__": "megatron_fsdp.megatron_fsdp"})()
+    inner.module = model
+    adapter = type("FullyShardedDataParallel", (torch.nn.Module,),
+                   {"__module__": "megatron.core.distributed.fsdp.mcore_fsdp_adapter"})()
+    adapter.module = inner
+    for wrapper, prefix, cls in ((adapter, r"module\.module\.", "FullyShardedDataParallel"),
+                                 (inner, r"module\.", "MegatronFSDP")):
+        for spec in (HF, None):
+            with pytest.raises(ValueError, match=rf"^module: '{prefix}embedding\.word_embeddings\.weight' is "
+                                                 rf"Megatron-FSDP's \({cls}: uneven DTensor pieces of flat buffers\), "
+                                                 r"which cannot be built or verified without a GPU here; use Megatron's "
+                                                 r"--use-torch-fsdp2 \(TorchFullyShardedDataParallel\), or call "
+                                                 r"init_module_ on the GPTModel before wrapping it"):
+                modelinit.init_module_(wrapper, seed=SEED, spec=spec)
     norm = model.decoder.final_layernorm  # a DTensor parameter that fully_shard did not make: Megatron-FSDP's inside
     mesh = DeviceMesh("cpu", [0])
     norm.weight = torch.nn.Parameter(DTensor.from_local(norm.weight.detach(), mesh, [Shard(0)]))
     before = {n: p.detach().clone() for n, p in model.named_parameters() if n != "decoder.final_layernorm.weight"}
     with pytest.raises(ValueError, match=r"^module: 'decoder\.final_layernorm\.weight' is a DTensor that torch's "
-                                         r"fully_shard did not make \(Megatron-FSDP's\?\): uneven DTensor pieces"):
+                                         r"fully_shard did not make \(as Megatron-FSDP's uneven pieces of flat buffers\), "
+                                         r"which cannot be built or verified without a GPU here"):
         modelinit.init_module_(model, seed=SEED, spec=HF)
     assert all(same_bytes(p.detach(), before[n]) for n, p in model.named_parameters() if n in before)  # nothing written
 
