@@ -32,13 +32,15 @@ megatron is imported only here, only when such a model is passed.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from ..core.tensors import ModelSpec
+from .dtensor import is_dtensor, local_and_index_sets
 from .fill import Box, Piece
 from .megatron_config import own_config
 from .stack import Layout
@@ -81,6 +83,16 @@ _MLA_NAMES = {
     "decoder.layers.self_attention.linear_kv_up_proj.layer_norm_weight": "model.layers.{}.self_attn.kv_a_layernorm.weight",
     "decoder.layers.self_attention.linear_kv_up_proj.weight": "model.layers.{}.self_attn.kv_b_proj.weight",
 }
+#: Transformer Engine's modules as Megatron-Core names them (its wrappers in
+#: ``megatron.core.extensions.transformer_engine``, and the grouped-GEMM experts ``TEGroupedMLP``);
+#: any class defined in ``transformer_engine`` is one too.
+_TE_CLASSES = frozenset({"TENorm", "TELinear", "TELayerNormColumnParallelLinear", "TEColumnParallelLinear",
+                         "TERowParallelLinear", "TEDotProductAttention", "TEGroupedLinear",
+                         "TEColumnParallelGroupedLinear", "TERowParallelGroupedLinear", "TEFusedMLP", "TEGroupedMLP"})
+#: Whether a model built with the Transformer Engine layer spec is filled. Its keys are mapped (the
+#: fused ``layer_norm_weight`` names of :data:`_NAMES`), but its bytes have not been verified on a
+#: GPU run yet (Transformer Engine cannot be built without CUDA): the one switch to set once they have.
+TE_LAYER_SPEC_VERIFIED = False
 #: The MLP's names, by the spec's naming: gated (SwiGLU: ``linear_fc1`` holds [gate; up]), or not.
 _MLP = {True: ("gate_proj", "up_proj", "down_proj"), False: (None, "c_fc", "c_proj")}
 _QKV = "decoder.layers.self_attention.linear_qkv."
@@ -90,9 +102,10 @@ _LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 
 def is_megatron_model(module) -> bool:
-    """Whether ``module`` is a Megatron-Core model (its class is defined in ``megatron.core``)."""
+    """Whether ``module`` is a Megatron-Core model (its class is defined in ``megatron.core``, or
+    Megatron-FSDP's, in the ``megatron_fsdp`` package: refused by name, :func:`_refuse_megatron_fsdp`)."""
     inner = getattr(module, "_orig_mod", module)
-    return any(c.__module__.startswith("megatron.core.") for c in type(inner).__mro__)
+    return any(c.__module__.startswith(("megatron.core.", "megatron_fsdp.")) for c in type(inner).__mro__)
 
 
 def qkv_rows(n_heads: int, n_groups: int, head_dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -135,13 +148,16 @@ def mla_rows(n_heads: int, nope: int, rope: int, v_dim: int, kv_lora_rank: int) 
             "linear_kv_down_proj": np.arange(kv_lora_rank + rope, dtype=np.int64)}
 
 
-def _pieces_of(model) -> dict[int, list[Any]]:
+def _pieces_of(model) -> tuple[dict[int, list[Any]], dict[int, Any]]:
     """Megatron's ShardedTensors of the model, per local tensor (by identity): the tensor itself or,
-    for a factory (``linear_fc1``), the views of it that its build function makes."""
+    for a factory (``linear_fc1``), the views of it that its build function makes. A DTensor
+    parameter (FSDP2) is seen through its stand-in (:func:`_unsharded_stand_ins`), returned too,
+    by the DTensor's identity."""
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
     try:
-        state = model.sharded_state_dict()
+        with _unsharded_stand_ins(model) as stand_ins:
+            state = model.sharded_state_dict()
     except Exception as e:  # noqa: BLE001 - Megatron's own error, said as ours with the fix
         raise ValueError(f"module: Megatron's sharded_state_dict() failed ({type(e).__name__}: {e}); modelinit reads "
                          "each parameter's global place from it: call init_module_ after initialize_model_parallel") from None
@@ -157,7 +173,36 @@ def _pieces_of(model) -> dict[int, list[Any]]:
                     add(value.data, built)
         elif isinstance(value, ShardedTensor) and value.data is not None:
             add(value.data, value)
-    return out
+    return out, stand_ins
+
+
+@contextlib.contextmanager
+def _unsharded_stand_ins(model) -> Iterator[dict[int, Any]]:
+    """While inside, each DTensor parameter of ``model`` (FSDP2's shard of Megatron's tensor-parallel
+    local parameter) is replaced by a meta tensor of its whole shape, dtype and attributes: the
+    parameter as Megatron holds it without FSDP2. Megatron's ``sharded_state_dict()`` then says
+    where that whole local parameter sits, as for DDP, allocating nothing; on the DTensor itself
+    it would shift the offsets by the data-parallel rank (even shards only) and gather a tensor
+    smaller than the mesh (``full_tensor()``: a collective). The parameters are put back on exit.
+    Yields DTensor's identity -> its stand-in."""
+    import torch
+
+    swapped: list[tuple[Any, str, Any]] = []
+    stand_ins: dict[int, Any] = {}
+    try:
+        for m in model.modules():
+            for leaf, p in list(m._parameters.items()):
+                if p is None or not is_dtensor(p):
+                    continue
+                stand = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False)
+                stand.__dict__.update(vars(p))  # Megatron's tensor_model_parallel, partition_dim, ...
+                swapped.append((m, leaf, p))
+                stand_ins[id(p)] = stand
+                m._parameters[leaf] = stand
+        yield stand_ins
+    finally:
+        for m, leaf, p in swapped:
+            m._parameters[leaf] = p
 
 
 def _leaves(tree):
@@ -369,6 +414,7 @@ _MOE_NAMES = {
 
 
 def _check_config(model) -> Any:
+    _check_modules(model)
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "num_attention_heads"):
         raise ValueError(f"module: {type(model).__name__} is not a Megatron-Core GPTModel (it has no TransformerConfig); "
@@ -382,12 +428,47 @@ def _check_config(model) -> Any:
                          f"{getattr(config, 'mtp_num_layers', None)}), whose tensors no Hugging Face folder modelinit "
                          "writes holds (transformers builds no MTP layers); build the GPTModel without mtp_block_spec "
                          "to fill it, and initialize the MTP block by Megatron's own init")
-    experts = {type(m).__name__ for m in model.modules() if type(m).__name__.endswith("GroupedMLP")}
-    if experts - {"GroupedMLP"}:
-        raise ValueError(f"module: {sorted(experts - {'GroupedMLP'})[0]} (Transformer Engine's grouped-GEMM experts) is not "
-                         "supported: it cannot be built or verified without a GPU here; use the local spec's GroupedMLP "
-                         "or SequentialMLP")
     return config
+
+
+def _check_modules(model) -> None:
+    """Refuse, before anything is written, what is mapped but has not been verified: Megatron-FSDP's
+    parameters and the Transformer Engine layer spec (each one line naming the module or parameter
+    and the fix)."""
+    _refuse_megatron_fsdp(model)
+    if TE_LAYER_SPEC_VERIFIED:
+        return
+    for path, m in model.named_modules():
+        te = next((c.__name__ for c in type(m).__mro__ if c.__name__ in _TE_CLASSES
+                   or c.__module__.startswith(("transformer_engine", "megatron.core.extensions.transformer_engine"))), None)
+        if te is not None:
+            raise ValueError(f"module: {path or type(model).__name__!r} is Transformer Engine's {te} (the Transformer "
+                             "Engine layer spec), which has not been verified on a GPU run yet; build the GPTModel with "
+                             "the local spec: get_gpt_layer_local_spec (GroupedMLP or SequentialMLP experts), or "
+                             "get_gpt_decoder_block_spec(config, use_transformer_engine=False)")
+
+
+def _refuse_megatron_fsdp(model) -> None:
+    """Megatron-FSDP (``megatron.core.distributed.fsdp``, the ``megatron_fsdp`` package) shards
+    flat buffers into uneven DTensor pieces, and its adapter asks CUDA for its device, streams and
+    memory pools: it cannot be built here, so what a rank holds of it is not verified. Seen by its
+    classes, or, on the model inside it, by a DTensor parameter that torch's ``fully_shard`` (whose
+    shards are mapped, Megatron's ``--use-torch-fsdp2``) did not make."""
+    from torch.distributed.fsdp import FSDPModule
+
+    modules = list(model.modules())
+    wrapper = next((type(m).__name__ for m in modules
+                    if type(m).__module__.startswith(("megatron.core.distributed.fsdp", "megatron_fsdp"))), None)
+    fsdp2 = any(isinstance(m, FSDPModule) for m in modules)
+    sharded = next((n for n, p in model.named_parameters() if is_dtensor(p)), None)
+    if wrapper is None and (sharded is None or fsdp2):
+        return
+    name = sharded or next((n for n, _ in model.named_parameters()), type(model).__name__)
+    what = f"Megatron-FSDP's ({wrapper}: uneven DTensor pieces of flat buffers)" if wrapper else \
+        "a DTensor that torch's fully_shard did not make (as Megatron-FSDP's uneven pieces of flat buffers)"
+    raise ValueError(f"module: {name!r} is {what}, which cannot be built or verified without a GPU here; use "
+                     "Megatron's --use-torch-fsdp2 (TorchFullyShardedDataParallel), or call init_module_ on the "
+                     "GPTModel before wrapping it (Megatron-FSDP copies each parameter's values into its buffers)")
 
 
 def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool = False
@@ -404,7 +485,7 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
     config = _check_config(model)
     by_name = {t.name: i for i, t in enumerate(spec.tensors)}
     gated = bool(getattr(config, "gated_linear_unit", False))
-    found = _pieces_of(model)
+    found, stand_ins = _pieces_of(model)
     layers = sum(1 for t in spec.tensors if t.name.endswith(".input_layernorm.weight") and _HF_LAYER.match(t.name))
     if layers and layers != config.num_layers:
         raise ValueError(f"module: the Megatron model has {config.num_layers} layers (num_layers), the spec "
@@ -414,17 +495,18 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
     views: dict[str, tuple[int, ...]] = {}
     held: set[int] = set()
     for name, t in tensors.items():
-        if type(t).__name__ == "DTensor":
-            raise ValueError(f"module: {name!r} is a DTensor; a Megatron model is filled as Megatron shards it "
-                             "(tensor and pipeline parallel, DDP): Megatron FSDP is not supported")
-        sharded = found.get(id(t))
+        whole = stand_ins.get(id(t), t)  # a DTensor's whole (tensor-parallel local) parameter
+        sharded = found.get(id(whole))
         if sharded is None:
             raise ValueError(f"module: Megatron's sharded_state_dict() does not save {name!r}; modelinit has no bytes for it")
-        grouped = _grouped_place(name, t, sharded)
+        grouped = _grouped_place(name, whole, sharded)
+        if grouped is not None and whole is not t:
+            raise ValueError(f"module: {name!r} (GroupedMLP) is a DTensor: FSDP2's rows of its grouped GEMM's fused "
+                             "weight are not mapped; use SequentialMLP experts (moe_grouped_gemm=False) under FSDP2")
         if grouped is None:
-            key, lead, shape, held_idx = _global_place(name, t, sharded)
+            key, lead, shape, held_idx = _global_place(name, whole, sharded)
             key, lead = _stacked(key, lead)
-            sets[name] = (shape, held_idx)
+            sets[name] = (shape, _within(held_idx, shape, t, name) if whole is not t else held_idx)
             boxes = _hf_boxes(key, lead, shape, config, gated, spec.family)
         else:  # GroupedMLP: each expert's tensor, transposed, in one tensor per layer
             key, layer, views[name], whole, held_idx, experts, shape = grouped
@@ -463,6 +545,18 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
     return spec, pieces, sets, lacking, views
 
 
+def _within(held: list, shape: tuple[int, ...], t, name: str) -> list:
+    """The global indices a DTensor parameter's local shard holds per dim: FSDP2 (torch's
+    ``fully_shard``, over the data-parallel group) shards Megatron's tensor-parallel local
+    parameter (the DTensor's whole shape: Megatron's tensor parallel is not a DTensor), which
+    holds ``held`` of the global tensor (None: all ``shape[d]``); the shard holds the elements its
+    placements pick of those (:func:`~.dtensor.local_and_index_sets`: Shard(0), _StridedShard,
+    Replicate, uneven sizes included)."""
+    _, picked = local_and_index_sets(t, name)
+    return [h if p is None else (np.arange(n, dtype=np.int64) if h is None else h)[p]
+            for h, p, n in zip(held, picked, shape)]
+
+
 def _stacked(key: str, lead: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
     """A layer's key as the stacked layers' key: Megatron saves the layers of a model whose layers
     differ (``moe_layer_freq`` a list or above 1: dense and MoE layers) one key each,
@@ -492,6 +586,7 @@ class MegatronStack:
         return is_megatron_model(module)
 
     def own_config(self, module) -> dict | None:
+        _check_modules(module)  # what is refused is refused by name, before any of its fields
         return own_config(module)
 
     def prepare(self, module) -> tuple[str, ...]:

@@ -17,9 +17,10 @@ from typing import Any
 WRAPPER_COMPONENTS = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
 
 #: Wrappers around a whole model, and the attribute that holds the model: DDP (torch's and Megatron's),
-#: FSDP1, torch.compile, activation checkpointing, Megatron's Float16Module (by class name: none of
-#: them needs importing to be recognized).
+#: FSDP1, Megatron's FSDP2 wrapper (``--use-torch-fsdp2``), torch.compile, activation checkpointing,
+#: Megatron's Float16Module (by class name: none of them needs importing to be recognized).
 ROOT_WRAPPERS = {"DistributedDataParallel": "module", "FullyShardedDataParallel": "_fsdp_wrapped_module",
+                 "TorchFullyShardedDataParallel": "module",
                  "OptimizedModule": "_orig_mod", "CheckpointWrapper": "_checkpoint_wrapped_module",
                  "OffloadWrapper": "_checkpoint_wrapped_module", "Float16Module": "module"}
 

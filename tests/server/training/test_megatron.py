@@ -409,8 +409,10 @@ def _check_refusals() -> None:
         modelinit.init_module_(model, seed=SEED, spec=HF)
     model.mtp_process = False
     model.te_experts = type("TEGroupedMLP", (torch.nn.Module,), {})()  # Transformer Engine's grouped experts' class name
-    with pytest.raises(ValueError, match=r"^module: TEGroupedMLP \(Transformer Engine's grouped-GEMM experts\) is not "
-                                         r"supported: it cannot be built or verified without a GPU here"):
+    with pytest.raises(ValueError, match=r"^module: 'te_experts' is Transformer Engine's TEGroupedMLP \(the Transformer "
+                                         r"Engine layer spec\), which has not been verified on a GPU run yet; build the "
+                                         r"GPTModel with the local spec: get_gpt_layer_local_spec \(GroupedMLP or "
+                                         r"SequentialMLP experts\)"):
         modelinit.init_module_(model, seed=SEED, spec=HF)
 
 

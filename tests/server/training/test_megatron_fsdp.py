@@ -1,0 +1,187 @@
+"""``init_module_`` on a Megatron-Core ``GPTModel`` under Megatron's FSDP2 wrapper
+(``TorchFullyShardedDataParallel``, Megatron's ``--use-torch-fsdp2``) (issue 43): each rank fills
+its DTensor shards of its tensor-parallel parameters with the bytes of the Hugging Face folder,
+without communicating; what is mapped but cannot be verified here (Megatron-FSDP, the Transformer
+Engine layer spec) is refused by name before anything is written.
+
+The model is the local layer spec on CPU under gloo (``tests/server/training/test_megatron.py``'s
+``_gpt``, with ``transformer_impl="local"`` as Megatron's ``--transformer-impl local`` sets it: the
+wrapper then shards each TransformerLayer, the embedding and the root, and no linear inside a
+layer twice). The full tensors are gathered by the test (torch's ``DTensor.full_tensor()`` over
+the data-parallel group, then the tensor-parallel shares put together by Megatron's rules,
+``_put_together``) and compared with the folder put into Megatron's layout by the test
+(``_reference``), never with ``init_module_``'s own map.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+pytest.importorskip("megatron.core", reason="megatron-core is in the test extra")
+
+import modelinit  # noqa: E402
+
+from tests.server.training.test_megatron import (HF, MOE, SEED, _gpt, _init_group, _one_process,  # noqa: E402
+                                                 _put_together, _reference)
+from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
+
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
+              pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                 reason="torch.distributed with gloo is not available")]
+
+
+def _fsdp2(model):
+    """``model`` wrapped as Megatron's ``--use-torch-fsdp2`` wraps it. The wrapper names CUDA as its
+    mesh's device type (``DeviceMesh.from_group(group, "cuda")``); here, on CPU with gloo, the
+    mesh is the CPU's, the one thing changed, in this test only: the shards FSDP2 makes (Shard(0)
+    of each parameter over the data-parallel group, ``torch.chunk``'s sizes) do not depend on the
+    device."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.distributed import torch_fully_sharded_data_parallel as wrapper
+    from torch.distributed.device_mesh import DeviceMesh
+
+    class CpuMesh:
+        @staticmethod
+        def from_group(group, device_type, **kwargs):
+            return DeviceMesh.from_group(group, "cpu", **kwargs)
+
+    saved, wrapper.DeviceMesh = wrapper.DeviceMesh, CpuMesh
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return wrapper.TorchFullyShardedDataParallel(model.config, DistributedDataParallelConfig(), model)
+    finally:
+        wrapper.DeviceMesh = saved
+
+
+def _fill_fsdp2(rank: int, world: int, init_file: str, tp: int, dtype: str, tied: bool, out: str) -> None:
+    """This rank's FSDP2 shards of a TP=``tp`` model filled three ways (the wrapper with the spec;
+    without one, the config derived; the unwrapped model filled, then wrapped), each local shard
+    the same bytes; the full tensors gathered over the data-parallel group, saved for the test."""
+    from megatron.core import parallel_state as ps
+    from torch.distributed.tensor import DTensor
+
+    _init_group(rank, world, init_file)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    spec = {**HF, "tie_word_embeddings": tied}
+    model, derived = (_fsdp2(_gpt(tp, dtype=dtype, tied=tied, transformer_impl="local")) for _ in range(2))
+    before = _gpt(tp, dtype=dtype, tied=tied, transformer_impl="local")
+    with no_collectives():
+        summary = modelinit.init_module_(model, seed=SEED, spec=spec)
+        own = modelinit.init_module_(derived, seed=SEED)
+        modelinit.init_module_(before, seed=SEED, spec=spec)
+    before = _fsdp2(before)  # FSDP2 keeps the values it shards
+    params = dict(model.module.named_parameters())
+    assert params and all(isinstance(p, DTensor) and p.placements == (torch.distributed.tensor.Shard(0),)
+                          for p in params.values())
+    assert summary.elements == sum(p.to_local().numel() for p in params.values()) < summary.global_elements
+    assert summary.missing == 0 and own.derived_config["model_type"] == "qwen3"
+    for other in (derived, before):
+        mine = dict(other.module.named_parameters())
+        assert sorted(mine) == sorted(params)
+        assert [n for n, p in params.items() if not same_bytes(p.to_local(), mine[n].to_local())] == []
+    state = {n: p.full_tensor().detach().clone() for n, p in params.items()}  # the test's gather, after the fill
+    torch.save({"tp": ps.get_tensor_model_parallel_rank(), "ep": 0, "first": 0, "state": state}, f"{out}/rank{rank}.pt")
+    exit_rank()
+
+
+@pytest.mark.parametrize("dp, tp, dtype, tied", [(2, 1, "float32", False), (2, 1, "bfloat16", True),
+                                                 (2, 2, "float32", True), (2, 2, "bfloat16", False),
+                                                 (3, 1, "float32", False)],
+                         ids=["dp2-float32", "dp2-bfloat16-tied", "dp2xtp2-float32-tied", "dp2xtp2-bfloat16",
+                              "dp3-uneven"])
+def test_fsdp2_shards_put_together_are_the_hugging_face_folder(tmp_path, dp, tp, dtype, tied):
+    """DP=2 (2 processes), DP=2 x TP=2 (4 processes) and DP=3 (uneven shards: 64 norm elements as
+    22, 21, 21; 8 q/k norm elements as 3, 3, 2) under Megatron's FSDP2: each rank's
+    Shard(0) rows of its tensor-parallel parameter (of [gate_r; up_r], of its query groups, of its
+    half of the padded vocabulary) hold the folder's bytes; gathered and put together, every
+    tensor is the folder's in Megatron's layout, in float32 and bfloat16 (whose norms Megatron
+    keeps in float32), tied and untied; without a spec, and filled before wrapping, the same."""
+    import torch.multiprocessing as mp
+
+    refs = {d: _reference(tmp_path, d, tied) for d in sorted({dtype, "float32"})}
+    out = tmp_path / "shares"
+    out.mkdir()
+    world = dp * tp
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_fill_fsdp2, args=(world, str(tmp_path / "pg"), tp, dtype, tied, str(out)), nprocs=world, join=True)
+    whole = _put_together(out, world, 1)
+    assert sorted(whole) == sorted(refs["float32"])
+    assert {str(ts[0].dtype) for ts in whole.values()} == {f"torch.{d}" for d in refs}
+    assert [n for n, ts in whole.items()
+            if len(ts) != 1 or not same_bytes(ts[0], refs[str(ts[0].dtype).removeprefix("torch.")][n])] == []
+
+
+class TELayerNormColumnParallelLinear(torch.nn.Module):
+    """A stand-in of Megatron's Transformer Engine wrapper of that name (Transformer Engine cannot
+    be installed without CUDA): the check goes by the class's name."""
+
+
+def _check_refusals() -> None:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    model = _gpt()
+    model.decoder.layers[0].self_attention.te_qkv = TELayerNormColumnParallelLinear()
+    for spec in (HF, None):  # with a spec, and before any field is derived without one
+        with pytest.raises(ValueError, match=r"^module: 'decoder\.layers\.0\.self_attention\.te_qkv' is Transformer "
+                                             r"Engine's TELayerNormColumnParallelLinear \(the Transformer Engine layer "
+                                             r"spec\), which has not been verified on a GPU run yet; build the GPTModel "
+                                             r"with the local spec: get_gpt_layer_local_spec .*use_transformer_engine="
+                                             r"False\)$"):
+            modelinit.init_module_(model, seed=SEED, spec=spec)
+    del model.decoder.layers[0].self_attention.te_qkv
+
+    # Megatron-FSDP's classes cannot be built without CUDA: stand-ins of their names and modules, Megatron's
+    # adapter (whose name is FSDP1's too) around the megatron_fsdp package's MegatronFSDP, and the latter alone
+    inner = type("MegatronFSDP", (torch.nn.Module,), {"__module__": "megatron_fsdp.megatron_fsdp"})()
+    inner.module = model
+    adapter = type("FullyShardedDataParallel", (torch.nn.Module,),
+                   {"__module__": "megatron.core.distributed.fsdp.mcore_fsdp_adapter"})()
+    adapter.module = inner
+    for wrapper, prefix, cls in ((adapter, r"module\.module\.", "FullyShardedDataParallel"),
+                                 (inner, r"module\.", "MegatronFSDP")):
+        for spec in (HF, None):
+            with pytest.raises(ValueError, match=rf"^module: '{prefix}embedding\.word_embeddings\.weight' is "
+                                                 rf"Megatron-FSDP's \({cls}: uneven DTensor pieces of flat buffers\), "
+                                                 r"which cannot be built or verified without a GPU here; use Megatron's "
+                                                 r"--use-torch-fsdp2 \(TorchFullyShardedDataParallel\), or call "
+                                                 r"init_module_ on the GPTModel before wrapping it"):
+                modelinit.init_module_(wrapper, seed=SEED, spec=spec)
+    norm = model.decoder.final_layernorm  # a DTensor parameter that fully_shard did not make: Megatron-FSDP's inside
+    mesh = DeviceMesh("cpu", [0])
+    norm.weight = torch.nn.Parameter(DTensor.from_local(norm.weight.detach(), mesh, [Shard(0)]))
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if n != "decoder.final_layernorm.weight"}
+    with pytest.raises(ValueError, match=r"^module: 'decoder\.final_layernorm\.weight' is a DTensor that torch's "
+                                         r"fully_shard did not make \(as Megatron-FSDP's uneven pieces of flat buffers\), "
+                                         r"which cannot be built or verified without a GPU here"):
+        modelinit.init_module_(model, seed=SEED, spec=HF)
+    assert all(same_bytes(p.detach(), before[n]) for n, p in model.named_parameters() if n in before)  # nothing written
+
+    from megatron.core.transformer.moe import grouped_gemm_util
+    from torch.distributed.fsdp import fully_shard
+
+    current, available = torch.cuda.current_device, grouped_gemm_util.assert_grouped_gemm_is_available
+    torch.cuda.current_device = lambda: "cpu"  # the router makes its expert-bias buffers on CUDA's current device
+    grouped_gemm_util.assert_grouped_gemm_is_available = lambda: None  # building needs no kernel, nor does refusing
+    try:
+        grouped = fully_shard(_gpt(moe=True, moe_grouped_gemm=True), mesh=mesh)  # FSDP2, as the wrapper shards the root
+    finally:
+        torch.cuda.current_device, grouped_gemm_util.assert_grouped_gemm_is_available = current, available
+    with pytest.raises(ValueError, match=r"^module: 'decoder\.layers\.0\.mlp\.experts\.weight1' \(GroupedMLP\) is a "
+                                         r"DTensor: FSDP2's rows of its grouped GEMM's fused weight are not mapped; use "
+                                         r"SequentialMLP experts \(moe_grouped_gemm=False\) under FSDP2"):
+        modelinit.init_module_(grouped, seed=SEED, spec=MOE)
+
+
+def test_what_cannot_be_verified_here_is_refused_by_name(tmp_path):
+    """The Transformer Engine layer spec (a module of Megatron's TE wrappers: a stand-in of its
+    class name), Megatron-FSDP (its wrapper, a stand-in of its class and module; on the model
+    inside it, a DTensor that torch's fully_shard did not make) and GroupedMLP's fused weights
+    under FSDP2: each one line naming the module or parameter and the fix, before anything is
+    written."""
+    _one_process(str(tmp_path / "pg"), _check_refusals)
