@@ -113,3 +113,44 @@ def test_the_private_name_check_finds_each_kind_of_use(tmp_path):
     assert [f.split(": ")[1] for f in found] == [
         "modelinit_server.architectures.recorder._clear_flags", "modelinit_server.architectures._fields",
         "modelinit_server.architectures._family", "hf._quiet"], found
+
+
+def _test_module_imports(path) -> list[str]:
+    """The test modules (``test_*``) ``path`` imports, absolutely or relatively."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] + [f"{node.module or ''}.{a.name}" for a in node.names]
+        found += [n for n in names if any(part.startswith("test_") for part in n.split("."))]
+    return sorted(set(found))
+
+
+def test_no_test_module_imports_another():
+    """tests/README.md: what several test modules share is in tests/support, imported absolutely; a
+    test module never imports another (pytest would collect its tests twice under two names, and a
+    change to one test breaks another)."""
+    offenders = {}
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        rel = path.relative_to(REPO / "tests")
+        if rel.parts[0].startswith(".") or "node_modules" in rel.parts:
+            continue  # installed stacks and tools, not ours
+        imported = _test_module_imports(path)
+        if imported:
+            offenders[str(rel)] = imported
+    assert offenders == {}, offenders
+
+
+def test_the_test_import_check_finds_each_form(tmp_path):
+    forms = {"from tests.server.training.test_megatron import HF": ["tests.server.training.test_megatron",
+                                                                   "tests.server.training.test_megatron.HF"],
+             "from .test_torchtitan import SEED": ["test_torchtitan", "test_torchtitan.SEED"],
+             "import tests.client.test_cli": ["tests.client.test_cli"],
+             "from tests.support import test_data_helpers": ["tests.support.test_data_helpers"]}
+    for code, want in forms.items():
+        (tmp_path / "m.py").write_text(code + "\n")
+        assert _test_module_imports(tmp_path / "m.py") == want, code
+    (tmp_path / "m.py").write_text("from tests.support.megatron_models import HF\nimport pytest\n")
+    assert _test_module_imports(tmp_path / "m.py") == []

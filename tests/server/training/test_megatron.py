@@ -15,8 +15,6 @@ do it, but its writer waits for CUDA.)
 from __future__ import annotations
 
 import os
-import pathlib
-import warnings
 
 import pytest
 
@@ -28,146 +26,16 @@ pytest.importorskip("megatron.core", reason="megatron-core is in the test extra"
 import modelinit  # noqa: E402
 
 from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
-from tests.support.megatron_rules import gated_mlp, qkv_per_group, tp_whole  # noqa: E402
-
-SEED = 11
-VOCAB, PADDED = 1000, 1024
-#: A Qwen3-style model (q/k norms, grouped-query attention: 8 heads in 2 groups, head_dim 8 over a
-#: 64-wide model, SwiGLU), cut small for speed.
-HF = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "head_dim": 8,
-      "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 96,
-      "vocab_size": VOCAB, "tie_word_embeddings": False, "max_position_embeddings": 128, "rms_norm_eps": 1e-6}
-
-#: The same as a Qwen3 MoE: every layer's MLP is 4 routed experts (SwiGLU, 32 wide), top-2, and a router.
-MOE = {**HF, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "moe_intermediate_size": 32,
-       "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
-       "norm_topk_prob": True}
-_MOE_FIELDS = dict(num_moe_experts=4, moe_ffn_hidden_size=32, moe_router_topk=2)
-#: A Starcoder2-style model: LayerNorm with biases, biases on every linear, a GELU MLP (not gated).
-STARCODER2 = {"model_type": "starcoder2", "architectures": ["Starcoder2ForCausalLM"], "hidden_size": 64,
-              "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 96,
-              "vocab_size": VOCAB, "use_bias": True, "tie_word_embeddings": False, "max_position_embeddings": 128}
-_STARCODER2_FIELDS = dict(normalization="LayerNorm", gated_linear_unit=False, add_bias_linear=True, add_qkv_bias=True,
-                          qk_layernorm=False)
+from tests.support.megatron_models import (HF, MOE, SEED, STARCODER2, folder_in_megatrons_layout,  # noqa: E402
+                                           global_name, in_one_process, init_group, megatron_gpt, put_together)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Megatron warns that Apex/TE are absent
-
-
-def _gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = False, vocab: int = PADDED, moe: bool = False,
-         ep: int = 1, layernorm: bool = False, vp_stage: int | None = None, **over):
-    """A GPTModel matching HF (MOE: with SequentialMLP experts, ``ep`` ways expert parallel) on this
-    rank of a (tp, pp) layout (parallel_state set up by the caller); ``vp_stage``: this rank's
-    model chunk ``vp_stage`` of an interleaved pipeline (``virtual_pipeline_model_parallel_size``
-    in ``over``), built as Megatron's training loop builds it."""
-    from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer import TransformerConfig
-
-    dt = getattr(torch, dtype)
-    fields = dict(num_layers=4, hidden_size=64, num_attention_heads=8, num_query_groups=2, kv_channels=8,
-                  ffn_hidden_size=96, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                  use_cpu_initialization=True, perform_initialization=False, gated_linear_unit=True,
-                  activation_func=torch.nn.functional.silu, normalization="RMSNorm", add_bias_linear=False,
-                  qk_layernorm=True, params_dtype=dt, pipeline_dtype=dt, bf16=dtype == "bfloat16")
-    if moe:
-        fields.update(_MOE_FIELDS, expert_model_parallel_size=ep)
-    if layernorm:
-        fields.update(_STARCODER2_FIELDS, activation_func=torch.nn.functional.gelu)
-    fields.update(over)
-    config = TransformerConfig(**fields)
-    spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm,
-                                    qk_layernorm=config.qk_layernorm, normalization=config.normalization)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return GPTModel(config, spec, vocab_size=vocab, max_sequence_length=128, position_embedding_type="rope",
-                        share_embeddings_and_output_weights=tied,
-                        pre_process=ps.is_pipeline_first_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
-                        post_process=ps.is_pipeline_last_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
-                        vp_stage=vp_stage)
-
-
-def _files(out: pathlib.Path) -> dict:
-    files = {}
-    for f in out.glob("*.safetensors"):
-        files.update(safetensors_torch.load_file(f))
-    return files
-
-
-def _reference(tmp_path: pathlib.Path, dtype: str = "float32", tied: bool = False, policy=None, moe: bool = False,
-               layernorm: bool = False) -> dict:
-    """The Hugging Face folder of (HF, SEED, policy) in Megatron's layout, under a one-process
-    model's parameter names: q, k, v concatenated per query group, [gate; up], and the padded
-    vocabulary's rows from the folder of the padded vocabulary (its first rows are the same)."""
-    hf = {**(MOE if moe else STARCODER2 if layernorm else HF), "tie_word_embeddings": tied}
-    out = tmp_path / f"hf-{dtype}-{tied}-{policy}-{moe}-{layernorm}"
-    padded = tmp_path / f"hf-padded-{dtype}-{tied}-{policy}-{moe}-{layernorm}"
-    with modelinit.Client() as c:
-        c.init_model(hf, seed=SEED, out_dir=out, dtype=dtype, policy=policy)
-        c.init_model({**hf, "vocab_size": PADDED}, seed=SEED, out_dir=padded, dtype=dtype, policy=policy)
-    files, more = _files(out), _files(padded)
-    groups, head_dim = HF["num_key_value_heads"], HF["head_dim"]  # Starcoder2 has the same
-    ref = {}
-    for name in ("model.embed_tokens.weight", "lm_head.weight"):
-        if name in files:
-            assert torch.equal(more[name][:VOCAB], files[name])  # a padded row never moves the others
-            ref[name] = torch.cat([files[name], more[name][VOCAB:]])
-    ref = {"embedding.word_embeddings.weight": ref["model.embed_tokens.weight"],
-           **({} if tied else {"output_layer.weight": ref["lm_head.weight"]}),
-           "decoder.final_layernorm.weight": files["model.norm.weight"],
-           **({"decoder.final_layernorm.bias": files["model.norm.bias"]} if layernorm else {})}
-    for i in range(HF["num_hidden_layers"]):
-        hf_layer, layer = f"model.layers.{i}.", f"decoder.layers.{i}."
-        for leaf in ("weight", "bias") if layernorm else ("weight",):
-            ref[layer + f"self_attention.linear_qkv.{leaf}"] = qkv_per_group(
-                *(files[f"{hf_layer}self_attn.{p}_proj.{leaf}"] for p in "qkv"), groups, head_dim)
-        ref[layer + "self_attention.linear_proj.weight"] = files[f"{hf_layer}self_attn.o_proj.weight"]
-        if layernorm:  # LayerNorm's biases, the linears' biases, a GELU MLP
-            ref[layer + "self_attention.linear_proj.bias"] = files[f"{hf_layer}self_attn.o_proj.bias"]
-            for leaf in ("weight", "bias"):
-                ref[layer + f"input_layernorm.{leaf}"] = files[f"{hf_layer}input_layernorm.{leaf}"]
-                ref[layer + f"pre_mlp_layernorm.{leaf}"] = files[f"{hf_layer}post_attention_layernorm.{leaf}"]
-                ref[layer + f"mlp.linear_fc1.{leaf}"] = files[f"{hf_layer}mlp.c_fc.{leaf}"]
-                ref[layer + f"mlp.linear_fc2.{leaf}"] = files[f"{hf_layer}mlp.c_proj.{leaf}"]
-            continue
-        ref[layer + "self_attention.q_layernorm.weight"] = files[f"{hf_layer}self_attn.q_norm.weight"]
-        ref[layer + "self_attention.k_layernorm.weight"] = files[f"{hf_layer}self_attn.k_norm.weight"]
-        ref[layer + "input_layernorm.weight"] = files[f"{hf_layer}input_layernorm.weight"]
-        ref[layer + "pre_mlp_layernorm.weight"] = files[f"{hf_layer}post_attention_layernorm.weight"]
-        mlps = {"mlp.": f"{hf_layer}mlp."}
-        if moe:
-            ref[layer + "mlp.router.weight"] = files[f"{hf_layer}mlp.gate.weight"]
-            mlps = {f"mlp.experts.local_experts.{e}.": f"{hf_layer}mlp.experts.{e}." for e in range(MOE["num_experts"])}
-        for mine, theirs in mlps.items():
-            ref.update({layer + mine + k: t for k, t in gated_mlp(files, theirs).items()})
-    return ref
-
-
-def _init_group(rank: int, world: int, init_file: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-
-
-def _one_process(init_file: str, body, *args) -> None:
-    """``body(*args)`` in a spawned process of its own, a gloo group of one and Megatron's parallel state."""
-    import torch.multiprocessing as mp
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_one, args=(init_file, body, args), nprocs=1, join=True)
-
-
-def _one(rank: int, init_file: str, body, args) -> None:
-    from megatron.core import parallel_state as ps
-
-    _init_group(0, 1, init_file)
-    ps.initialize_model_parallel()
-    body(*args)
-    exit_rank()
 
 
 def _check_one_device(ref_paths: dict, dtype: str, tied: bool, policy, moe: bool) -> None:
     refs = {d: torch.load(p) for d, p in ref_paths.items()}
     ref = refs[dtype]
-    model = _gpt(dtype=dtype, tied=tied, moe=moe)
+    model = megatron_gpt(dtype=dtype, tied=tied, moe=moe)
     with no_collectives():
         summary = modelinit.init_module_(model, seed=SEED, spec={**(MOE if moe else HF), "tie_word_embeddings": tied},
                                          policy=policy)
@@ -193,8 +61,8 @@ def test_one_device_equals_the_hugging_face_folder_in_megatrons_layout(tmp_path,
     ref_paths = {}
     for d in sorted({dtype, "float32"}):
         ref_paths[d] = str(tmp_path / f"ref-{d}.pt")
-        torch.save(_reference(tmp_path, d, tied, policy, moe), ref_paths[d])
-    _one_process(str(tmp_path / "pg"), _check_one_device, ref_paths, dtype, tied, policy, moe)
+        torch.save(folder_in_megatrons_layout(tmp_path, d, tied, policy, moe), ref_paths[d])
+    in_one_process(str(tmp_path / "pg"), _check_one_device, ref_paths, dtype, tied, policy, moe)
 
 
 def _fill_layout(rank: int, world: int, init_file: str, tp: int, pp: int, ep: int, tied: bool, out: str,
@@ -203,13 +71,13 @@ def _fill_layout(rank: int, world: int, init_file: str, tp: int, pp: int, ep: in
     test to put together."""
     from megatron.core import parallel_state as ps
 
-    _init_group(rank, world, init_file)
+    init_group(rank, world, init_file)
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                  expert_model_parallel_size=ep)
     cuda = torch.Tensor.cuda
     torch.Tensor.cuda = lambda self, *a, **k: self  # a tied model's last stage moves its copy to CUDA to all-reduce it
     try:
-        model = _gpt(tp, pp, tied=tied, moe=ep > 1, ep=ep, layernorm=layernorm)
+        model = megatron_gpt(tp, pp, tied=tied, moe=ep > 1, ep=ep, layernorm=layernorm)
     finally:
         torch.Tensor.cuda = cuda
     hf = MOE if ep > 1 else STARCODER2 if layernorm else HF
@@ -225,43 +93,6 @@ def _fill_layout(rank: int, world: int, init_file: str, tp: int, pp: int, ep: in
     exit_rank()
 
 
-#: How a TP=2 model's tensors are split (Megatron's column- and row-parallel linears, its vocabulary-
-#: parallel embedding and output layer); the others (norms) are whole on every rank.
-_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight", "linear_qkv.weight", "linear_qkv.bias")
-_COLUMNS = ("linear_proj.weight", "linear_fc2.weight")
-
-
-def _global_name(name: str, first: int, ep_rank: int, local_experts: int) -> str:
-    """A stage's layer numbered from the model's first layer; an expert-parallel rank's local expert
-    numbered among all experts."""
-    if name.startswith("decoder.layers."):
-        i, _, rest = name.removeprefix("decoder.layers.").partition(".")
-        if rest.startswith("mlp.experts.local_experts."):
-            e, _, tail = rest.removeprefix("mlp.experts.local_experts.").partition(".")
-            rest = f"mlp.experts.local_experts.{ep_rank * local_experts + int(e)}.{tail}"
-        name = f"decoder.layers.{first + int(i)}.{rest}"
-    return name
-
-
-def _put_together(out: pathlib.Path, world: int, ep: int, gated: bool = True) -> dict:
-    """The one-process model's tensors from the ranks' shares: TP shards concatenated (linear_fc1's
-    [gate_r; up_r] as all gates then all ups), PP stages' layers renumbered from their first, EP
-    ranks' experts from theirs; a replica (data parallel) must equal the first."""
-    by_name: dict[str, dict[int, list]] = {}
-    local_experts = MOE["num_experts"] // ep
-    for r in range(world):
-        share = torch.load(out / f"rank{r}.pt")
-        for name, t in share["state"].items():
-            whole = _global_name(name, share["first"], share["ep"], local_experts)
-            by_name.setdefault(whole, {}).setdefault(share["tp"], []).append(t)
-    assembled = {}
-    for name, by_tp in by_name.items():
-        for copies in by_tp.values():
-            assert all(torch.equal(c, copies[0]) for c in copies), name
-        assembled[name] = [tp_whole(name, [by_tp[k][0] for k in sorted(by_tp)], _ROWS, _COLUMNS, gated)]
-    return assembled
-
-
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo is not available")
 @pytest.mark.parametrize("tp, pp, ep, tied, layernorm", [(2, 1, 1, False, False), (1, 2, 1, False, False),
                                                          (1, 2, 1, True, False), (1, 1, 2, False, False),
@@ -275,7 +106,7 @@ def test_parallel_layouts_equal_one_device(tmp_path, tp, pp, ep, tied, layernorm
     linears' biases, a GELU MLP: column-parallel biases split, row-parallel ones whole): each rank fills its own share, and the shares put together are the one-device model's bytes."""
     import torch.multiprocessing as mp
 
-    ref = _reference(tmp_path, tied=tied, moe=ep > 1, layernorm=layernorm)
+    ref = folder_in_megatrons_layout(tmp_path, tied=tied, moe=ep > 1, layernorm=layernorm)
     ref_path, out = str(tmp_path / "ref.pt"), tmp_path / "shares"
     out.mkdir()
     torch.save(ref, ref_path)
@@ -283,7 +114,7 @@ def test_parallel_layouts_equal_one_device(tmp_path, tp, pp, ep, tied, layernorm
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_fill_layout, args=(world, str(tmp_path / "pg"), tp, pp, ep, tied, str(out), ref_path, layernorm),
              nprocs=world, join=True)
-    whole = _put_together(out, world, ep, gated=not layernorm)
+    whole = put_together(out, world, ep, gated=not layernorm)
     if tied:  # the last stage's copy of the embedding is the embedding
         assert [same_bytes(t, ref["embedding.word_embeddings.weight"]) for t in whole.pop("output_layer.weight")] == [True]
     assert sorted(whole) == sorted(ref)
@@ -298,15 +129,15 @@ def _fill_chunks(rank: int, world: int, init_file: str, vp: int, out: str) -> No
     from megatron.core import parallel_state as ps
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    _init_group(rank, world, init_file)
+    init_group(rank, world, init_file)
     ps.initialize_model_parallel(pipeline_model_parallel_size=world, virtual_pipeline_model_parallel_size=vp)
     over = dict(virtual_pipeline_model_parallel_size=vp)
-    chunks = [_gpt(pp=world, vp_stage=stage, **over) for stage in range(vp)]
+    chunks = [megatron_gpt(pp=world, vp_stage=stage, **over) for stage in range(vp)]
     with no_collectives():
         together = modelinit.init_module_(chunks, seed=SEED)
     assert len(together.parts) == vp and together.elements == sum(s.elements for s in together.parts)
     for stage in range(vp):
-        model, derived, own = _gpt(pp=world, vp_stage=stage, **over), chunks[stage], together.parts[stage]
+        model, derived, own = megatron_gpt(pp=world, vp_stage=stage, **over), chunks[stage], together.parts[stage]
         with no_collectives():
             summary = modelinit.init_module_(model, seed=SEED, spec=HF)
         assert own.derived_config["num_hidden_layers"] == HF["num_hidden_layers"], own.derived_config
@@ -331,7 +162,7 @@ def test_virtual_pipeline_chunks_hold_the_folder_each_tensor_once(tmp_path):
     each chunk derives the whole model's config (4 layers) and the same bytes."""
     import torch.multiprocessing as mp
 
-    ref, out = _reference(tmp_path), tmp_path / "chunks"
+    ref, out = folder_in_megatrons_layout(tmp_path), tmp_path / "chunks"
     out.mkdir()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_fill_chunks, args=(2, str(tmp_path / "pg"), 2, str(out)), nprocs=2, join=True)
@@ -339,7 +170,7 @@ def test_virtual_pipeline_chunks_hold_the_folder_each_tensor_once(tmp_path):
     for f in sorted(out.glob("rank*-chunk*.pt")):
         share = torch.load(f)
         for name, t in share["state"].items():
-            held.setdefault(_global_name(name, share["first"], 0, 1), []).append((f.stem, t))
+            held.setdefault(global_name(name, share["first"], 0, 1), []).append((f.stem, t))
     assert {n: [c for c, _ in ts] for n, ts in held.items() if len(ts) != 1} == {}
     assert sorted(held) == sorted(ref)
     assert [n for n, ts in held.items() if not same_bytes(ts[0][1], ref[n])] == []
@@ -352,7 +183,7 @@ def _check_qkv_rows() -> None:
     from modelinit_server.training.megatron_layout import qkv_rows
 
     for groups in (2, 8, 1):  # grouped-query, multi-head, multi-query attention
-        model = _gpt(num_query_groups=groups, qk_layernorm=False)  # no norm between the rows and the output
+        model = megatron_gpt(num_query_groups=groups, qk_layernorm=False)  # no norm between the rows and the output
         attention = model.decoder.layers[0].self_attention
         weight = attention.linear_qkv.weight
         with torch.no_grad():  # row r maps the first input feature to r: the output says which row each value came from
@@ -369,11 +200,11 @@ def _check_qkv_rows() -> None:
 def test_qkv_rows_are_megatrons_own_split(tmp_path):
     """:func:`qkv_rows` against Megatron's own ``get_query_key_value_tensors`` on a probe weight,
     for grouped-query, multi-head and multi-query attention."""
-    _one_process(str(tmp_path / "pg"), _check_qkv_rows)
+    in_one_process(str(tmp_path / "pg"), _check_qkv_rows)
 
 
 def _check_refusals() -> None:
-    model = _gpt()
+    model = megatron_gpt()
     model.config.window_size = (64, 0)  # without a spec, a field no Hugging Face config derived has is refused by name
     with pytest.raises(ValueError, match=r"^spec: the Megatron model's window_size=\(64, 0\) \(sliding-window attention\) "
                                          r"has no counterpart .*: init_module_\(model, spec="):
@@ -421,15 +252,15 @@ def test_a_model_that_does_not_match_its_spec_is_refused_by_name(tmp_path):
     (q/k norms), a layout not mapped yet (interleaved RoPE, Transformer Engine's grouped experts, a multi-token
     prediction block): each one line
     naming the tensor and what was expected."""
-    _one_process(str(tmp_path / "pg"), _check_refusals)
+    in_one_process(str(tmp_path / "pg"), _check_refusals)
 
 
 def _check_megatron_preset() -> None:
     from scipy import stats
 
     torch.manual_seed(0)
-    own = _gpt(perform_initialization=True)  # Megatron's own CPU init: init_method_normal, scaled_init_method_normal
-    ours = _gpt()
+    own = megatron_gpt(perform_initialization=True)  # Megatron's own CPU init: init_method_normal, scaled_init_method_normal
+    ours = megatron_gpt()
     modelinit.init_module_(ours, seed=SEED, spec=HF, policy="megatron")
     mine = dict(ours.named_parameters())
     for name, p in own.named_parameters():
@@ -449,4 +280,4 @@ def test_the_megatron_preset_is_megatrons_own_init(tmp_path):
     """The ``megatron`` policy draws what Megatron-Core's own init draws on its own modules: N(0,
     0.02) for the embedding, QKV, fc1 and output layer, N(0, 0.02/sqrt(2L)) for linear_proj and
     linear_fc2, norms 1 (its CPU init, ``perform_initialization=True``)."""
-    _one_process(str(tmp_path / "pg"), _check_megatron_preset)
+    in_one_process(str(tmp_path / "pg"), _check_megatron_preset)

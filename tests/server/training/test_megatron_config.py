@@ -17,14 +17,14 @@ import modelinit  # noqa: E402
 from modelinit_server.architectures import PRESETS, from_config, from_preset  # noqa: E402
 from modelinit_server.training.megatron_config import GPTFields, hf_config  # noqa: E402
 
-from tests.server.training.test_megatron import (HF, MOE, PADDED, SEED, STARCODER2, _MOE_FIELDS,  # noqa: E402
-                                                 _STARCODER2_FIELDS, _files, _gpt, _one_process)
 from tests.support.distributed import no_collectives, same_bytes  # noqa: E402
+from tests.support.megatron_models import (HF, MOE, MOE_FIELDS, PADDED, SEED, STARCODER2,  # noqa: E402
+                                           STARCODER2_FIELDS, files_of, in_one_process, megatron_gpt)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Megatron warns that Apex/TE are absent
 F = torch.nn.functional
 
-#: The test models' TransformerConfig (test_megatron._gpt): Qwen3-shaped.
+#: The test models' TransformerConfig (tests/support/megatron_models.megatron_gpt): Qwen3-shaped.
 _SMALL = dict(num_layers=4, hidden_size=64, num_attention_heads=8, num_query_groups=2, kv_channels=8, ffn_hidden_size=96,
               gated_linear_unit=True, activation_func=F.silu, normalization="RMSNorm", add_bias_linear=False,
               qk_layernorm=True, layernorm_epsilon=1e-6)
@@ -82,7 +82,7 @@ def test_a_deepseek_v3_shaped_mla_config_derives_deepseek_v3s_dense_layers():
     assert {f: derived[f] for f in fields} == {f: hub[f] for f in fields}
     assert hf_config(_mla_config(q_lora_rank=None, rope_type="rope", num_attention_heads=4), _GPT)["q_lora_rank"] is None
     for fields, message in (({"qk_layernorm": False}, r"qk_layernorm=False \(with multi-latent attention"),
-                            ({**_MOE_FIELDS}, r"moe_router_score_function='softmax' \(MoE with multi-latent attention "
+                            ({**MOE_FIELDS}, r"moe_router_score_function='softmax' \(MoE with multi-latent attention "
                                               r"\(DeepSeek-V3\) routes by sigmoid scores with the expert bias")):
         with pytest.raises(ValueError, match=rf"^spec: the Megatron model's {message}.*init_module_\(model, spec="):
             hf_config(_mla_config(rope_type="rope", num_attention_heads=4, **fields), _GPT)
@@ -112,7 +112,7 @@ def test_deepseek_v3_whole_derives_the_real_deepseek_v3():
 
 #: GLM-4-MoE-style Megatron fields: DeepSeek's MoE (sigmoid scores, the expert bias, a shared expert
 #: without a gate) over the test model's grouped-query attention with q/k norms.
-_GLM4_FIELDS = dict(_MOE_FIELDS, moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+_GLM4_FIELDS = dict(MOE_FIELDS, moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
                     moe_shared_expert_intermediate_size=32)
 _GLM4 = {**HF, "model_type": "glm4_moe", "architectures": ["Glm4MoeForCausalLM"], "moe_intermediate_size": 32,
          "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 0,
@@ -121,19 +121,19 @@ _GLM4 = {**HF, "model_type": "glm4_moe", "architectures": ["Glm4MoeForCausalLM"]
 
 @pytest.mark.parametrize("fields, hf", [
     ({}, HF),
-    (_MOE_FIELDS, MOE),
-    ({**_STARCODER2_FIELDS, "activation_func": F.gelu}, {**STARCODER2, "initializer_range": 0.02}),  # Megatron's std
+    (MOE_FIELDS, MOE),
+    ({**STARCODER2_FIELDS, "activation_func": F.gelu}, {**STARCODER2, "initializer_range": 0.02}),  # Megatron's std
     ({"qk_layernorm": False}, {**HF, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}),
     ({"qk_layernorm": False, "add_qkv_bias": True}, {**HF, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}),
     ({"qk_layernorm": False, "add_bias_linear": True}, {**HF, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
                                                         "attention_bias": True, "mlp_bias": True}),
-    ({**_MOE_FIELDS, "qk_layernorm": False}, {**HF, "model_type": "mixtral", "architectures": ["MixtralForCausalLM"],
+    ({**MOE_FIELDS, "qk_layernorm": False}, {**HF, "model_type": "mixtral", "architectures": ["MixtralForCausalLM"],
                                               "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32}),
-    ({**_MOE_FIELDS, "qk_layernorm": False, "add_qkv_bias": True, "moe_shared_expert_intermediate_size": 48,
+    ({**MOE_FIELDS, "qk_layernorm": False, "add_qkv_bias": True, "moe_shared_expert_intermediate_size": 48,
       "moe_shared_expert_gate": True},
      {**MOE, "model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], "shared_expert_intermediate_size": 48,
       "qkv_bias": True}),
-    ({**_MOE_FIELDS, "moe_layer_freq": [0, 1, 1, 0]}, {**MOE, "mlp_only_layers": [0, 3]}),
+    ({**MOE_FIELDS, "moe_layer_freq": [0, 1, 1, 0]}, {**MOE, "mlp_only_layers": [0, 3]}),
     (_GLM4_FIELDS, _GLM4),
     ({**_GLM4_FIELDS, "qk_layernorm": False, "add_qkv_bias": True, "moe_layer_freq": [0, 1, 1, 1]},
      {**_GLM4, "use_qk_norm": False, "attention_bias": True, "first_k_dense_replace": 1}),
@@ -150,7 +150,7 @@ def test_each_family_derived_has_the_tensors_of_its_hugging_face_config(fields, 
 
 @pytest.mark.parametrize("fields, gpt, message", [
     ({"window_size": (64, 0)}, {}, r"window_size=\(64, 0\) \(sliding-window attention\)"),
-    ({"moe_router_score_function": "sigmoid", **_MOE_FIELDS}, {}, r"moe_router_score_function='sigmoid' \(a router "
+    ({"moe_router_score_function": "sigmoid", **MOE_FIELDS}, {}, r"moe_router_score_function='sigmoid' \(a router "
      r"score function other than softmax without the expert bias"),
     ({**_GLM4_FIELDS, "moe_shared_expert_gate": True}, {}, r"moe_shared_expert_gate=True \(a gated shared expert, "
      r"with which MoE over grouped-query attention \(GLM-4-MoE\) is not derived"),
@@ -165,9 +165,9 @@ def test_each_family_derived_has_the_tensors_of_its_hugging_face_config(fields, 
     ({"add_bias_linear": True}, {}, r"add_bias_linear=True \(biases with q/k norms"),
     ({"normalization": "LayerNorm"}, {}, r"gated_linear_unit=True \(with LayerNorm"),
     ({"embedding_init_method_std": 0.01}, {}, r"embedding_init_method_std=0\.01"),
-    ({**_MOE_FIELDS, "moe_shared_expert_intermediate_size": 48}, {}, r"moe_shared_expert_gate=False"),
-    ({**_MOE_FIELDS, "qk_layernorm": False, "moe_layer_freq": 2}, {}, r"moe_layer_freq=2 \(dense layers in a Mixtral"),
-    (_MOE_FIELDS, {"moe_layers": {1: False}}, r"moe_layer_freq=1 \(not .*|moe_layer_freq=1 \(layer 1 holds a dense MLP"),
+    ({**MOE_FIELDS, "moe_shared_expert_intermediate_size": 48}, {}, r"moe_shared_expert_gate=False"),
+    ({**MOE_FIELDS, "qk_layernorm": False, "moe_layer_freq": 2}, {}, r"moe_layer_freq=2 \(dense layers in a Mixtral"),
+    (MOE_FIELDS, {"moe_layers": {1: False}}, r"moe_layer_freq=1 \(not .*|moe_layer_freq=1 \(layer 1 holds a dense MLP"),
     ({}, {"position_embedding_type": "learned_absolute"}, r"position_embedding_type='learned_absolute'"),
     ({}, {"rope_scaling": True}, r"rope_scaling=True \(Llama 3\.1's RoPE scaling, whose factor GPTModel does not keep"),
     ({}, {"rotary_percent": 0.5}, r"rotary_percent=0\.5 \(partial RoPE\)"),
@@ -187,7 +187,7 @@ def _check_derived(out: str) -> None:
     the padded rows are the stream continued); Mixtral's experts and router are the folder's."""
     for fields, explicit in (({}, (HF, {**HF, "vocab_size": PADDED})),
                              ({"moe": True, "qk_layernorm": False}, ())):
-        derived_model = _gpt(dtype="bfloat16", **fields)
+        derived_model = megatron_gpt(dtype="bfloat16", **fields)
         with no_collectives():
             summary = modelinit.init_module_(derived_model, seed=SEED)
         assert summary.derived_config == hf_config(derived_model.config, GPTFields(
@@ -195,7 +195,7 @@ def _check_derived(out: str) -> None:
         assert summary.missing == 0 and summary.elements == sum(p.numel() for p in derived_model.parameters())
         got = {n: p.detach() for n, p in derived_model.named_parameters()}
         for spec in (*explicit, summary.derived_config):
-            model = _gpt(dtype="bfloat16", **fields)
+            model = megatron_gpt(dtype="bfloat16", **fields)
             again = modelinit.init_module_(model, seed=SEED, spec=spec)
             assert again.fingerprint == summary.fingerprint or spec is HF  # the tokenizer's vocabulary: another plan
             assert [n for n, p in model.named_parameters() if not same_bytes(p.detach(), got[n])] == [], spec
@@ -204,7 +204,7 @@ def _check_derived(out: str) -> None:
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
-    config = _gpt(dtype="bfloat16", moe=True, moe_layer_freq=[0, 1, 1, 0]).config
+    config = megatron_gpt(dtype="bfloat16", moe=True, moe_layer_freq=[0, 1, 1, 0]).config
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm", qk_l2_norm=False)
     mixed = GPTModel(config, spec, vocab_size=PADDED, max_sequence_length=128, position_embedding_type="rope")
     with no_collectives():
@@ -224,12 +224,12 @@ def test_a_model_filled_without_a_spec_is_the_folder_of_its_derived_config(tmp_p
     decoder block spec, which saves each layer under its own key) derives ``mlp_only_layers: [0,
     3]`` and holds its folder's bytes."""
     out = str(tmp_path / "filled")
-    _one_process(str(tmp_path / "pg"), _check_derived, out)
+    in_one_process(str(tmp_path / "pg"), _check_derived, out)
     mixtral = torch.load(f"{out}-mixtral.pt")
     assert torch.load(f"{out}-qwen3.pt")["derived"]["vocab_size"] == PADDED
     with modelinit.Client() as c:
         c.init_model(mixtral["derived"], seed=SEED, out_dir=tmp_path / "hf", dtype="bfloat16")
-    files, state = _files(tmp_path / "hf"), mixtral["state"]
+    files, state = files_of(tmp_path / "hf"), mixtral["state"]
     assert same_bytes(state["embedding.word_embeddings.weight"], files["model.embed_tokens.weight"])
     assert same_bytes(state["output_layer.weight"], files["lm_head.weight"])
     for i in range(4):
@@ -243,7 +243,7 @@ def test_a_model_filled_without_a_spec_is_the_folder_of_its_derived_config(tmp_p
     mixed = torch.load(f"{out}-mixed.pt")  # Qwen3-MoE with mlp_only_layers [0, 3]: the folder of its derived config
     with modelinit.Client() as c:
         c.init_model(mixed["derived"], seed=SEED, out_dir=tmp_path / "hf-mixed", dtype="bfloat16")
-    files, state = _files(tmp_path / "hf-mixed"), mixed["state"]
+    files, state = files_of(tmp_path / "hf-mixed"), mixed["state"]
     for i in (0, 3):  # dense
         assert same_bytes(state[f"decoder.layers.{i}.mlp.linear_fc1.weight"], torch.cat(
             [files[f"model.layers.{i}.mlp.gate_proj.weight"], files[f"model.layers.{i}.mlp.up_proj.weight"]]))

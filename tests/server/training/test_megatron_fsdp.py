@@ -5,12 +5,12 @@ without communicating; what is mapped but cannot be verified here (Megatron-FSDP
 Engine layer spec) is refused by name before anything is written.
 
 The model is the local layer spec on CPU under gloo (``tests/server/training/test_megatron.py``'s
-``_gpt``, with ``transformer_impl="local"`` as Megatron's ``--transformer-impl local`` sets it: the
+``megatron_gpt``, with ``transformer_impl="local"`` as Megatron's ``--transformer-impl local`` sets it: the
 wrapper then shards each TransformerLayer, the embedding and the root, and no linear inside a
 layer twice). The full tensors are gathered by the test (torch's ``DTensor.full_tensor()`` over
 the data-parallel group, then the tensor-parallel shares put together by Megatron's rules,
-``_put_together``) and compared with the folder put into Megatron's layout by the test
-(``_reference``), never with ``init_module_``'s own map.
+``put_together``) and compared with the folder put into Megatron's layout by the test
+(``folder_in_megatrons_layout``), never with ``init_module_``'s own map.
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ pytest.importorskip("megatron.core", reason="megatron-core is in the test extra"
 
 import modelinit  # noqa: E402
 
-from tests.server.training.test_megatron import (HF, MOE, SEED, _gpt, _init_group, _one_process,  # noqa: E402
-                                                 _put_together, _reference)
 from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
+from tests.support.megatron_models import (HF, MOE, SEED, folder_in_megatrons_layout, in_one_process,  # noqa: E402
+                                           init_group, megatron_gpt, put_together)
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
@@ -65,11 +65,11 @@ def _fill_fsdp2(rank: int, world: int, init_file: str, tp: int, dtype: str, tied
     from megatron.core import parallel_state as ps
     from torch.distributed.tensor import DTensor
 
-    _init_group(rank, world, init_file)
+    init_group(rank, world, init_file)
     ps.initialize_model_parallel(tensor_model_parallel_size=tp)
     spec = {**HF, "tie_word_embeddings": tied}
-    model, derived = (_fsdp2(_gpt(tp, dtype=dtype, tied=tied, transformer_impl="local")) for _ in range(2))
-    before = _gpt(tp, dtype=dtype, tied=tied, transformer_impl="local")
+    model, derived = (_fsdp2(megatron_gpt(tp, dtype=dtype, tied=tied, transformer_impl="local")) for _ in range(2))
+    before = megatron_gpt(tp, dtype=dtype, tied=tied, transformer_impl="local")
     with no_collectives():
         summary = modelinit.init_module_(model, seed=SEED, spec=spec)
         own = modelinit.init_module_(derived, seed=SEED)
@@ -103,13 +103,13 @@ def test_fsdp2_shards_put_together_are_the_hugging_face_folder(tmp_path, dp, tp,
     keeps in float32), tied and untied; without a spec, and filled before wrapping, the same."""
     import torch.multiprocessing as mp
 
-    refs = {d: _reference(tmp_path, d, tied) for d in sorted({dtype, "float32"})}
+    refs = {d: folder_in_megatrons_layout(tmp_path, d, tied) for d in sorted({dtype, "float32"})}
     out = tmp_path / "shares"
     out.mkdir()
     world = dp * tp
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_fill_fsdp2, args=(world, str(tmp_path / "pg"), tp, dtype, tied, str(out)), nprocs=world, join=True)
-    whole = _put_together(out, world, 1)
+    whole = put_together(out, world, 1)
     assert sorted(whole) == sorted(refs["float32"])
     assert {str(ts[0].dtype) for ts in whole.values()} == {f"torch.{d}" for d in refs}
     assert [n for n, ts in whole.items()
@@ -125,7 +125,7 @@ def _check_refusals() -> None:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor, Shard
 
-    model = _gpt()
+    model = megatron_gpt()
     model.decoder.layers[0].self_attention.te_qkv = TELayerNormColumnParallelLinear()
     for spec in (HF, None):  # with a spec, and before any field is derived without one
         with pytest.raises(ValueError, match=r"^module: 'decoder\.layers\.0\.self_attention\.te_qkv' is Transformer "
@@ -169,7 +169,7 @@ def _check_refusals() -> None:
     torch.cuda.current_device = lambda: "cpu"  # the router makes its expert-bias buffers on CUDA's current device
     grouped_gemm_util.assert_grouped_gemm_is_available = lambda: None  # building needs no kernel, nor does refusing
     try:
-        grouped = fully_shard(_gpt(moe=True, moe_grouped_gemm=True), mesh=mesh)  # FSDP2, as the wrapper shards the root
+        grouped = fully_shard(megatron_gpt(moe=True, moe_grouped_gemm=True), mesh=mesh)  # FSDP2, as the wrapper shards the root
     finally:
         torch.cuda.current_device, grouped_gemm_util.assert_grouped_gemm_is_available = current, available
     with pytest.raises(ValueError, match=r"^module: 'decoder\.layers\.0\.mlp\.experts\.weight1' \(GroupedMLP\) is a "
@@ -184,4 +184,4 @@ def test_what_cannot_be_verified_here_is_refused_by_name(tmp_path):
     inside it, a DTensor that torch's fully_shard did not make) and GroupedMLP's fused weights
     under FSDP2: each one line naming the module or parameter and the fix, before anything is
     written."""
-    _one_process(str(tmp_path / "pg"), _check_refusals)
+    in_one_process(str(tmp_path / "pg"), _check_refusals)

@@ -9,7 +9,7 @@ Two ranks (gloo) each fill their share of two tiny models: a Qwen2-MoE-style one
 (shared experts without a gate, the expert bias, sigmoid routing) with its config given, in
 float32, and again without it (``glm4_moe`` derived: the same bytes); and a Qwen3-MoE-style one with GroupedMLP experts (built on CPU with the check for the
 grouped_gemm CUDA library bypassed: filling runs no kernel). The shares are put together by
-Megatron's rules (test_megatron._put_together)."""
+Megatron's rules (tests/support/megatron_models.put_together)."""
 from __future__ import annotations
 
 import os
@@ -23,9 +23,9 @@ pytest.importorskip("megatron.core", reason="megatron-core is in the test extra"
 
 import modelinit  # noqa: E402
 
-from tests.server.training.test_megatron import (HF, MOE, PADDED, SEED, _files, _gpt, _init_group,  # noqa: E402
-                                                 _put_together, _reference)
 from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
+from tests.support.megatron_models import (HF, MOE, PADDED, SEED, files_of, folder_in_megatrons_layout,  # noqa: E402
+                                           init_group, megatron_gpt, put_together)
 from tests.support.megatron_rules import gated_mlp, qkv_per_group  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),  # Megatron warns that Apex/TE are absent
@@ -79,7 +79,7 @@ def _in_megatrons_layout(files: dict, shared: str, shared_gate: str | None) -> d
 def _fill_shares(rank: int, world: int, init_file: str, out: str) -> None:
     from megatron.core import parallel_state as ps
 
-    _init_group(rank, world, init_file)
+    init_group(rank, world, init_file)
     ps.initialize_model_parallel(tensor_model_parallel_size=world)
     from megatron.core.transformer.moe import grouped_gemm_util
 
@@ -87,10 +87,10 @@ def _fill_shares(rank: int, world: int, init_file: str, out: str) -> None:
     torch.cuda.current_device = lambda: "cpu"  # the router makes its expert-bias buffers on CUDA's current device
     grouped_gemm_util.assert_grouped_gemm_is_available = lambda: None  # building needs no kernel, nor does filling
     try:
-        qwen2 = _gpt(world, dtype="bfloat16", moe=True, **QWEN2_MOE_FIELDS)
-        glm4 = _gpt(world, moe=True, **GLM4_MOE_FIELDS)
-        glm4_own = _gpt(world, moe=True, **GLM4_MOE_FIELDS)
-        grouped = _gpt(world, moe=True, moe_grouped_gemm=True)
+        qwen2 = megatron_gpt(world, dtype="bfloat16", moe=True, **QWEN2_MOE_FIELDS)
+        glm4 = megatron_gpt(world, moe=True, **GLM4_MOE_FIELDS)
+        glm4_own = megatron_gpt(world, moe=True, **GLM4_MOE_FIELDS)
+        grouped = megatron_gpt(world, moe=True, moe_grouped_gemm=True)
     finally:
         torch.cuda.current_device, grouped_gemm_util.assert_grouped_gemm_is_available = current, available
     assert type(grouped.decoder.layers[0].mlp.experts).__name__ == "GroupedMLP"
@@ -162,8 +162,8 @@ def test_shared_experts_the_expert_bias_and_grouped_experts_at_tp2_are_the_folde
         with modelinit.Client() as c:
             for dtype in dtypes:
                 c.init_model(config, seed=SEED, out_dir=tmp_path / f"{name}-{dtype}", dtype=dtype)
-                refs[dtype] = _in_megatrons_layout(_files(tmp_path / f"{name}-{dtype}"), shared, gate)
-        whole = _put_together(pathlib.Path(out / name), 2, 1)
+                refs[dtype] = _in_megatrons_layout(files_of(tmp_path / f"{name}-{dtype}"), shared, gate)
+        whole = put_together(pathlib.Path(out / name), 2, 1)
         assert sorted(whole) == sorted(refs[dtypes[0]]), name
         bad = [n for n, ts in whole.items()
                if len(ts) != 1 or not same_bytes(ts[0], refs[str(ts[0].dtype).removeprefix("torch.")][n])]
@@ -171,7 +171,7 @@ def test_shared_experts_the_expert_bias_and_grouped_experts_at_tp2_are_the_folde
     assert torch.equal(whole["decoder.layers.0.mlp.router.expert_bias"][0], torch.zeros(4))  # hf-default: zeros
     # GroupedMLP (config derived: Qwen3-MoE of the padded vocabulary) is the Qwen3-MoE folder (the tokenizer's
     # vocabulary, the padded rows from the padded folder): SequentialMLP's test's reference
-    ref = _reference(tmp_path, moe=True)
-    whole = _put_together(pathlib.Path(out / "grouped"), 2, 1)
+    ref = folder_in_megatrons_layout(tmp_path, moe=True)
+    whole = put_together(pathlib.Path(out / "grouped"), 2, 1)
     assert sorted(whole) == sorted(ref)
     assert [n for n, ts in whole.items() if len(ts) != 1 or not same_bytes(ts[0], ref[n])] == []

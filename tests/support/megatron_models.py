@@ -1,0 +1,189 @@
+"""The Megatron-Core models the Megatron tests share: a Qwen3-style ``GPTModel`` cut small (and its
+MoE and Starcoder2-style variants) built with Megatron's local layer spec on CPU, the Hugging Face
+folder of its config put into Megatron's layout by the test's own conversion
+(:mod:`tests.support.megatron_rules`), a gloo group of one in a process of its own, and the ranks'
+shares put together by Megatron's rules (never by ``init_module_``'s map).
+
+megatron-core is imported inside the functions: the tests skip without it first.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import warnings
+
+import safetensors.torch as safetensors_torch
+import torch
+import torch.distributed as dist
+
+import modelinit
+from tests.support.distributed import exit_rank
+from tests.support.megatron_rules import gated_mlp, qkv_per_group, tp_whole
+
+#: The seed every test of a model of this module fills with.
+SEED = 11
+VOCAB, PADDED = 1000, 1024
+#: A Qwen3-style model (q/k norms, grouped-query attention: 8 heads in 2 groups, head_dim 8 over a
+#: 64-wide model, SwiGLU), cut small for speed.
+HF = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "head_dim": 8,
+      "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 96,
+      "vocab_size": VOCAB, "tie_word_embeddings": False, "max_position_embeddings": 128, "rms_norm_eps": 1e-6}
+
+#: The same as a Qwen3 MoE: every layer's MLP is 4 routed experts (SwiGLU, 32 wide), top-2, and a router.
+MOE = {**HF, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "moe_intermediate_size": 32,
+       "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
+       "norm_topk_prob": True}
+MOE_FIELDS = dict(num_moe_experts=4, moe_ffn_hidden_size=32, moe_router_topk=2)
+#: A Starcoder2-style model: LayerNorm with biases, biases on every linear, a GELU MLP (not gated).
+STARCODER2 = {"model_type": "starcoder2", "architectures": ["Starcoder2ForCausalLM"], "hidden_size": 64,
+              "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 96,
+              "vocab_size": VOCAB, "use_bias": True, "tie_word_embeddings": False, "max_position_embeddings": 128}
+STARCODER2_FIELDS = dict(normalization="LayerNorm", gated_linear_unit=False, add_bias_linear=True, add_qkv_bias=True,
+                          qk_layernorm=False)
+
+def megatron_gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = False, vocab: int = PADDED, moe: bool = False,
+         ep: int = 1, layernorm: bool = False, vp_stage: int | None = None, **over):
+    """A GPTModel matching HF (MOE: with SequentialMLP experts, ``ep`` ways expert parallel) on this
+    rank of a (tp, pp) layout (parallel_state set up by the caller); ``vp_stage``: this rank's
+    model chunk ``vp_stage`` of an interleaved pipeline (``virtual_pipeline_model_parallel_size``
+    in ``over``), built as Megatron's training loop builds it."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    dt = getattr(torch, dtype)
+    fields = dict(num_layers=4, hidden_size=64, num_attention_heads=8, num_query_groups=2, kv_channels=8,
+                  ffn_hidden_size=96, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                  use_cpu_initialization=True, perform_initialization=False, gated_linear_unit=True,
+                  activation_func=torch.nn.functional.silu, normalization="RMSNorm", add_bias_linear=False,
+                  qk_layernorm=True, params_dtype=dt, pipeline_dtype=dt, bf16=dtype == "bfloat16")
+    if moe:
+        fields.update(MOE_FIELDS, expert_model_parallel_size=ep)
+    if layernorm:
+        fields.update(STARCODER2_FIELDS, activation_func=torch.nn.functional.gelu)
+    fields.update(over)
+    config = TransformerConfig(**fields)
+    spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm,
+                                    qk_layernorm=config.qk_layernorm, normalization=config.normalization)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return GPTModel(config, spec, vocab_size=vocab, max_sequence_length=128, position_embedding_type="rope",
+                        share_embeddings_and_output_weights=tied,
+                        pre_process=ps.is_pipeline_first_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
+                        post_process=ps.is_pipeline_last_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
+                        vp_stage=vp_stage)
+
+
+def files_of(out: pathlib.Path) -> dict:
+    files = {}
+    for f in out.glob("*.safetensors"):
+        files.update(safetensors_torch.load_file(f))
+    return files
+
+
+def folder_in_megatrons_layout(tmp_path: pathlib.Path, dtype: str = "float32", tied: bool = False, policy=None, moe: bool = False,
+               layernorm: bool = False) -> dict:
+    """The Hugging Face folder of (HF, SEED, policy) in Megatron's layout, under a one-process
+    model's parameter names: q, k, v concatenated per query group, [gate; up], and the padded
+    vocabulary's rows from the folder of the padded vocabulary (its first rows are the same)."""
+    hf = {**(MOE if moe else STARCODER2 if layernorm else HF), "tie_word_embeddings": tied}
+    out = tmp_path / f"hf-{dtype}-{tied}-{policy}-{moe}-{layernorm}"
+    padded = tmp_path / f"hf-padded-{dtype}-{tied}-{policy}-{moe}-{layernorm}"
+    with modelinit.Client() as c:
+        c.init_model(hf, seed=SEED, out_dir=out, dtype=dtype, policy=policy)
+        c.init_model({**hf, "vocab_size": PADDED}, seed=SEED, out_dir=padded, dtype=dtype, policy=policy)
+    files, more = files_of(out), files_of(padded)
+    groups, head_dim = HF["num_key_value_heads"], HF["head_dim"]  # Starcoder2 has the same
+    ref = {}
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in files:
+            assert torch.equal(more[name][:VOCAB], files[name])  # a padded row never moves the others
+            ref[name] = torch.cat([files[name], more[name][VOCAB:]])
+    ref = {"embedding.word_embeddings.weight": ref["model.embed_tokens.weight"],
+           **({} if tied else {"output_layer.weight": ref["lm_head.weight"]}),
+           "decoder.final_layernorm.weight": files["model.norm.weight"],
+           **({"decoder.final_layernorm.bias": files["model.norm.bias"]} if layernorm else {})}
+    for i in range(HF["num_hidden_layers"]):
+        hf_layer, layer = f"model.layers.{i}.", f"decoder.layers.{i}."
+        for leaf in ("weight", "bias") if layernorm else ("weight",):
+            ref[layer + f"self_attention.linear_qkv.{leaf}"] = qkv_per_group(
+                *(files[f"{hf_layer}self_attn.{p}_proj.{leaf}"] for p in "qkv"), groups, head_dim)
+        ref[layer + "self_attention.linear_proj.weight"] = files[f"{hf_layer}self_attn.o_proj.weight"]
+        if layernorm:  # LayerNorm's biases, the linears' biases, a GELU MLP
+            ref[layer + "self_attention.linear_proj.bias"] = files[f"{hf_layer}self_attn.o_proj.bias"]
+            for leaf in ("weight", "bias"):
+                ref[layer + f"input_layernorm.{leaf}"] = files[f"{hf_layer}input_layernorm.{leaf}"]
+                ref[layer + f"pre_mlp_layernorm.{leaf}"] = files[f"{hf_layer}post_attention_layernorm.{leaf}"]
+                ref[layer + f"mlp.linear_fc1.{leaf}"] = files[f"{hf_layer}mlp.c_fc.{leaf}"]
+                ref[layer + f"mlp.linear_fc2.{leaf}"] = files[f"{hf_layer}mlp.c_proj.{leaf}"]
+            continue
+        ref[layer + "self_attention.q_layernorm.weight"] = files[f"{hf_layer}self_attn.q_norm.weight"]
+        ref[layer + "self_attention.k_layernorm.weight"] = files[f"{hf_layer}self_attn.k_norm.weight"]
+        ref[layer + "input_layernorm.weight"] = files[f"{hf_layer}input_layernorm.weight"]
+        ref[layer + "pre_mlp_layernorm.weight"] = files[f"{hf_layer}post_attention_layernorm.weight"]
+        mlps = {"mlp.": f"{hf_layer}mlp."}
+        if moe:
+            ref[layer + "mlp.router.weight"] = files[f"{hf_layer}mlp.gate.weight"]
+            mlps = {f"mlp.experts.local_experts.{e}.": f"{hf_layer}mlp.experts.{e}." for e in range(MOE["num_experts"])}
+        for mine, theirs in mlps.items():
+            ref.update({layer + mine + k: t for k, t in gated_mlp(files, theirs).items()})
+    return ref
+
+
+def init_group(rank: int, world: int, init_file: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+
+
+def in_one_process(init_file: str, body, *args) -> None:
+    """``body(*args)`` in a spawned process of its own, a gloo group of one and Megatron's parallel state."""
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_one, args=(init_file, body, args), nprocs=1, join=True)
+
+
+def _one(rank: int, init_file: str, body, args) -> None:
+    from megatron.core import parallel_state as ps
+
+    init_group(0, 1, init_file)
+    ps.initialize_model_parallel()
+    body(*args)
+    exit_rank()
+
+
+#: How a TP=2 model's tensors are split (Megatron's column- and row-parallel linears, its vocabulary-
+#: parallel embedding and output layer); the others (norms) are whole on every rank.
+ROWS = ("embedding.word_embeddings.weight", "output_layer.weight", "linear_qkv.weight", "linear_qkv.bias")
+COLUMNS = ("linear_proj.weight", "linear_fc2.weight")
+
+
+def global_name(name: str, first: int, ep_rank: int, local_experts: int) -> str:
+    """A stage's layer numbered from the model's first layer; an expert-parallel rank's local expert
+    numbered among all experts."""
+    if name.startswith("decoder.layers."):
+        i, _, rest = name.removeprefix("decoder.layers.").partition(".")
+        if rest.startswith("mlp.experts.local_experts."):
+            e, _, tail = rest.removeprefix("mlp.experts.local_experts.").partition(".")
+            rest = f"mlp.experts.local_experts.{ep_rank * local_experts + int(e)}.{tail}"
+        name = f"decoder.layers.{first + int(i)}.{rest}"
+    return name
+
+
+def put_together(out: pathlib.Path, world: int, ep: int, gated: bool = True) -> dict:
+    """The one-process model's tensors from the ranks' shares: TP shards concatenated (linear_fc1's
+    [gate_r; up_r] as all gates then all ups), PP stages' layers renumbered from their first, EP
+    ranks' experts from theirs; a replica (data parallel) must equal the first."""
+    by_name: dict[str, dict[int, list]] = {}
+    local_experts = MOE["num_experts"] // ep
+    for r in range(world):
+        share = torch.load(out / f"rank{r}.pt")
+        for name, t in share["state"].items():
+            whole = global_name(name, share["first"], share["ep"], local_experts)
+            by_name.setdefault(whole, {}).setdefault(share["tp"], []).append(t)
+    assembled = {}
+    for name, by_tp in by_name.items():
+        for copies in by_tp.values():
+            assert all(torch.equal(c, copies[0]) for c in copies), name
+        assembled[name] = [tp_whole(name, [by_tp[k][0] for k in sorted(by_tp)], ROWS, COLUMNS, gated)]
+    return assembled
