@@ -83,6 +83,12 @@ def measured(fn) -> dict:
     return {"wall": time.perf_counter() - t, "cpu": time.process_time() - c}
 
 
+def on_fresh(build, call) -> dict:
+    """``call(model)`` measured on a model just built by ``build()``, dropped before the next is built."""
+    model = build()
+    return measured(lambda: call(model))
+
+
 def best(rounds: list[dict]) -> dict:
     return {k: min(r[k] for r in rounds) for k in ("wall", "cpu")}
 
@@ -124,9 +130,7 @@ def megatron_rank(world: int, args: dict) -> dict:
     for _ in range(args["repeat"]):
         bare.append(measured(lambda: build(False)))
         with_init.append(measured(lambda: build(True)))
-        model = build(False)
-        ours.append(measured(lambda: fill(model)))
-        del model
+        ours.append(on_fresh(lambda: build(False), fill))
     b, w = best(bare), best(with_init)
     ps.destroy_model_parallel()
     return {"theirs": {k: w[k] - b[k] for k in b}, "ours": best(ours), "built_bare": b, "built_with_init": w,
@@ -161,11 +165,8 @@ def torchtitan_rank(world: int, args: dict) -> dict:
     summary = fill(fresh())  # warm
     theirs, ours = [], []
     for _ in range(args["repeat"]):
-        model = fresh()
-        theirs.append(measured(lambda: model.init_states(buffer_device=torch.device("cpu"))))
-        model = fresh()
-        ours.append(measured(lambda: fill(model)))
-        del model
+        theirs.append(on_fresh(fresh, lambda model: model.init_states(buffer_device=torch.device("cpu"))))
+        ours.append(on_fresh(fresh, fill))
     return {"theirs": best(theirs), "ours": best(ours), "elements": summary.elements,
             "global_elements": summary.global_elements}
 
