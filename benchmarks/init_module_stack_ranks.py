@@ -16,7 +16,7 @@ Llama 3 ``--flavor`` shape (``--layers`` keeps its first layers), float32:
   ``perform_initialization=True`` less the constructor without it, each on fresh memory: every
   rank builds each full weight (``_initialize_affine_weight_cpu``) and keeps its slice, so its
   cost does not fall with TP. ``init_module_(model, spec=..., policy="megatron")`` fills a model
-  built without init, which this rank's slice only.
+  built without init, drawing this rank's slices only.
 * ``torchtitan``: torchtitan's model built on the meta device, FSDP2 ``fully_shard`` per block and
   then the root on a 1-D CPU mesh of the W ranks (what its ``parallelize_llama`` does for data
   parallelism), ``to_empty(device="cpu")``; torchtitan's own ``model.init_states()`` on it against
@@ -30,9 +30,13 @@ are kept. With more ranks than cores (4 ranks on a 2-core machine) the ranks sha
 the wall per rank grows with W for everyone: the CPU time per rank is the steady figure, and the
 headline. Printed per stack and W: the slowest rank's CPU seconds and wall, theirs, ours, the
 ratio theirs / ours, the share of the model's elements a rank writes, and the largest peak RSS of
-any rank (``ru_maxrss``). ``--json PATH`` writes every rank's figures. torchtitan comes from
-``tests/.stacks`` (``tests/support/stacks.py`` installs it; this script puts the folder on the
-path); megatron-core is in the test extra. A measurement, not a test: nothing is asserted.
+any rank (``ru_maxrss``). ``--json PATH`` writes every rank's figures.
+
+Memory: each of Megatron's ranks holds a whole weight while it inits it, and torchtitan's
+``init_states()`` took one rank to 12 GB for 4 blocks of 1B (a 2 GB model) at world 1: on a small
+machine, cut the model with ``--layers``. torchtitan comes from ``tests/.stacks``
+(``tests/support/stacks.py`` installs it; this script puts the folder on the path); megatron-core
+is in the test extra. A measurement, not a test: nothing is asserted.
 """
 from __future__ import annotations
 
@@ -90,6 +94,7 @@ def on_fresh(build, call) -> dict:
 
 
 def best(rounds: list[dict]) -> dict:
+    """The least wall and the least CPU time over the rounds (each taken on its own)."""
     return {k: min(r[k] for r in rounds) for k in ("wall", "cpu")}
 
 
@@ -257,7 +262,7 @@ def main() -> None:
           "\nratio: theirs / ours (above 1: init_module_ is faster). Megatron's figure is the constructor with"
           "\nits CPU init less the constructor without it.")
     if a.json:
-        a.json.write_text(json.dumps({"config": {k: v for k, v in args.items()}, "results": results}, indent=1))
+        a.json.write_text(json.dumps({"config": args, "results": results}, indent=1))
 
 
 if __name__ == "__main__":
