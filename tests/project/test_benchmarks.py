@@ -24,15 +24,20 @@ prints its report's labels. One case per script (the id names it), each in the s
 * ``init_module_stacks``: a real run of both stacks in their smallest flavor (torchtitan's
   ``debugmodel``, one repeat); torchtitan comes from tests/support/stacks.py (skips without a
   package index and no copy), megatron-core from the test extra.
+* ``init_module_stack_ranks``: both stacks at world 2 only (Megatron at TP=2, torchtitan under
+  FSDP2: the sharded paths; world 1 adds only a process start), torchtitan's ``debugmodel`` cut to
+  one layer, one repeat, the JSON written.
 * ``soak``: not run here: tests/server/service/test_soak_smoke.py runs it in a small mode (this
   only checks that it does).
 * ``gpu_session.sh``: ``bash -n`` and every script and test module it names exists (its steps
   need a GPU).
 
-Measured on the 2-core development machine (shared): 118 s for the module, over its 90 s target;
-end_to_end ~30 s (ten processes: warm-up, embedded, both baselines, server, library call, two
-ceilings), init_module ~19 s, init_module_ranks and init_module_stacks ~17 s each, object_store
-~10 s, probe ~7 s (its coordinate-check case ~10 s), the rest under 6 s each: mostly the imports of torch and transformers.
+Measured on the 2-core development machine (shared): 118 s for the module before
+init_module_stack_ranks came (about 143 s with it), over its 90 s target; end_to_end ~30 s (ten
+processes: warm-up, embedded, both baselines, server, library call, two ceilings),
+init_module_stack_ranks ~25 s (four ranks' start-up), init_module ~19 s, init_module_ranks and
+init_module_stacks ~17 s each, object_store ~10 s, probe ~7 s (its coordinate-check case ~10 s),
+the rest under 6 s each: mostly the imports of torch and transformers.
 """
 from __future__ import annotations
 
@@ -145,6 +150,17 @@ def test_init_module_stacks(tmp_path):
            tmp_path), "init_module_", "Megatron's own CPU init")
 
 
+def test_init_module_stack_ranks(tmp_path):
+    from tests.support.stacks import install_torchtitan
+
+    install_torchtitan()
+    pytest.importorskip("megatron.core")
+    ok(run([str(BENCH / "init_module_stack_ranks.py"), "--flavor", "debugmodel", "--layers", "1", "--worlds", "2",
+            "--repeat", "1", "--json", str(tmp_path / "stack_ranks.json")], tmp_path),
+       "Megatron's CPU init", "torchtitan init_states()", "ratio cpu")
+    assert set(json.loads((tmp_path / "stack_ranks.json").read_text())["results"]) == {"megatron", "torchtitan"}
+
+
 def test_soak_has_its_own_smoke_test():
     smoke = REPO / "tests" / "server" / "service" / "test_soak_smoke.py"
     assert "benchmarks\" / \"soak.py\"" in smoke.read_text()
@@ -159,7 +175,8 @@ def test_gpu_session_sh():
 
 
 COVERED = {"std_normal_cdf", "engine_cpu", "engine_gpu", "floor", "end_to_end", "object_store", "probe", "verify",
-           "init_module", "init_module_ranks", "init_module_stacks", "soak", "gpu_session.sh",
+           "init_module", "init_module_ranks", "init_module_stacks", "init_module_stack_ranks", "soak",
+           "gpu_session.sh",
            "baselines/hf_init_save", "baselines/torch_loop", "baselines/grpc_ceiling"}  # baselines: by end_to_end
 
 
