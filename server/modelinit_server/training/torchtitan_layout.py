@@ -211,9 +211,9 @@ def torchtitan_spec(model, spec: ModelSpec, shapes: dict[str, tuple[int, ...]],
 def _probe_copies(twin, adapter, params: dict[str, Any], copies: list[str], located: dict[str, tuple[str, Box]],
                   outputs: dict[str, Any]) -> dict[str, tuple[str, Box]]:
     """The outputs ``copies`` (not views of a parameter) located on index probes: the parameters
-    that back no view are probed, one layer per structure, and the layers alike take its boxes."""
-    import torch
-
+    that back no view are probed, one layer per structure, and the layers alike take its boxes.
+    A parameter outside the layers (the embedding: 262 M elements in Llama 3's) is probed only
+    if a copy is still unlocated after the layers: probing costs its size, whatever the shard."""
     viewed = {src for src, _ in located.values()}
     unviewed = [n for n in params if n not in viewed]
     # Layers with the same parameters (relative names, shapes) share a structure: probe the first.
@@ -223,36 +223,9 @@ def _probe_copies(twin, adapter, params: dict[str, Any], copies: list[str], loca
     groups: dict[tuple, list[str]] = {}
     for layer in sorted({_layer(n) for n in unviewed if _layer(n) is not None}, key=int):
         groups.setdefault(signature(layer), []).append(layer)
-    probe_sets = [[n for n in unviewed if _layer(n) == layers[0]] for layers in groups.values()]
-    probe_sets += [[n] for n in unviewed if _layer(n) is None]
     out: dict[str, tuple[str, Box]] = {}
-    for names in probe_sets:
-        sizes = [math.prod(params[n].shape) for n in names]
-        if sum(sizes) > MAX_PROBE_ELEMENTS:
-            raise ValueError(f"module: {names[0]!r} is too large to locate its stored tensors ({sum(sizes)} elements)")
-        offsets = np.concatenate(([0], np.cumsum(sizes)))
-        saved = {}
-        try:
-            for n, o, size in zip(names, offsets, sizes):
-                slots, leaf, is_param = _slots(twin, n)
-                saved[n] = slots[leaf]
-                probe = torch.arange(int(o), int(o) + size, dtype=torch.int64).view(tuple(params[n].shape))
-                slots[leaf] = torch.nn.Parameter(probe, requires_grad=False) if is_param else probe
-            with torch.no_grad():
-                probed = _to_hf(twin, adapter)
-        finally:
-            for n, p in saved.items():
-                slots, leaf, _ = _slots(twin, n)
-                slots[leaf] = p
-        for hf_name, t in probed.items():
-            if hf_name not in copies or t.device.type == "meta":
-                continue
-            vals = t.detach().to(torch.int64).reshape(-1).numpy()
-            k = int(np.searchsorted(offsets, vals[0], side="right")) - 1 if vals.size else 0
-            src, o = names[k], offsets[k]
-            if vals.size and (vals.min() < o or vals.max() >= offsets[k + 1]):
-                raise ValueError(f"module: torchtitan's {hf_name!r} mixes several parameters; this layout is not supported")
-            out[hf_name] = (src, indexed_box(vals - o, tuple(t.shape), tuple(params[src].shape), hf_name, src))
+    for layers in groups.values():
+        out.update(_probed(twin, adapter, params, [n for n in unviewed if _layer(n) == layers[0]], copies))
     for layers in groups.values():  # the probed layer's boxes, under each other layer's number
         first = layers[0]
         mine = {h: v for h, v in out.items() if _layer(h) == first and _layer(v[0]) == first}
@@ -263,9 +236,48 @@ def _probe_copies(twin, adapter, params: dict[str, Any], copies: list[str], loca
                     raise ValueError(f"module: layer {layer} does not store {name!r} as layer {first} stores {h!r}; "
                                      "this layout is not supported")
                 out[name] = (_in_layer(src, first, layer), box)
+    for n in unviewed:
+        if _layer(n) is None and any(h not in out for h in copies):
+            out.update(_probed(twin, adapter, params, [n], copies))
     unlocated = [h for h in copies if h not in out]
     if unlocated:
         raise ValueError(f"module: torchtitan's {unlocated[0]!r} could not be located in the model's parameters")
+    return out
+
+
+def _probed(twin, adapter, params: dict[str, Any], names: list[str], copies: list[str]) -> dict[str, tuple[str, Box]]:
+    """Where the ``copies`` that come from ``names`` (parameters of ``twin``) sit in them: each
+    parameter set to consecutive indices (one range after another), the model converted by the
+    adapter, each copy's indices read back."""
+    import torch
+
+    sizes = [math.prod(params[n].shape) for n in names]
+    if sum(sizes) > MAX_PROBE_ELEMENTS:
+        raise ValueError(f"module: {names[0]!r} is too large to locate its stored tensors ({sum(sizes)} elements)")
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    saved = {}
+    try:
+        for n, o, size in zip(names, offsets, sizes):
+            slots, leaf, is_param = _slots(twin, n)
+            saved[n] = slots[leaf]
+            probe = torch.arange(int(o), int(o) + size, dtype=torch.int64).view(tuple(params[n].shape))
+            slots[leaf] = torch.nn.Parameter(probe, requires_grad=False) if is_param else probe
+        with torch.no_grad():
+            probed = _to_hf(twin, adapter)
+    finally:
+        for n, p in saved.items():
+            slots, leaf, _ = _slots(twin, n)
+            slots[leaf] = p
+    out = {}
+    for hf_name, t in probed.items():
+        if hf_name not in copies or t.device.type == "meta":
+            continue
+        vals = t.detach().to(torch.int64).reshape(-1).numpy()
+        k = int(np.searchsorted(offsets, vals[0], side="right")) - 1 if vals.size else 0
+        src, o = names[k], offsets[k]
+        if vals.size and (vals.min() < o or vals.max() >= offsets[k + 1]):
+            raise ValueError(f"module: torchtitan's {hf_name!r} mixes several parameters; this layout is not supported")
+        out[hf_name] = (src, indexed_box(vals - o, tuple(t.shape), tuple(params[src].shape), hf_name, src))
     return out
 
 

@@ -332,3 +332,21 @@ def test_a_torchtitan_model_needs_a_spec_it_matches():
         modelinit.init_module_(model, seed=SEED, spec={**HF, "tie_word_embeddings": True})
     with pytest.raises(ValueError, match=r"^spec: Linear is not a model of a training stack"):
         modelinit.init_module_(torch.nn.Linear(4, 4), seed=SEED, spec=HF)
+
+
+def test_only_the_layers_are_probed_when_they_locate_every_copy(monkeypatch):
+    """The copies torchtitan's adapter makes (q, k, v out of the fused ``wqkv``) are located on
+    index probes of one layer; the embedding (outside the layers, the largest tensor) is not
+    probed: a probe costs its whole size on every rank, whatever the shard."""
+    from modelinit_server.training import torchtitan_layout
+
+    probed: list[list[str]] = []
+    real = torchtitan_layout._probed
+
+    def spy(twin, adapter, params, names, copies):
+        probed.append(list(names))
+        return real(twin, adapter, params, names, copies)
+
+    monkeypatch.setattr(torchtitan_layout, "_probed", spy)
+    modelinit.init_module_(meta_model().to_empty(device="cpu"), seed=SEED, spec=HF)
+    assert probed == [["layers.0.attention.qkv_linear.wqkv.weight"]]
