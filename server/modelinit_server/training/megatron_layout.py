@@ -43,7 +43,7 @@ from ..core.tensors import ModelSpec
 from .dtensor import is_dtensor, local_and_index_sets
 from .fill import Box, Piece
 from .megatron_config import own_config
-from .stack import Layout
+from .stack import Layout, lacking, not_in_spec
 
 #: Megatron checkpoint key -> Hugging Face name (``{}``: the global layer index). The keys are those
 #: of ``sharded_state_dict()``, which names the local spec's norms as Transformer Engine fuses them
@@ -518,11 +518,10 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
             ti = by_name.get(hf_name)
             if ti is None:
                 tied = hf_name == "lm_head.weight"  # the one tensor tying decides; a q/k norm, a bias: the family
-                raise ValueError(f"module: Megatron's {name!r} holds {hf_name!r}, which the spec ({spec.architecture}) does not "
-                                 "have: give the Hugging Face config this model corresponds to (spec=...)"
-                                 + (", with tie_word_embeddings false as the model has an output layer of its own"
-                                    if tied else ", of a family that has it (q/k norms: qwen3; q/k/v biases: qwen2)"
-                                    if "norm" in hf_name or hf_name.endswith(".bias") else ""))
+                raise not_in_spec(f"Megatron's {name!r}", hf_name, spec,
+                                  ", with tie_word_embeddings false as the model has an output layer of its own" if tied
+                                  else ", of a family that has it (q/k norms: qwen3; q/k/v biases: qwen2)"
+                                  if "norm" in hf_name or hf_name.endswith(".bias") else "")
             want = tuple(spec.tensors[ti].shape)
             length = box[3]
             if key in _PADDED and length[0] >= want[0] and length[1:] == want[1:]:
@@ -534,15 +533,10 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
             else:
                 pieces[name].append((ti, *box))
             held.add(ti)
-    lacking = len(spec.tensors) - len(held)
     stage = not (getattr(model, "pre_process", True) and getattr(model, "post_process", True)) or \
         len(getattr(getattr(model, "decoder", None), "layers", ())) < config.num_layers or \
         (getattr(config, "expert_model_parallel_size", 1) or 1) > 1
-    if lacking and not (partial or stage):
-        absent = next(t.name for i, t in enumerate(spec.tensors) if i not in held)
-        raise ValueError(f"module: it lacks {lacking} tensor(s) of the spec, e.g. {absent!r}: the model does not match "
-                         "the spec")
-    return spec, pieces, sets, lacking, views
+    return spec, pieces, sets, lacking(spec, held, partial or stage, ": the model does not match the spec"), views
 
 
 def _within(held: list, shape: tuple[int, ...], t, name: str) -> list:

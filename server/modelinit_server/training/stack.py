@@ -16,6 +16,23 @@ from ..core.tensors import ModelSpec
 from .fill import Piece
 
 
+def not_in_spec(holder: str, hf_name: str, spec: ModelSpec, hint: str = "") -> ValueError:
+    """The error for a stored tensor a stack's model holds (``holder``: who holds it) that the
+    spec given for the model does not have; ``hint``: which config would have it."""
+    return ValueError(f"module: {holder} holds {hf_name!r}, which the spec ({spec.architecture}) does not have: give "
+                      f"the Hugging Face config this model corresponds to (spec=...){hint}")
+
+
+def lacking(spec: ModelSpec, held: set[int], allowed: bool, fix: str) -> int:
+    """How many of ``spec``'s stored tensors are not in ``held`` (indices); unless ``allowed``
+    (a pipeline stage, an expert rank), a ValueError naming the first of them and ``fix``."""
+    count = len(spec.tensors) - len(held)
+    if count and not allowed:
+        absent = next(t.name for i, t in enumerate(spec.tensors) if i not in held)
+        raise ValueError(f"module: it lacks {count} tensor(s) of the spec, e.g. {absent!r}{fix}")
+    return count
+
+
 @dataclass(frozen=True)
 class Layout:
     """A module as a stack lays it out: its spec and where each of its tensors' bytes are."""

@@ -34,7 +34,7 @@ import numpy as np
 from ..core.tensors import ModelSpec
 from .fill import Box, Piece
 from .placement import MAX_PROBE_ELEMENTS, indexed_box, view_box
-from .stack import Layout
+from .stack import Layout, lacking, not_in_spec
 
 _LAYER = re.compile(r"(?<![A-Za-z0-9_])layers\.(\d+)\.")
 
@@ -165,8 +165,7 @@ def torchtitan_spec(model, spec: ModelSpec, shapes: dict[str, tuple[int, ...]],
     outputs = _to_hf(twin, adapter)
     for hf_name, t in outputs.items():
         if hf_name not in by_name:
-            raise ValueError(f"module: torchtitan stores a tensor {hf_name!r} that the spec ({spec.architecture}) does not "
-                             "have; give the Hugging Face config this model corresponds to (spec=...)")
+            raise not_in_spec(f"torchtitan's {type(model).__name__}", hf_name, spec)
         want = tuple(spec.tensors[by_name[hf_name]].shape)
         if tuple(t.shape) != want:
             raise ValueError(f"module: torchtitan stores {hf_name!r} as {list(t.shape)}, the spec has {list(want)}: the model "
@@ -200,12 +199,7 @@ def torchtitan_spec(model, spec: ModelSpec, shapes: dict[str, tuple[int, ...]],
     if unfilled:
         raise ValueError(f"module: {unfilled[0]!r} is not wholly made of the spec's tensors; this layout is not supported")
     held = {by_name[h] for h, (src, _) in located.items() if any(n in shapes for n in aliases[id(params[src])])}
-    lacking = len(spec.tensors) - len(held)
-    if lacking and not partial:
-        absent = next(t.name for i, t in enumerate(spec.tensors) if i not in held)
-        raise ValueError(f"module: it lacks {lacking} tensor(s) of the spec, e.g. {absent!r}; a pipeline stage is "
-                         "filled with partial=True")
-    return spec, pieces, lacking
+    return spec, pieces, lacking(spec, held, partial, "; a pipeline stage is filled with partial=True")
 
 
 def _probe_copies(twin, adapter, params: dict[str, Any], copies: list[str], located: dict[str, tuple[str, Box]],

@@ -320,8 +320,8 @@ def test_a_torchtitan_model_needs_a_spec_it_matches():
     with pytest.raises(ValueError, match=r"stores 'model\.layers\.0\.mlp\.gate_proj\.weight' as \[768, 256\], the spec has "
                                          r"\[512, 256\]: the model does not match the spec"):
         modelinit.init_module_(model, seed=SEED, spec={**HF, "intermediate_size": 512})
-    with pytest.raises(ValueError, match=r"torchtitan stores a tensor 'model\.layers\.1\.self_attn\.q_proj\.weight' that "
-                                         r"the spec \(LlamaForCausalLM\) does not have"):
+    with pytest.raises(ValueError, match=r"^module: torchtitan's Llama3Model holds 'model\.layers\.1\.self_attn\.q_proj\.weight', "
+                                         r"which the spec \(LlamaForCausalLM\) does not have: give the Hugging Face config"):
         modelinit.init_module_(model, seed=SEED, spec={**HF, "num_hidden_layers": 1})
     # what differs, with both values, not only the first tensor (the model derives its own config to compare)
     with pytest.raises(ValueError, match=r"the spec differs from the model's own config in num_hidden_layers: 3 in the "
