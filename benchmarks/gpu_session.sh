@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The GPU list of issues 13 and 23 (docs/performance.md records its figures), in three long commands for a
+# The GPU list of issues 13, 23 and 46 (docs/performance.md records its figures), in three long commands for a
 # machine lent for a short while: every step runs even when an earlier one fails, and each writes
 # its log under $OUT (at most 8 files come back from the device tool).
 #
 #   bash benchmarks/gpu_session.sh tests    # CUDA kernel tests, >= 1e9 elements per dtype CPU == GPU,
-#                                           # init_module_ on CUDA, the service's CUDA cases, then the
-#                                           # Triton interpreter's tests (> 10 min in all: give the
+#                                           # init_module_ on CUDA (transformers), then the native
+#                                           # stacks on CUDA (issue 46: a torchtitan Llama 3 and a
+#                                           # Megatron-Core GPTModel == their CPU bytes, the GPTModel's
+#                                           # forward loss at init ~ ln V), the service's CUDA cases, then
+#                                           # the Triton interpreter's tests (> 10 min in all: give the
 #                                           # interpreter step a call of its own if needed)
 #   bash benchmarks/gpu_session.sh bench    # engine_gpu, init_module_ of a Llama-3-8B shape on the GPU
 #                                           # against transformers' init, end to end (~8 min)
@@ -18,8 +21,16 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1 grpcio==1.85.1 protobuf==7.36.2 \
-#     transformers==5.24.0 tokenizers==0.23.3 crc32c==2.9.post0
+#     transformers==5.24.0 tokenizers==0.23.3 crc32c==2.9.post0 megatron-core==0.16.1 \
+#     tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1 typing-extensions==4.16.0 spmd_types==0.2.3
 # (the image has numba, safetensors, hypothesis, prometheus-client, ml-dtypes and an older transformers).
+# megatron-core 0.16.1 requires torch, numpy and packaging (the image's; add packaging>=24.2 if it lacks it); its wheel is per Python version
+# (cp312, a C++ helper of its datasets), the rest pure Python: tyro (with docstring-parser, typeguard and
+# typing-extensions >= 4.14) and spmd_types are what torchtitan's models import. torchtitan itself is the
+# tests/.stacks folder the CPU tests install (pip --target; tests/support/stacks.py): run the tests stage
+# with carry [".whl", "tests/.stacks/torchtitan"] (12 MB; the whole tests/.stacks, mup's pandas included, is
+# over the run tool's 64 MiB; where tests/.stacks is a link to another checkout, carry a real copy).
+# Without them the stacks step's tests skip (-rs says why); the script itself needs neither.
 set -u
 stage=${1:-tests}
 OUT=${OUT:-/tmp/modelinit-gpu}
@@ -52,6 +63,7 @@ tests)
     # The GPU's own tests first; Triton's CPU interpreter tests (minutes) last.
     step kernel $PY -m pytest -q -rs tests/server/engine/test_kernel_cuda.py -k "gpu or ptx or one_run"
     step training $PY -m pytest -q -rs tests/server/training/test_init_module.py -k "cuda or equals_files or every_family"
+    step stacks $PY -m pytest -q -rs tests/server/training/test_stacks_cuda.py
     step service $PY -m pytest -q -rs tests/server/service/test_service.py -k cuda
     step interpreter $PY -m pytest -q -rs tests/server/engine/test_kernel_cuda.py -k "not (gpu or ptx or one_run)"
     ;;

@@ -1,0 +1,179 @@
+"""``init_module_`` on CUDA for the native training stacks (issue 46's GPU list): a torchtitan Llama 3
+and a Megatron-Core ``GPTModel`` (local layer spec) built on the GPU as their stacks build them, filled
+there by the Triton kernels, hold every parameter's bytes of the same model filled on the CPU (whose
+bytes test_torchtitan.py and test_megatron.py compare with the Hugging Face folder). The filled
+GPTModel then runs one forward pass (Megatron's forward needs CUDA: its RNG tracker, its causal mask):
+the loss at init is about ln V. (A transformers model on CUDA is test_init_module.py's ``-k cuda``.)
+
+Every test skips without a CUDA GPU; ``benchmarks/gpu_session.sh tests`` runs this file (its
+``stacks`` step). Nothing heavy is imported here at import time: torchtitan (``tests/.stacks``) and
+megatron-core are imported by the tests that need them, which skip without them.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Megatron warns that Apex/TE are absent
+
+
+# --- torchtitan ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def torchtitan():
+    from tests.support.stacks import install_torchtitan
+
+    return install_torchtitan()
+
+
+def titan_filled(device: str, dtype: str) -> tuple[dict, dict]:
+    """The tests' torchtitan Llama 3 materialized on ``device`` in ``dtype`` and filled there: its
+    parameters and buffers, on the CPU."""
+    import modelinit
+    from tests.support.torchtitan_models import HF, SEED, meta_model
+
+    model = meta_model().to_empty(device=device)
+    if dtype != "float32":
+        model = model.to(getattr(torch, dtype))
+    modelinit.init_module_(model, seed=SEED, spec=HF)  # the RoPE tables (buffers): torchtitan's own code, on device
+    assert all(p.device.type == torch.device(device).type for p in model.parameters())
+    return ({n: p.detach().cpu() for n, p in model.named_parameters()},
+            {n: b.detach().cpu() for n, b in model.named_buffers()})
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_torchtitan_llama3_on_cuda_equals_the_cpu_bytes(torchtitan, dtype):
+    from tests.support.distributed import same_bytes
+
+    gpu, gpu_buffers = titan_filled("cuda", dtype)
+    cpu, cpu_buffers = titan_filled("cpu", dtype)
+    assert sorted(gpu) == sorted(cpu)
+    assert [n for n in cpu if not same_bytes(gpu[n], cpu[n])] == []
+    # The RoPE tables are torchtitan's own (not modelinit's bytes): computed on each device by its code, close.
+    assert sorted(gpu_buffers) == sorted(cpu_buffers)
+    for n, b in cpu_buffers.items():
+        torch.testing.assert_close(gpu_buffers[n], b, rtol=1e-5, atol=1e-5, msg=n)
+
+
+def _titan_fsdp_rank(rank: int, world: int, init_file: str, ref_path: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import modelinit
+    from tests.support.distributed import exit_rank, no_collectives, same_bytes
+    from tests.support.stacks import install_torchtitan
+    from tests.support.torchtitan_models import HF, SEED, meta_model
+
+    install_torchtitan()
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    model = meta_model()
+    mesh = init_device_mesh("cuda", (world,))
+    for layer in model.layers.values():
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="cuda")
+    with no_collectives():
+        summary = modelinit.init_module_(model, seed=SEED, spec=HF)
+    assert summary.elements < summary.global_elements  # each rank filled its shards only
+    ref = torch.load(ref_path)
+    got = {n: p.full_tensor().cpu() for n, p in model.named_parameters()}  # gathered after the fill
+    assert [n for n in ref if not same_bytes(got[n], ref[n])] == []
+    dist.barrier()
+    exit_rank()
+
+
+@needs_cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (FSDP2 over 2 ranks)")
+def test_torchtitan_llama3_fsdp2_on_two_gpus_equals_the_cpu_bytes(torchtitan, tmp_path):
+    import torch.multiprocessing as mp
+
+    cpu, _ = titan_filled("cpu", "float32")
+    torch.save(cpu, tmp_path / "ref.pt")
+    mp.spawn(_titan_fsdp_rank, args=(2, str(tmp_path / "pg"), str(tmp_path / "ref.pt")), nprocs=2, join=True)
+
+
+# --- Megatron-Core ------------------------------------------------------------------------------------
+
+def megatron_filled(device: str, dtype: str):
+    """The tests' GPTModel (megatron_models.megatron_gpt: TP=1, PP=1, local spec) built as Megatron
+    builds it on ``device`` (on CUDA: ``use_cpu_initialization=False``, its linears and embedding made on
+    ``torch.cuda.current_device()``, then the whole module moved there as megatron.training's get_model
+    does) and filled there: the model and its parameters, on the CPU.
+    Megatron's parallel state must be set up (a group of one)."""
+    import modelinit
+    from tests.support.megatron_models import HF, SEED, megatron_gpt
+
+    model = megatron_gpt(dtype=dtype, use_cpu_initialization=device == "cpu")
+    if device == "cuda":  # the norms (torch's own, in the local spec) are made on the CPU: Megatron's get_model
+        model.cuda(torch.cuda.current_device())  # moves every module to the GPU, as here
+    assert all(p.device.type == device for p in model.parameters())
+    modelinit.init_module_(model, seed=SEED, spec=HF)
+    return model, {n: p.detach().cpu() for n, p in model.named_parameters()}
+
+
+def megatron_loss(model, vocab: int, batch: int = 2, seq: int = 32) -> float:
+    """One forward pass of the filled GPTModel on random tokens and labels: the mean per-token loss.
+    GPTModel.forward(input_ids, position_ids, attention_mask, labels=...) returns the per-token cross
+    entropy ([b, s]); the local spec's DotProductAttention is causal and makes its own causal mask
+    when ``attention_mask`` is None."""
+    device = next(model.parameters()).device
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
+    labels = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
+    positions = torch.arange(seq, device=device).unsqueeze(0).expand(batch, seq)
+    model.eval()
+    with torch.no_grad():
+        losses = model(tokens, positions, attention_mask=None, labels=labels)
+    assert losses.shape == (batch, seq), losses.shape
+    return losses.float().mean().item()
+
+
+def _megatron_on_cuda(rank: int, init_file: str, dtype: str) -> None:
+    """In a process of its own with an NCCL group of one: the GPTModel built and filled on CUDA equals
+    the CPU-built one filled on the CPU, byte for byte; then one forward pass."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    from tests.support.distributed import exit_rank, same_bytes
+    from tests.support.megatron_models import PADDED, SEED
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=1)
+    ps.initialize_model_parallel()
+    tensor_parallel.model_parallel_cuda_manual_seed(SEED)  # Megatron's forward forks its CUDA RNG tracker
+    _, cpu = megatron_filled("cpu", dtype)
+    model, gpu = megatron_filled("cuda", dtype)
+    assert sorted(gpu) == sorted(cpu)
+    assert [n for n in cpu if not same_bytes(gpu[n], cpu[n])] == []
+    if dtype == "float32":  # bfloat16 runs under Megatron's Float16Module in training (norms in float32 here)
+        loss = megatron_loss(model, PADDED)
+        # At init the logits are small: the final RMSNorm gives the hidden state RMS 1 and the output
+        # layer's weights have the hf default std 0.02, so over hidden 64 the logits have std about
+        # 0.02 * sqrt(64) = 0.16 and the loss is ln V + 0.16**2 / 2 (about ln V + 0.013), V the padded
+        # vocabulary the output layer's softmax runs over (1024). |loss - ln V| < 0.1 ln V (0.69) leaves
+        # room for any sampling noise and fails a scale off by orders of magnitude (std 1: loss ~ 8 + ln V).
+        assert math.isfinite(loss), loss
+        assert abs(loss - math.log(PADDED)) < 0.1 * math.log(PADDED), loss
+    dist.barrier()
+    exit_rank()
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_megatron_gpt_on_cuda_equals_the_cpu_bytes_and_runs_forward(tmp_path, dtype):
+    """The GPTModel built on CUDA (use_cpu_initialization=False), filled there, equals the CPU-built one
+    filled on the CPU; float32: one forward pass, the loss at init about ln V."""
+    import torch.multiprocessing as mp
+
+    pytest.importorskip("megatron.core", reason="megatron-core (.whl/ on the device machine)")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_megatron_on_cuda, args=(str(tmp_path / "pg"), dtype), nprocs=1, join=True)
