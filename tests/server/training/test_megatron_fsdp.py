@@ -58,18 +58,18 @@ def _fsdp2(model):
         wrapper.DeviceMesh = saved
 
 
-def _fill_fsdp2(rank: int, world: int, init_file: str, tp: int, dtype: str, tied: bool, out: str) -> None:
-    """This rank's FSDP2 shards of a TP=``tp`` model filled three ways (the wrapper with the spec;
+def _fill_fsdp2(rank: int, world: int, init_file: str, tp: int, pp: int, dtype: str, tied: bool, out: str) -> None:
+    """This rank's FSDP2 shards of a TP=``tp`` x PP=``pp`` model (a stage: its layers) filled three ways (the wrapper with the spec;
     without one, the config derived; the unwrapped model filled, then wrapped), each local shard
     the same bytes; the full tensors gathered over the data-parallel group, saved for the test."""
     from megatron.core import parallel_state as ps
     from torch.distributed.tensor import DTensor
 
     init_group(rank, world, init_file)
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     spec = {**HF, "tie_word_embeddings": tied}
-    model, derived = (_fsdp2(megatron_gpt(tp, dtype=dtype, tied=tied, transformer_impl="local")) for _ in range(2))
-    before = megatron_gpt(tp, dtype=dtype, tied=tied, transformer_impl="local")
+    model, derived = (_fsdp2(megatron_gpt(tp, pp, dtype=dtype, tied=tied, transformer_impl="local")) for _ in range(2))
+    before = megatron_gpt(tp, pp, dtype=dtype, tied=tied, transformer_impl="local")
     with no_collectives():
         summary = modelinit.init_module_(model, seed=SEED, spec=spec)
         own = modelinit.init_module_(derived, seed=SEED)
@@ -79,24 +79,27 @@ def _fill_fsdp2(rank: int, world: int, init_file: str, tp: int, dtype: str, tied
     assert params and all(isinstance(p, DTensor) and p.placements == (torch.distributed.tensor.Shard(0),)
                           for p in params.values())
     assert summary.elements == sum(p.to_local().numel() for p in params.values()) < summary.global_elements
-    assert summary.missing == 0 and own.derived_config["model_type"] == "qwen3"
+    assert (summary.missing > 0) == (pp > 1) and own.derived_config["model_type"] == "qwen3"  # a stage: the others'
+    assert own.missing == summary.missing
     for other in (derived, before):
         mine = dict(other.module.named_parameters())
         assert sorted(mine) == sorted(params)
         assert [n for n, p in params.items() if not same_bytes(p.to_local(), mine[n].to_local())] == []
     state = {n: p.full_tensor().detach().clone() for n, p in params.items()}  # the test's gather, after the fill
-    torch.save({"tp": ps.get_tensor_model_parallel_rank(), "ep": 0, "first": 0, "state": state}, f"{out}/rank{rank}.pt")
+    first = model.module.decoder.layers[0].layer_number - 1  # a stage's layers, numbered from 0 in its names
+    torch.save({"tp": ps.get_tensor_model_parallel_rank(), "ep": 0, "first": first, "state": state}, f"{out}/rank{rank}.pt")
     exit_rank()
 
 
-@pytest.mark.parametrize("dp, tp, dtype, tied", [(2, 1, "float32", False), (2, 1, "bfloat16", True),
-                                                 (2, 2, "float32", True), (2, 2, "bfloat16", False),
-                                                 (3, 1, "float32", False)],
+@pytest.mark.parametrize("dp, tp, pp, dtype, tied", [(2, 1, 1, "float32", False), (2, 1, 1, "bfloat16", True),
+                                                     (2, 2, 1, "float32", True), (2, 2, 1, "bfloat16", False),
+                                                     (3, 1, 1, "float32", False), (2, 1, 2, "float32", False)],
                          ids=["dp2-float32", "dp2-bfloat16-tied", "dp2xtp2-float32-tied", "dp2xtp2-bfloat16",
-                              "dp3-uneven"])
-def test_fsdp2_shards_put_together_are_the_hugging_face_folder(tmp_path, dp, tp, dtype, tied):
-    """DP=2 (2 processes), DP=2 x TP=2 (4 processes) and DP=3 (uneven shards: 64 norm elements as
-    22, 21, 21; 8 q/k norm elements as 3, 3, 2) under Megatron's FSDP2: each rank's
+                              "dp3-uneven", "dp2xpp2"])
+def test_fsdp2_shards_put_together_are_the_hugging_face_folder(tmp_path, dp, tp, pp, dtype, tied):
+    """DP=2 (2 processes), DP=2 x TP=2 and DP=2 x PP=2 (4 processes: each stage's layers, its
+    embedding or its head, sharded over its data-parallel pair) and DP=3 (uneven shards: 64 norm
+    elements as 22, 21, 21; 8 q/k norm elements as 3, 3, 2) under Megatron's FSDP2: each rank's
     Shard(0) rows of its tensor-parallel parameter (of [gate_r; up_r], of its query groups, of its
     half of the padded vocabulary) hold the folder's bytes; gathered and put together, every
     tensor is the folder's in Megatron's layout, in float32 and bfloat16 (whose norms Megatron
@@ -106,9 +109,9 @@ def test_fsdp2_shards_put_together_are_the_hugging_face_folder(tmp_path, dp, tp,
     refs = {d: folder_in_megatrons_layout(tmp_path, d, tied) for d in sorted({dtype, "float32"})}
     out = tmp_path / "shares"
     out.mkdir()
-    world = dp * tp
+    world = dp * tp * pp
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_fill_fsdp2, args=(world, str(tmp_path / "pg"), tp, dtype, tied, str(out)), nprocs=world, join=True)
+    mp.spawn(_fill_fsdp2, args=(world, str(tmp_path / "pg"), tp, pp, dtype, tied, str(out)), nprocs=world, join=True)
     whole = put_together(out, world, 1)
     assert sorted(whole) == sorted(refs["float32"])
     assert {str(ts[0].dtype) for ts in whole.values()} == {f"torch.{d}" for d in refs}
