@@ -661,3 +661,15 @@ def test_world_of_two(tmp_path, references):
 def test_world_of_one(tmp_path, references):
     """A world of 1: DTensors on a 1-rank mesh hold everything (Shard over one rank)."""
     _spawn(1, [("llama", "fsdp"), ("llama_bf16", "tp")], references, tmp_path)
+
+
+def test_every_summary_field_is_documented():
+    """docs/training.md's list under "The result, `InitSummary`" names every field a caller gets."""
+    import dataclasses
+
+    from modelinit_server.training import InitSummary
+    from tests.support import REPO
+
+    text = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
+    listed = text[text.index("The result, `InitSummary`"):text.index("Errors are `ValueError`s")]
+    assert [f.name for f in dataclasses.fields(InitSummary) if f"`{f.name}`" not in listed] == []
