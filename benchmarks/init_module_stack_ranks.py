@@ -102,30 +102,17 @@ def megatron_rank(world: int, args: dict) -> dict:
     """Megatron's CPU init (constructor with it less without it) and ``init_module_`` on this TP rank."""
     import warnings
 
-    import torch
-
     import modelinit
+    from init_module_stacks import megatron_gpt  # this folder's script: the same model as its one-process figures
 
     warnings.filterwarnings("ignore")  # Megatron warns that Apex and Transformer Engine are absent
     from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer import TransformerConfig
 
     hf = args["hf"]
     ps.initialize_model_parallel(tensor_model_parallel_size=world)
 
     def build(perform: bool):
-        config = TransformerConfig(
-            num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"],
-            num_attention_heads=hf["num_attention_heads"], num_query_groups=hf["num_key_value_heads"],
-            ffn_hidden_size=hf["intermediate_size"], tensor_model_parallel_size=world,
-            use_cpu_initialization=True, perform_initialization=perform, gated_linear_unit=True,
-            activation_func=torch.nn.functional.silu, normalization="RMSNorm", add_bias_linear=False,
-            init_method_std=0.02)
-        return GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=hf["vocab_size"],
-                        max_sequence_length=hf["max_position_embeddings"], position_embedding_type="rope",
-                        share_embeddings_and_output_weights=hf["tie_word_embeddings"])
+        return megatron_gpt(hf, perform, tp=world)
 
     def fill(model):
         return modelinit.init_module_(model, seed=0, spec=hf, policy="megatron")

@@ -110,6 +110,27 @@ def torchtitan(args) -> None:
     print(f"  ratio first call / init_states                                   {first / theirs:8.3f}")
 
 
+def megatron_gpt(hf: dict, perform: bool, tp: int = 1):
+    """Megatron-Core's ``GPTModel`` of the Hugging Face config ``hf``'s shape (the local layer spec,
+    RMSNorm, SwiGLU, std 0.02), this rank's share of TP=``tp``, built on the CPU
+    (``use_cpu_initialization``); ``perform``: with Megatron's own init (every rank draws each
+    whole weight and keeps its slice). Megatron's parallel state is the caller's."""
+    import torch
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    config = TransformerConfig(
+        num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"], num_attention_heads=hf["num_attention_heads"],
+        num_query_groups=hf["num_key_value_heads"], ffn_hidden_size=hf["intermediate_size"],
+        tensor_model_parallel_size=tp, use_cpu_initialization=True, perform_initialization=perform,
+        gated_linear_unit=True, activation_func=torch.nn.functional.silu, normalization="RMSNorm",
+        add_bias_linear=False, init_method_std=0.02)
+    return GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=hf["vocab_size"],
+                    max_sequence_length=hf["max_position_embeddings"], position_embedding_type="rope",
+                    share_embeddings_and_output_weights=hf["tie_word_embeddings"])
+
+
 def megatron(args) -> None:
     import warnings
 
@@ -120,27 +141,15 @@ def megatron(args) -> None:
 
     warnings.filterwarnings("ignore")  # Megatron warns that Apex and Transformer Engine are absent
     from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer import TransformerConfig
 
     hf = hf_config(args.flavor)  # the torchtitan flavor's shape
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29511")
     dist.init_process_group("gloo", rank=0, world_size=1)
     ps.initialize_model_parallel()
-    heads = hf["num_attention_heads"]
 
     def build(perform: bool):
-        config = TransformerConfig(
-            num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"], num_attention_heads=heads,
-            num_query_groups=hf["num_key_value_heads"], ffn_hidden_size=hf["intermediate_size"],
-            use_cpu_initialization=True, perform_initialization=perform, gated_linear_unit=True,
-            activation_func=torch.nn.functional.silu, normalization="RMSNorm", add_bias_linear=False,
-            init_method_std=0.02)
-        return GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=hf["vocab_size"],
-                        max_sequence_length=hf["max_position_embeddings"], position_embedding_type="rope",
-                        share_embeddings_and_output_weights=hf["tie_word_embeddings"])
+        return megatron_gpt(hf, perform)
 
     def built(perform: bool) -> float:
         t = time.perf_counter()
