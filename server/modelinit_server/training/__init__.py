@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.planner import Request, resolve_request
@@ -123,13 +123,14 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     core_policy = _core_policy(policy)
     parts = _model_parts(module)
     if parts is None:
-        return _fill(_prepare(module, seed, core_policy, dtype, version, partial, spec), device)
-    jobs = [_prepare(part, seed, core_policy, dtype, version, partial, spec) for part in parts]
+        return _fill(_prepare(module, seed, core_policy, dtype, version, partial, spec, _Shared()), device)
+    shared = _Shared()
+    jobs = [_prepare(part, seed, core_policy, dtype, version, partial, spec, shared) for part in parts]
     for i, job in enumerate(jobs[1:], 1):
         if job.spec.tensors != jobs[0].spec.tensors:
             raise ValueError(f"module: model part {i} ({job.spec.architecture}) is not a part of the same model as part 0 "
                              f"({jobs[0].spec.architecture}); fill the parts of one model per call")
-    held = set().union(*(job.held for job in jobs))
+    held = {ti for job in jobs for name, _ in job.named for ti, *_ in job.layout.pieces.get(name, ())}
     lacking = sum(1 for i in range(len(jobs[0].spec.tensors)) if i not in held)
     summaries = tuple(_fill(job, device) for job in jobs)
     fps = {dt: job.plans[dt][2] for job in jobs for dt in job.dtypes}
@@ -166,15 +167,45 @@ class _Job:
     skipped: tuple[str, ...]
     stack_buffers: tuple[str, ...]
     derived: dict[str, Any] | None
-    held: set[int]
-    """The spec's tensors this model holds (indices)."""
     version: int
 
 
+@dataclass
+class _Shared:
+    """What the parts of one call share, worked out for the first part only: the spec given, read
+    (a preset builds a transformers model on the meta device), and each dtype's plan of a model's
+    spec (the policy resolved over every tensor: seconds for a large model)."""
+
+    given: list[tuple[Any, ModelSpec]] = field(default_factory=list)
+    """``(spec, spec_of(spec))`` of the specs read: the argument, or the config each part derives
+    (equal dicts, one per part)."""
+    spec: ModelSpec | None = None
+    """The spec the plans below are of; a part of another spec plans for itself."""
+    plans: dict[str, tuple[list[Resolved], list[tuple[int, int]], str]] = field(default_factory=dict)
+
+    def read(self, spec: Any) -> ModelSpec:
+        for arg, model in self.given:
+            if arg is spec or (type(arg) is type(spec) and arg == spec):
+                return model
+        model = spec_of(spec)
+        self.given.append((spec, model))
+        return model
+
+    def plan(self, request: Request) -> tuple[list[Resolved], list[tuple[int, int]], str]:
+        if self.spec is None:
+            self.spec = request.model
+        elif self.spec is not request.model and self.spec != request.model:
+            return resolve_request(request)
+        if request.dtype not in self.plans:
+            self.plans[request.dtype] = resolve_request(request)
+        return self.plans[request.dtype]
+
+
 def _prepare(module, seed: int, core_policy: Policy, dtype: str | None, version: int, partial: bool,
-             spec: Any) -> _Job:
+             spec: Any, shared: _Shared) -> _Job:
     """Everything :func:`init_module_` checks and plans for one model, before any tensor is written
-    (the stack's own buffers, which draw nothing, are set here)."""
+    (the stack's own buffers, which draw nothing, are set here). ``shared``: what an earlier part
+    of the same call worked out already."""
     refuse_sharded_fsdp1(module)
     module = unwrap(module)
     stack = registry.stack_of(module)
@@ -207,7 +238,7 @@ def _prepare(module, seed: int, core_policy: Policy, dtype: str | None, version:
         mapped = ", ".join(s.name for s in registry.STACKS if s.takes_spec)
         raise ValueError(f"spec: {type(module).__name__} is not a model of a training stack modelinit maps ({mapped}); "
                          "a transformers model carries its own config, any other module is its own spec: leave spec unset")
-    given = spec_of(spec) if stack.takes_spec else None
+    given = shared.read(spec) if stack.takes_spec else None
     try:
         layout = stack.layout(module, given, named, real, partial)
     except ValueError as e:
@@ -222,9 +253,8 @@ def _prepare(module, seed: int, core_policy: Policy, dtype: str | None, version:
     plans = {}
     for dt in dtypes:  # each tensor in its own dtype: the plan of a request for that dtype
         request = Request(model=layout.spec, policy=core_policy, seed=seed, dtype=dt, algorithm_version=version)
-        plans[dt] = resolve_request(request)
-    held = {ti for name, _ in named for ti, *_ in layout.pieces.get(name, ())}
-    return _Job(layout.spec, named, layout, plans, dtypes, skipped, stack_buffers, derived, held, version)
+        plans[dt] = shared.plan(request)
+    return _Job(layout.spec, named, layout, plans, dtypes, skipped, stack_buffers, derived, version)
 
 
 def _fill(job: _Job, device: str) -> InitSummary:

@@ -163,10 +163,11 @@ def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
     if embedding_std is not None and embedding_std != config.init_method_std:
         raise _refuse("embedding_init_method_std", embedding_std, "an embedding std apart from init_method_std: "
                       "Hugging Face has one initializer_range")
+    glm4_moe = routing and not mla  # the one family derived with partial RoPE (partial_rotary_factor)
+    if gpt.rotary_percent != 1.0 and not glm4_moe:
+        raise _refuse("rotary_percent", gpt.rotary_percent, "partial RoPE")
     for name, value, off, what in (
             ("position_embedding_type", gpt.position_embedding_type, "rope", "positions other than RoPE"),
-            ("rotary_percent", gpt.rotary_percent, 1.0 if not routing or mla else gpt.rotary_percent,
-             "partial RoPE"),  # GLM-4-MoE's partial_rotary_factor
             ("rope_scaling", gpt.rope_scaling, False, "Llama 3.1's RoPE scaling, whose factor GPTModel does not keep"),
             ("seq_len_interpolation_factor", gpt.seq_len_interpolation_factor, None, "linearly interpolated RoPE"),
             ("mtp_block_spec", gpt.mtp, False, "multi-token prediction layers")):

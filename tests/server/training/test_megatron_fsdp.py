@@ -124,19 +124,24 @@ class TELayerNormColumnParallelLinear(torch.nn.Module):
     be installed without CUDA): the check goes by the class's name."""
 
 
+def _refused(module, match: str) -> None:
+    """``init_module_`` refuses ``module`` with ``match``, with a spec and without one (before any
+    field is derived)."""
+    for spec in (HF, None):
+        with pytest.raises(ValueError, match=match):
+            modelinit.init_module_(module, seed=SEED, spec=spec)
+
+
 def _check_refusals() -> None:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor, Shard
 
     model = megatron_gpt()
     model.decoder.layers[0].self_attention.te_qkv = TELayerNormColumnParallelLinear()
-    for spec in (HF, None):  # with a spec, and before any field is derived without one
-        with pytest.raises(ValueError, match=r"^module: 'decoder\.layers\.0\.self_attention\.te_qkv' is Transformer "
-                                             r"Engine's TELayerNormColumnParallelLinear \(the Transformer Engine layer "
-                                             r"spec\), which has not been verified on a GPU run yet; build the GPTModel "
-                                             r"with the local spec: get_gpt_layer_local_spec .*use_transformer_engine="
-                                             r"False\)$"):
-            modelinit.init_module_(model, seed=SEED, spec=spec)
+    _refused(model, r"^module: 'decoder\.layers\.0\.self_attention\.te_qkv' is Transformer Engine's "
+                    r"TELayerNormColumnParallelLinear \(the Transformer Engine layer spec\), which has not been "
+                    r"verified on a GPU run yet; build the GPTModel with the local spec: get_gpt_layer_local_spec "
+                    r".*use_transformer_engine=False\)$")
     del model.decoder.layers[0].self_attention.te_qkv
 
     # Megatron-FSDP's classes cannot be built without CUDA: stand-ins of their names and modules, Megatron's
@@ -148,13 +153,10 @@ def _check_refusals() -> None:
     adapter.module = inner
     for wrapper, prefix, cls in ((adapter, r"module\.module\.", "FullyShardedDataParallel"),
                                  (inner, r"module\.", "MegatronFSDP")):
-        for spec in (HF, None):
-            with pytest.raises(ValueError, match=rf"^module: '{prefix}embedding\.word_embeddings\.weight' is "
-                                                 rf"Megatron-FSDP's \({cls}: uneven DTensor pieces of flat buffers\), "
-                                                 r"which cannot be built or verified without a GPU here; use Megatron's "
-                                                 r"--use-torch-fsdp2 \(TorchFullyShardedDataParallel\), or call "
-                                                 r"init_module_ on the GPTModel before wrapping it"):
-                modelinit.init_module_(wrapper, seed=SEED, spec=spec)
+        _refused(wrapper, rf"^module: '{prefix}embedding\.word_embeddings\.weight' is Megatron-FSDP's \({cls}: "
+                          r"uneven DTensor pieces of flat buffers\), which cannot be built or verified without a GPU "
+                          r"here; use Megatron's --use-torch-fsdp2 \(TorchFullyShardedDataParallel\), or call "
+                          r"init_module_ on the GPTModel before wrapping it")
     norm = model.decoder.final_layernorm  # a DTensor parameter that fully_shard did not make: Megatron-FSDP's inside
     mesh = DeviceMesh("cpu", [0])
     norm.weight = torch.nn.Parameter(DTensor.from_local(norm.weight.detach(), mesh, [Shard(0)]))

@@ -108,6 +108,38 @@ def test_each_ranks_stages_hold_the_whole_models_bytes(reference, schedule, plac
     assert configs[0]["num_hidden_layers"] == LAYERS
 
 
+@pytest.mark.parametrize("given", ["derived", "a dict"])
+def test_a_list_of_stages_reads_the_spec_and_plans_once(reference, monkeypatch, given):
+    """The rank's stages are parts of one model: the call reads the spec (derived by each part, or
+    the one given) and resolves the policy over it once, not once per stage (for a large model each
+    resolution is seconds); every stage still gets the folder's bytes. A stage whose spec differed
+    would be planned for itself (the parts of two models are refused, tested below)."""
+    import modelinit_server.training as training
+    from modelinit_server.training.torchtitan_config import own_config
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part, _split_module
+
+    calls = {"spec_of": 0, "resolve_request": 0}
+
+    def counted(name, real):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        return wrapper
+
+    for name in calls:
+        monkeypatch.setattr(training, name, counted(name, getattr(training, name)))
+    whole = meta_model()
+    fqns = _generate_llm_fqn_per_model_part(4, LAYERS)
+    parts = [_split_module(whole, fqns[i]).to_empty(device="cpu") for i in range(4)]
+    spec = None if given == "derived" else own_config(whole)
+    summary = modelinit.init_module_(parts, seed=SEED, partial=True, spec=spec)
+    assert calls == {"spec_of": 1, "resolve_request": 1}
+    assert summary.missing == 0 and len(summary.parts) == 4
+    got = {n: p.detach() for part in parts for n, p in part.named_parameters()}
+    assert sorted(got) == sorted(reference)
+    assert [n for n in got if not same_bytes(got[n], reference[n])] == []
+
+
 def test_a_list_of_stages_without_partial_is_refused_before_anything_is_written():
     """One rank's stages lack the other rank's: without ``partial=True`` the list is refused as
     its first stage would be, naming a tensor and the fix, and no stage is written (the second
