@@ -46,7 +46,8 @@ def megatron_gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = 
     """A GPTModel matching HF (MOE: with SequentialMLP experts, ``ep`` ways expert parallel) on this
     rank of a (tp, pp) layout (parallel_state set up by the caller); ``vp_stage``: this rank's
     model chunk ``vp_stage`` of an interleaved pipeline (``virtual_pipeline_model_parallel_size``
-    in ``over``), built as Megatron's training loop builds it."""
+    in ``over``), built as Megatron's training loop builds it. ``rope_scaling``/``rope_scaling_factor``
+    in ``over`` go to GPTModel (Llama 3.x's RoPE scaling), the rest to its TransformerConfig."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -62,6 +63,7 @@ def megatron_gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = 
         fields.update(MOE_FIELDS, expert_model_parallel_size=ep)
     if layernorm:
         fields.update(STARCODER2_FIELDS, activation_func=torch.nn.functional.gelu)
+    rope = {k: over.pop(k) for k in ("rope_scaling", "rope_scaling_factor") if k in over}
     fields.update(over)
     config = TransformerConfig(**fields)
     spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm,
@@ -69,7 +71,7 @@ def megatron_gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return GPTModel(config, spec, vocab_size=vocab, max_sequence_length=128, position_embedding_type="rope",
-                        share_embeddings_and_output_weights=tied,
+                        share_embeddings_and_output_weights=tied, **rope,
                         pre_process=ps.is_pipeline_first_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
                         post_process=ps.is_pipeline_last_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
                         vp_stage=vp_stage)

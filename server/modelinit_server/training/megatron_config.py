@@ -21,7 +21,10 @@ Only where the mapping is exact, field for field:
   ``deepseek_v3`` with multi-latent attention, ``glm4_moe`` over grouped-query attention
   (``qk_layernorm`` as ``use_qk_norm``, ``add_qkv_bias`` as ``attention_bias``, ``rotary_percent``
   as ``partial_rotary_factor``); the group-limited top k and the weights' scale as ``n_group``,
-  ``topk_group`` and ``routed_scaling_factor``.
+  ``topk_group`` and ``routed_scaling_factor``;
+* Llama 3.x's RoPE scaling (``GPTModel(rope_scaling=True)``), over grouped-query attention: as
+  ``rope_scaling`` ``llama3``, its factor read off the frequencies the model holds
+  (:func:`_llama3_scaling`: GPTModel does not keep it).
 
 Any other field that changes what the model computes or holds, and has no counterpart in the
 family derived, is refused by name (:func:`hf_config` lists them), with the fix: give the
@@ -38,6 +41,7 @@ megatron is not imported here: the fields are read off the objects given.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +88,9 @@ class GPTFields:
     rotary_percent: float = 1.0
     rotary_base: float = 10000
     rope_scaling: bool = False
+    inv_freq: tuple[float, ...] = ()
+    """The rotary frequencies ``rotary_pos_emb`` holds, read when ``rope_scaling`` is on: Llama 3.x's
+    factor is not kept, but these are the unscaled ones scaled by it."""
     seq_len_interpolation_factor: float | None = None
     mtp: bool = False
     moe_layers: dict[int, bool] = field(default_factory=dict)
@@ -100,9 +107,18 @@ def gpt_fields(model) -> GPTFields:
         position_embedding_type=str(getattr(model, "position_embedding_type", "rope")),
         rotary_percent=float(getattr(model, "rotary_percent", 1.0)),
         rotary_base=getattr(model, "rotary_base", 10000), rope_scaling=bool(getattr(model, "rotary_scaling", False)),
+        inv_freq=_frequencies(rope) if getattr(model, "rotary_scaling", False) else (),
         seq_len_interpolation_factor=getattr(rope, "seq_len_interpolation_factor", None),
         mtp=bool(getattr(model, "mtp_process", False)),
         moe_layers={layer.layer_number - 1: type(layer.mlp).__name__ == "MoELayer" for layer in layers})
+
+
+def _frequencies(rope) -> tuple[float, ...]:
+    """``rope.inv_freq`` as floats; empty where there is none to read (on the meta device)."""
+    freqs = getattr(rope, "inv_freq", None)
+    if freqs is None or getattr(freqs, "is_meta", False):
+        return ()
+    return tuple(float(x) for x in freqs.detach().reshape(-1).tolist())
 
 
 def own_config(model) -> dict[str, Any]:
@@ -168,13 +184,14 @@ def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
         raise _refuse("rotary_percent", gpt.rotary_percent, "partial RoPE")
     for name, value, off, what in (
             ("position_embedding_type", gpt.position_embedding_type, "rope", "positions other than RoPE"),
-            ("rope_scaling", gpt.rope_scaling, False, "Llama 3.1's RoPE scaling, whose factor GPTModel does not keep"),
             ("seq_len_interpolation_factor", gpt.seq_len_interpolation_factor, None, "linearly interpolated RoPE"),
             ("mtp_block_spec", gpt.mtp, False, "multi-token prediction layers")):
         if value != off:
             raise _refuse(name, value, what)
 
     if mla:
+        if gpt.rope_scaling:
+            raise _refuse("rope_scaling", True, "Llama 3.x's RoPE scaling with multi-latent attention")
         return _mla(config, gpt)
     heads, layers = config.num_attention_heads, config.num_layers
     groups = config.num_query_groups or heads
@@ -189,6 +206,9 @@ def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
         "vocab_size": gpt.vocab_size, "tie_word_embeddings": gpt.tied, "initializer_range": config.init_method_std,
         "attention_dropout": float(config.attention_dropout),
     }
+    if gpt.rope_scaling:
+        rotary = int(head_dim * gpt.rotary_percent) if gpt.rotary_percent < 1 else head_dim  # as RotaryEmbedding's dim
+        doc["rope_scaling"] = _llama3_scaling(gpt, rotary)
     if norm == "LayerNorm":  # Starcoder2: LayerNorm, biases on every linear, an MLP that is not gated
         for name, value, want in (("gated_linear_unit", gated, False), ("add_bias_linear", bias, True),
                                   ("qk_layernorm", qk_norm, False), ("num_moe_experts", config.num_moe_experts, None)):
@@ -336,3 +356,54 @@ def _deepseek_moe(config, gpt: GPTFields, family: str) -> dict[str, Any]:
             "topk_group": getattr(config, "moe_router_group_topk", None) or 1,
             "routed_scaling_factor": float(getattr(config, "moe_router_topk_scaling_factor", None) or 1.0),
             "norm_topk_prob": True}
+
+
+#: Megatron's Llama 3.x RoPE scaling (``RotaryEmbedding._apply_scaling``, called with the factor
+#: alone) keeps Llama 3.1's bands; transformers' ``llama3`` rope type takes the same values.
+_LLAMA3_BANDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _llama3_scaled(freq: float, factor: float) -> float:
+    """An unscaled rotary frequency after Llama 3.x's scaling by ``factor``, with the bands above
+    (the formula Megatron and transformers share): a wavelength ``2 pi / freq`` under 8192 / 4 is
+    kept, one over 8192 divided by ``factor``, and one between is ``(1 - s) freq / factor + s freq``
+    with ``s = (8192 / wavelength - 1) / (4 - 1)``."""
+    context, low, high = (_LLAMA3_BANDS[k] for k in ("original_max_position_embeddings", "low_freq_factor",
+                                                     "high_freq_factor"))
+    wavelength = 2 * math.pi / freq
+    if wavelength < context / high:
+        return freq
+    if wavelength > context / low:
+        return freq / factor
+    smooth = (context / wavelength - low) / (high - low)
+    return (1 - smooth) * freq / factor + smooth * freq
+
+
+def _llama3_scaling(gpt: GPTFields, dim: int) -> dict[str, Any]:
+    """``rope_scaling`` of a model built with ``rope_scaling=True``: GPTModel does not keep the
+    factor, so it is solved from the lowest of the frequencies it holds (``gpt.inv_freq``) against
+    the unscaled ``rotary_base ** (-2i / dim)``, then checked on every frequency (relative 1e-5:
+    Megatron computes them in float32)."""
+    plain = [1.0 / float(gpt.rotary_base) ** (2 * i / dim) for i in range((dim + 1) // 2)]
+    held = gpt.inv_freq
+    what = "Llama 3.x's RoPE scaling, whose factor GPTModel does not keep"
+    if len(held) != len(plain) or not all(math.isfinite(f) and f > 0 for f in held):
+        raise _refuse("rope_scaling", True, f"{what}; its rotary_pos_emb.inv_freq, where the factor is read from, "
+                      f"has {len(held)} frequencies (on the meta device: none), not {len(plain)}")
+    lowest, scaled = plain[-1], held[-1]
+    wavelength, context = 2 * math.pi / lowest, _LLAMA3_BANDS["original_max_position_embeddings"]
+    factor = None
+    if wavelength > context:
+        factor = lowest / scaled
+    elif wavelength >= context / _LLAMA3_BANDS["high_freq_factor"]:
+        smooth = (context / wavelength - 1) / (_LLAMA3_BANDS["high_freq_factor"] - 1)
+        if scaled / lowest > smooth:
+            factor = (1 - smooth) / (scaled / lowest - smooth)
+    if factor is None:
+        raise _refuse("rope_scaling", True, f"{what}; every rotary wavelength is under {context // 4}, which "
+                      "Llama 3.x's scaling keeps, so the factor cannot be read")
+    factor = float(f"{factor:.4g}")
+    if any(abs(_llama3_scaled(p, factor) - h) > 1e-5 * h for p, h in zip(plain, held)):
+        raise _refuse("rope_scaling", True, f"{what}; rotary_pos_emb.inv_freq is not the unscaled frequencies "
+                      f"scaled as Llama 3.x scales them (the nearest factor, {factor}, does not give them)")
+    return {"rope_type": "llama3", "factor": factor, **_LLAMA3_BANDS}

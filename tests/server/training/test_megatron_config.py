@@ -148,6 +148,10 @@ def test_each_family_derived_has_the_tensors_of_its_hugging_face_config(fields, 
     assert from_config(derived).tensors == from_config({**hf, "vocab_size": PADDED}).tensors
 
 
+#: An MLA config with plain RoPE (its own YaRN aside), for the refusal of Llama 3.x scaling with it.
+_MLA_ROPE = {"mla": {"rope_type": "rope", "num_attention_heads": 4}}
+
+
 @pytest.mark.parametrize("fields, gpt, message", [
     ({"window_size": (64, 0)}, {}, r"window_size=\(64, 0\) \(sliding-window attention\)"),
     ({"moe_router_score_function": "sigmoid", **MOE_FIELDS}, {}, r"moe_router_score_function='sigmoid' \(a router "
@@ -169,16 +173,78 @@ def test_each_family_derived_has_the_tensors_of_its_hugging_face_config(fields, 
     ({**MOE_FIELDS, "qk_layernorm": False, "moe_layer_freq": 2}, {}, r"moe_layer_freq=2 \(dense layers in a Mixtral"),
     (MOE_FIELDS, {"moe_layers": {1: False}}, r"moe_layer_freq=1 \(not .*|moe_layer_freq=1 \(layer 1 holds a dense MLP"),
     ({}, {"position_embedding_type": "learned_absolute"}, r"position_embedding_type='learned_absolute'"),
-    ({}, {"rope_scaling": True}, r"rope_scaling=True \(Llama 3\.1's RoPE scaling, whose factor GPTModel does not keep"),
+    ({}, {"rope_scaling": True}, r"rope_scaling=True \(Llama 3\.x's RoPE scaling, whose factor GPTModel does not keep; "
+     r"its rotary_pos_emb\.inv_freq, where the factor is read from, has 0 frequencies \(on the meta device: none\), "
+     r"not 4\)"),
+    ({}, {"rope_scaling": True, "inv_freq": (1.0, 0.1, 0.01, 0.0004)}, r"rope_scaling=True \(.*; rotary_pos_emb\.inv_freq "
+     r"is not the unscaled frequencies scaled as Llama 3\.x scales them \(the nearest factor, 3\.008, does not "
+     r"give them\)"),
+    ({"kv_channels": 4}, {"rope_scaling": True, "rotary_base": 10.0, "inv_freq": (1.0, 0.316)}, r"rope_scaling=True "
+     r"\(.*; every rotary wavelength is under 2048, which Llama 3\.x's scaling keeps, so the factor cannot be read\)"),
+    (_MLA_ROPE, {"rope_scaling": True}, r"rope_scaling=True \(Llama 3\.x's RoPE scaling with multi-latent attention\)"),
     ({}, {"rotary_percent": 0.5}, r"rotary_percent=0\.5 \(partial RoPE\)"),
     ({}, {"mtp": True}, r"mtp_block_spec=True"),
 ])
 def test_a_field_without_a_hugging_face_counterpart_is_refused_by_name(fields, gpt, message):
     """Each field the families derived cannot say is refused in one line: ``spec:``, the field and
     its value, what it is, and the fix (give the config: ``spec=...``)."""
+    config = _mla_config(**fields["mla"]) if "mla" in fields else _config(**fields)
     with pytest.raises(ValueError, match=rf"^spec: the Megatron model's {message}.*give the Hugging Face config this "
                                          r"model corresponds to: init_module_\(model, spec="):
-        hf_config(_config(**fields), GPTFields(**{**_GPT.__dict__, **gpt}))
+        hf_config(config, GPTFields(**{**_GPT.__dict__, **gpt}))
+
+
+def _rotary(kv_channels: int, base: float, factor: float, percent: float = 1.0) -> tuple[float, ...]:
+    """The frequencies Megatron's own RotaryEmbedding holds with Llama 3.x's scaling by ``factor``."""
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    rope = RotaryEmbedding(kv_channels, percent, rotary_base=base, rope_scaling=True, rope_scaling_factor=factor,
+                           use_cpu_initialization=True)
+    return tuple(rope.inv_freq.tolist())
+
+
+def _hf_frequencies(derived: dict) -> torch.Tensor:
+    """The rotary frequencies transformers computes for the derived config (its own rope init)."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = AutoConfig.for_model(derived["model_type"], **{k: v for k, v in derived.items() if k != "model_type"})
+    return ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")[0]
+
+
+def test_megatrons_llama_3_1_rope_scaling_derives_the_hubs():
+    """Megatron's Llama-3.1-8B (as above, with ``rope_scaling=True``, whose factor 8 GPTModel does
+    not keep) derives the hub's ``rope_scaling`` exactly: the factor is read off the frequencies
+    ``rotary_pos_emb`` holds, and transformers' rotary frequencies of the derived config are
+    Megatron's."""
+    config = _config(num_layers=32, hidden_size=4096, num_attention_heads=32, num_query_groups=8, kv_channels=None,
+                     ffn_hidden_size=14336, qk_layernorm=False, layernorm_epsilon=1e-5, attention_dropout=0.0)
+    held = _rotary(128, 500000, 8.0)
+    derived = hf_config(config, GPTFields(vocab_size=128256, max_sequence_length=131072, rotary_base=500000,
+                                          rope_scaling=True, inv_freq=held))
+    hub = PRESETS["llama-3.1-8b"]
+    assert derived["rope_scaling"] == hub["rope_scaling"]
+    assert from_config(derived).tensors == from_preset("llama-3.1-8b").tensors
+    torch.testing.assert_close(_hf_frequencies(derived), torch.tensor(held), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("kv_channels, base, factor, percent", [
+    (64, 500000, 32.0, 1.0),  # Llama 3.2 1B's: the lowest frequencies divided by the factor
+    (8, 10000, 32.0, 1.0),  # every wavelength under 8192: the factor is read in the smoothed band
+    (16, 10000, 2.5, 1.0),
+    (16, 10000, 8.0, 0.5),  # partial RoPE (GLM-4-MoE's): the frequencies of the rotary part
+])
+def test_the_rope_scaling_factor_is_read_off_the_frequencies(kv_channels, base, factor, percent):
+    """Llama 3.x scaling by any factor, over any rotary size and base, derives that factor, and
+    transformers' frequencies for the derived config are Megatron's (relative 1e-6)."""
+    fields = {**_GLM4_FIELDS} if percent < 1 else {}
+    config = _config(kv_channels=kv_channels, num_attention_heads=8, hidden_size=8 * kv_channels, **fields)
+    held = _rotary(kv_channels, base, factor, percent)
+    derived = hf_config(config, GPTFields(vocab_size=PADDED, max_sequence_length=128, rotary_base=base,
+                                          rotary_percent=percent, rope_scaling=True, inv_freq=held))
+    assert derived["rope_scaling"] == {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    torch.testing.assert_close(_hf_frequencies(derived), torch.tensor(held), rtol=1e-6, atol=0)
 
 
 def _check_derived(out: str) -> None:
@@ -200,6 +266,15 @@ def _check_derived(out: str) -> None:
             assert again.fingerprint == summary.fingerprint or spec is HF  # the tokenizer's vocabulary: another plan
             assert [n for n, p in model.named_parameters() if not same_bytes(p.detach(), got[n])] == [], spec
         torch.save({"derived": summary.derived_config, "state": got}, f"{out}-{summary.derived_config['model_type']}.pt")
+    # Llama 3.x's RoPE scaling: the factor read off the model's frequencies; the weights are the unscaled model's
+    # (the last one above, Mixtral-style)
+    scaled = megatron_gpt(dtype="bfloat16", moe=True, qk_layernorm=False, rope_scaling=True, rope_scaling_factor=32.0)
+    with no_collectives():
+        again = modelinit.init_module_(scaled, seed=SEED)
+    assert again.derived_config == {**summary.derived_config, "rope_scaling": {
+        "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}}
+    assert [n for n, p in scaled.named_parameters() if not same_bytes(p.detach(), got[n])] == []
     # dense and MoE layers (moe_layer_freq a list; Megatron's decoder block spec): Megatron saves one key per layer
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
