@@ -176,6 +176,31 @@ def _pieces_of(model) -> tuple[dict[int, list[Any]], dict[int, Any]]:
     return out, stand_ins
 
 
+def _refuse_experts_sharded_across_experts(name: str, t, config) -> None:
+    """An expert's DTensor weight whose mesh holds a rank of this rank's expert-parallel group:
+    those ranks hold other experts, so FSDP2's all-gather before each forward joins pieces of
+    different experts, and no fill gives the expert its folder's bytes. Megatron's
+    ``TorchFullyShardedDataParallel`` shards every parameter over the data-parallel group, which
+    with expert parallelism spans the expert-parallel ranks (megatron-core 0.16)."""
+    if (getattr(config, "expert_model_parallel_size", 1) or 1) == 1:
+        return
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    group = ps.get_expert_model_parallel_group(check_initialized=False)
+    others = set(dist.get_process_group_ranks(group)) - {dist.get_rank()} if group is not None else set()
+    mesh = set(t.device_mesh.mesh.flatten().tolist())
+    if group is None or mesh & others:
+        shown = sorted(mesh & others)[:4] if group is not None else "unknown (no expert-parallel group)"
+        raise ValueError(
+            f"module: {name!r} is an expert's weight that FSDP2 shards over ranks holding other experts "
+            f"(expert_model_parallel_size={config.expert_model_parallel_size}; ranks {shown} of its mesh): its "
+            "all-gather joins pieces of different experts, so no fill gives it one expert's bytes (Megatron's "
+            "--use-torch-fsdp2 shards every parameter over the data-parallel group); use expert_model_parallel_size=1 "
+            "under --use-torch-fsdp2, or shard the experts over the expert data-parallel group "
+            "(parallel_state.get_expert_data_parallel_group())")
+
+
 @contextlib.contextmanager
 def _unsharded_stand_ins(model) -> Iterator[dict[int, Any]]:
     """While inside, each DTensor parameter of ``model`` (FSDP2's shard of Megatron's tensor-parallel
@@ -506,6 +531,8 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
         if grouped is None:
             key, lead, shape, held_idx = _global_place(name, whole, sharded)
             key, lead = _stacked(key, lead)
+            if whole is not t and key.startswith("decoder.layers.mlp.experts."):
+                _refuse_experts_sharded_across_experts(name, t, config)
             sets[name] = (shape, _within(held_idx, shape, t, name) if whole is not t else held_idx)
             boxes = _hf_boxes(key, lead, shape, config, gated, spec.family)
         else:  # GroupedMLP: each expert's tensor, transposed, in one tensor per layer

@@ -34,8 +34,10 @@ pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
                                  reason="torch.distributed with gloo is not available")]
 
 
-def _fsdp2(model):
-    """``model`` wrapped as Megatron's ``--use-torch-fsdp2`` wraps it. The wrapper names CUDA as its
+def _fsdp2(model, experts_apart: bool = False):
+    """``model`` wrapped as Megatron's ``--use-torch-fsdp2`` wraps it; ``experts_apart``: each
+    layer's experts sharded first over the expert data-parallel group (the ranks that hold the
+    same experts), which the wrapper then leaves as they are. The wrapper names CUDA as its
     mesh's device type (``DeviceMesh.from_group(group, "cuda")``); here, on CPU with gloo, the
     mesh is the CPU's, the one thing changed, in this test only: the shards FSDP2 makes (Shard(0)
     of each parameter over the data-parallel group, ``torch.chunk``'s sizes) do not depend on the
@@ -49,6 +51,13 @@ def _fsdp2(model):
         def from_group(group, device_type, **kwargs):
             return DeviceMesh.from_group(group, "cpu", **kwargs)
 
+    if experts_apart:
+        from megatron.core import parallel_state as ps
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = DeviceMesh.from_group(ps.get_expert_data_parallel_group(), "cpu")
+        for layer in model.decoder.layers:
+            fully_shard(layer.mlp.experts, mesh=mesh)
     saved, wrapper.DeviceMesh = wrapper.DeviceMesh, CpuMesh
     try:
         with warnings.catch_warnings():
@@ -58,61 +67,87 @@ def _fsdp2(model):
         wrapper.DeviceMesh = saved
 
 
-def _fill_fsdp2(rank: int, world: int, init_file: str, tp: int, pp: int, dtype: str, tied: bool, out: str) -> None:
-    """This rank's FSDP2 shards of a TP=``tp`` x PP=``pp`` model (a stage: its layers) filled three ways (the wrapper with the spec;
-    without one, the config derived; the unwrapped model filled, then wrapped), each local shard
-    the same bytes; the full tensors gathered over the data-parallel group, saved for the test."""
+def _fill_fsdp2(rank: int, world: int, init_file: str, dp: int, tp: int, pp: int, ep: int, dtype: str, tied: bool,
+                out: str) -> None:
+    """This rank's FSDP2 shards of a TP=``tp`` x PP=``pp`` model (a stage: its layers; EP=``ep`` > 1:
+    the MoE model, this rank's experts) filled three ways (the wrapper with the spec; without one,
+    the config derived; the unwrapped model filled, then wrapped), each local shard the same bytes;
+    the full tensors gathered over each one's data-parallel group, saved for the test. With EP, the
+    wrapper alone (every parameter over the data-parallel group, experts too) is refused first,
+    nothing written."""
     from megatron.core import parallel_state as ps
     from torch.distributed.tensor import DTensor
 
     init_group(rank, world, init_file)
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-    spec = {**HF, "tie_word_embeddings": tied}
-    model, derived = (_fsdp2(megatron_gpt(tp, pp, dtype=dtype, tied=tied, transformer_impl="local")) for _ in range(2))
-    before = megatron_gpt(tp, pp, dtype=dtype, tied=tied, transformer_impl="local")
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                 expert_model_parallel_size=ep)
+    spec = {**(MOE if ep > 1 else HF), "tie_word_embeddings": tied}
+    built = dict(dtype=dtype, tied=tied, moe=ep > 1, ep=ep, transformer_impl="local")
+    if ep > 1:  # the wrapper alone shards the experts over the data-parallel group, across the expert-parallel ranks
+        mixed = _fsdp2(megatron_gpt(tp, pp, **built))
+        kept = {n: p.to_local().clone() for n, p in mixed.module.named_parameters()}
+        for spec_given in (spec, None):
+            with pytest.raises(ValueError, match=r"^module: 'decoder\.layers\.0\.mlp\.experts\.local_experts\.0\."
+                                                 r"linear_fc1\.weight' is an expert's weight that FSDP2 shards over ranks "
+                                                 r"holding other experts \(expert_model_parallel_size=2; ranks \[\d\] of "
+                                                 r"its mesh\): its all-gather joins pieces of different experts.*use "
+                                                 r"expert_model_parallel_size=1 under --use-torch-fsdp2, or shard the "
+                                                 r"experts over the expert data-parallel group"):
+                modelinit.init_module_(mixed, seed=SEED, spec=spec_given)
+        assert all(same_bytes(p.to_local(), kept[n]) for n, p in mixed.module.named_parameters())  # nothing written
+    model, derived = (_fsdp2(megatron_gpt(tp, pp, **built), ep > 1) for _ in range(2))
+    before = megatron_gpt(tp, pp, **built)
     with no_collectives():
         summary = modelinit.init_module_(model, seed=SEED, spec=spec)
         own = modelinit.init_module_(derived, seed=SEED)
         modelinit.init_module_(before, seed=SEED, spec=spec)
-    before = _fsdp2(before)  # FSDP2 keeps the values it shards
+    before = _fsdp2(before, ep > 1)  # FSDP2 keeps the values it shards
     params = dict(model.module.named_parameters())
     assert params and all(isinstance(p, DTensor) and p.placements == (torch.distributed.tensor.Shard(0),)
                           for p in params.values())
+    assert {p.device_mesh.size() for p in params.values()} == ({dp, dp // ep} if ep > 1 else {dp})  # the experts' apart
     assert summary.elements == sum(p.to_local().numel() for p in params.values()) < summary.global_elements
-    assert (summary.missing > 0) == (pp > 1) and own.derived_config["model_type"] == "qwen3"  # a stage: the others'
-    assert own.missing == summary.missing
+    assert (summary.missing > 0) == (pp > 1 or ep > 1)  # a stage, an expert-parallel rank: the others'
+    assert own.missing == summary.missing and own.derived_config["model_type"] == spec["model_type"]
     for other in (derived, before):
         mine = dict(other.module.named_parameters())
         assert sorted(mine) == sorted(params)
         assert [n for n, p in params.items() if not same_bytes(p.to_local(), mine[n].to_local())] == []
     state = {n: p.full_tensor().detach().clone() for n, p in params.items()}  # the test's gather, after the fill
     first = model.module.decoder.layers[0].layer_number - 1  # a stage's layers, numbered from 0 in its names
-    torch.save({"tp": ps.get_tensor_model_parallel_rank(), "ep": 0, "first": first, "state": state}, f"{out}/rank{rank}.pt")
+    torch.save({"tp": ps.get_tensor_model_parallel_rank(), "ep": ps.get_expert_model_parallel_rank(), "first": first,
+                "state": state}, f"{out}/rank{rank}.pt")
     exit_rank()
 
 
-@pytest.mark.parametrize("dp, tp, pp, dtype, tied", [(2, 1, 1, "float32", False), (2, 1, 1, "bfloat16", True),
-                                                     (2, 2, 1, "float32", True), (2, 2, 1, "bfloat16", False),
-                                                     (3, 1, 1, "float32", False), (2, 1, 2, "float32", False)],
-                         ids=["dp2-float32", "dp2-bfloat16-tied", "dp2xtp2-float32-tied", "dp2xtp2-bfloat16",
-                              "dp3-uneven", "dp2xpp2"])
-def test_fsdp2_shards_put_together_are_the_hugging_face_folder(tmp_path, dp, tp, pp, dtype, tied):
+@pytest.mark.parametrize("dp, tp, pp, ep, dtype, tied", [
+    (2, 1, 1, 1, "float32", False), (2, 1, 1, 1, "bfloat16", True), (2, 2, 1, 1, "float32", True),
+    (2, 2, 1, 1, "bfloat16", False), (3, 1, 1, 1, "float32", False), (2, 1, 2, 1, "float32", False),
+    (4, 1, 1, 2, "float32", False)],
+    ids=["dp2-float32", "dp2-bfloat16-tied", "dp2xtp2-float32-tied", "dp2xtp2-bfloat16", "dp3-uneven", "dp2xpp2",
+         "dp4-ep2-moe"])
+def test_fsdp2_shards_put_together_are_the_hugging_face_folder(tmp_path, dp, tp, pp, ep, dtype, tied):
     """DP=2 (2 processes), DP=2 x TP=2 and DP=2 x PP=2 (4 processes: each stage's layers, its
     embedding or its head, sharded over its data-parallel pair) and DP=3 (uneven shards: 64 norm
     elements as 22, 21, 21; 8 q/k norm elements as 3, 3, 2) under Megatron's FSDP2: each rank's
     Shard(0) rows of its tensor-parallel parameter (of [gate_r; up_r], of its query groups, of its
     half of the padded vocabulary) hold the folder's bytes; gathered and put together, every
     tensor is the folder's in Megatron's layout, in float32 and bfloat16 (whose norms Megatron
-    keeps in float32), tied and untied; without a spec, and filled before wrapping, the same."""
+    keeps in float32), tied and untied; without a spec, and filled before wrapping, the same.
+    DP=4 x EP=2 (4 processes, the MoE model): each layer's experts sharded over the expert
+    data-parallel pair that holds them, the rest over all four, the same; Megatron's wrapper
+    alone, which shards the experts over all four (two ranks' different experts in one
+    all-gather), is refused by name with nothing written."""
     import torch.multiprocessing as mp
 
-    refs = {d: folder_in_megatrons_layout(tmp_path, d, tied) for d in sorted({dtype, "float32"})}
+    refs = {d: folder_in_megatrons_layout(tmp_path, d, tied, moe=ep > 1) for d in sorted({dtype, "float32"})}
     out = tmp_path / "shares"
     out.mkdir()
     world = dp * tp * pp
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_fill_fsdp2, args=(world, str(tmp_path / "pg"), tp, pp, dtype, tied, str(out)), nprocs=world, join=True)
-    whole = put_together(out, world, 1)
+    mp.spawn(_fill_fsdp2, args=(world, str(tmp_path / "pg"), dp, tp, pp, ep, dtype, tied, str(out)), nprocs=world,
+             join=True)
+    whole = put_together(out, world, ep)
     assert sorted(whole) == sorted(refs["float32"])
     assert {str(ts[0].dtype) for ts in whole.values()} == {f"torch.{d}" for d in refs}
     assert [n for n, ts in whole.items()
