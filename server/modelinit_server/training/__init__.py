@@ -273,8 +273,8 @@ def _fill(job: _Job, device: str) -> InitSummary:
             dt = dtype_name(t)
             resolved, keys, _ = job.plans[dt]
             if name in layout.index_sets:
-                (whole, sets), local = layout.index_sets[name], t.view(layout.views[name]) if name in layout.views \
-                    else local_tensor(t)  # FSDP2's shard of Megatron's tensor-parallel parameter
+                (whole, sets), local = layout.index_sets[name], local_tensor(t).view(layout.views[name]) \
+                    if name in layout.views else local_tensor(t)  # FSDP2's shard of Megatron's tensor-parallel parameter
             else:
                 (local, sets), whole = local_and_index_sets(t, name), t.shape
             for ti, *box in pieces[name]:

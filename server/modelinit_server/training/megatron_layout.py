@@ -176,6 +176,37 @@ def _pieces_of(model) -> tuple[dict[int, list[Any]], dict[int, Any]]:
     return out, stand_ins
 
 
+def _grouped_shard(name: str, t, grouped: tuple) -> tuple:
+    """:func:`_grouped_place` of FSDP2's shard of a ``GroupedMLP`` weight (a DTensor, ``Shard(0)``
+    rows of the 2-D weight): the rows are a run of its memory, which the grouped GEMM views as
+    (local experts, X, Y); the run is the shard's own view when it is whole experts, or whole
+    ``Y``-rows of one expert (the sizes of powers of two give these); the experts' boxes stay all
+    the rank's (what the shard holds of them is its index sets'). Any other run (a shard that
+    ends inside an expert and goes on into the next) is refused, naming the sizes."""
+    key, layer, view, whole, held_idx, experts, shape = grouped
+    _, sets = local_and_index_sets(t, name)
+    n_local, x, y = view
+    rows = sets[0]
+    if any(s is not None for s in sets[1:]) or (rows is not None and rows.size and np.any(np.diff(rows) != 1)):
+        raise ValueError(f"module: {name!r} (GroupedMLP) is a DTensor sharded other than by runs of rows (Shard(0)); "
+                         "this layout is not supported: use SequentialMLP experts (moe_grouped_gemm=False) under it")
+    width = t.shape[1]
+    start, stop = (0, t.shape[0] * width) if rows is None else (int(rows[0]) * width, (int(rows[-1]) + 1) * width) \
+        if rows.size else (0, 0)
+    dim1 = np.arange(whole[1], dtype=np.int64) if held_idx[1] is None else held_idx[1]
+    block = x * y
+    if start % block == 0 and stop % block == 0:  # whole experts
+        first, last = start // block, stop // block
+        return key, layer, (last - first, x, y), whole, [held_idx[0][first:last], *held_idx[1:]], experts, shape
+    if start // block == (stop - 1) // block and start % y == 0 and stop % y == 0:  # Y-rows of one expert
+        e, lo, hi = start // block, (start % block) // y, (start % block) // y + (stop - start) // y
+        return key, layer, (1, hi - lo, y), whole, [held_idx[0][e:e + 1], dim1[lo:hi], held_idx[2]], experts, shape
+    raise ValueError(f"module: {name!r} (GroupedMLP) is FSDP2's shard of elements {start} to {stop} of its weight, "
+                     f"which its grouped GEMM views as {n_local} experts of {x} x {y}: the shard ends inside one expert "
+                     "and goes on into the next, which is not mapped; use a data-parallel size that splits "
+                     "the experts' rows evenly (powers of two do), or SequentialMLP experts (moe_grouped_gemm=False)")
+
+
 def _refuse_experts_sharded_across_experts(name: str, t, config) -> None:
     """An expert's DTensor weight whose mesh holds a rank of this rank's expert-parallel group:
     those ranks hold other experts, so FSDP2's all-gather before each forward joins pieces of
@@ -526,8 +557,9 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
             raise ValueError(f"module: Megatron's sharded_state_dict() does not save {name!r}; modelinit has no bytes for it")
         grouped = _grouped_place(name, whole, sharded)
         if grouped is not None and whole is not t:
-            raise ValueError(f"module: {name!r} (GroupedMLP) is a DTensor: FSDP2's rows of its grouped GEMM's fused "
-                             "weight are not mapped; use SequentialMLP experts (moe_grouped_gemm=False) under FSDP2")
+            if (getattr(config, "expert_model_parallel_size", 1) or 1) > 1:
+                _refuse_experts_sharded_across_experts(name, t, config)
+            grouped = _grouped_shard(name, t, grouped)
         if grouped is None:
             key, lead, shape, held_idx = _global_place(name, whole, sharded)
             key, lead = _stacked(key, lead)

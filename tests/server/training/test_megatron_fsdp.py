@@ -202,26 +202,69 @@ def _check_refusals() -> None:
         modelinit.init_module_(model, seed=SEED, spec=HF)
     assert all(same_bytes(p.detach(), before[n]) for n, p in model.named_parameters() if n in before)  # nothing written
 
-    from megatron.core.transformer.moe import grouped_gemm_util
-    from torch.distributed.fsdp import fully_shard
-
-    current, available = torch.cuda.current_device, grouped_gemm_util.assert_grouped_gemm_is_available
-    torch.cuda.current_device = lambda: "cpu"  # the router makes its expert-bias buffers on CUDA's current device
-    grouped_gemm_util.assert_grouped_gemm_is_available = lambda: None  # building needs no kernel, nor does refusing
-    try:
-        grouped = fully_shard(megatron_gpt(moe=True, moe_grouped_gemm=True), mesh=mesh)  # FSDP2, as the wrapper shards the root
-    finally:
-        torch.cuda.current_device, grouped_gemm_util.assert_grouped_gemm_is_available = current, available
-    with pytest.raises(ValueError, match=r"^module: 'decoder\.layers\.0\.mlp\.experts\.weight1' \(GroupedMLP\) is a "
-                                         r"DTensor: FSDP2's rows of its grouped GEMM's fused weight are not mapped; use "
-                                         r"SequentialMLP experts \(moe_grouped_gemm=False\) under FSDP2"):
-        modelinit.init_module_(grouped, seed=SEED, spec=MOE)
-
 
 def test_what_cannot_be_verified_here_is_refused_by_name(tmp_path):
     """The Transformer Engine layer spec (a module of Megatron's TE wrappers: a stand-in of its
-    class name), Megatron-FSDP (its wrapper, a stand-in of its class and module; on the model
-    inside it, a DTensor that torch's fully_shard did not make) and GroupedMLP's fused weights
-    under FSDP2: each one line naming the module or parameter and the fix, before anything is
-    written."""
+    class name) and Megatron-FSDP (its wrapper, a stand-in of its class and module; on the model
+    inside it, a DTensor that torch's fully_shard did not make): each one line naming the module
+    or parameter and the fix, before anything is written."""
     in_one_process(str(tmp_path / "pg"), _check_refusals)
+
+
+def _grouped_gpt(experts: int):
+    """The MoE test model with ``experts`` GroupedMLP experts (``moe_grouped_gemm``), local implementation."""
+    from megatron.core.transformer.moe import grouped_gemm_util
+
+    current, available = torch.cuda.current_device, grouped_gemm_util.assert_grouped_gemm_is_available
+    torch.cuda.current_device = lambda: "cpu"  # the router makes its expert-bias buffers on CUDA's current device
+    grouped_gemm_util.assert_grouped_gemm_is_available = lambda: None  # building needs no kernel, nor does filling
+    try:
+        return megatron_gpt(moe=True, moe_grouped_gemm=True, transformer_impl="local", num_moe_experts=experts)
+    finally:
+        torch.cuda.current_device, grouped_gemm_util.assert_grouped_gemm_is_available = current, available
+
+
+def _fill_grouped(rank: int, world: int, init_file: str, experts: int) -> None:
+    """GroupedMLP under Megatron's FSDP2 wrapper on ``world`` data-parallel ranks, filled: each full
+    tensor (gathered by FSDP2's own ``full_tensor()``) is the same model's filled without FSDP2;
+    at DP=3 the fused weights' shards end inside an expert and are refused, nothing written."""
+    from megatron.core import parallel_state as ps
+
+    init_group(rank, world, init_file)
+    ps.initialize_model_parallel()
+    plain, wrapped = _grouped_gpt(experts), _fsdp2(_grouped_gpt(experts))
+    spec = {**MOE, "num_experts": experts}
+    assert type(plain.decoder.layers[0].mlp.experts).__name__ == "GroupedMLP"
+    with no_collectives():
+        modelinit.init_module_(plain, seed=SEED, spec=spec)
+        if world == 3:  # weight1 [64, 4 x 64] as 22, 21, 21 rows: rank 0 holds expert 0 and part of expert 1
+            kept = {n: p.to_local().clone() for n, p in wrapped.module.named_parameters()}
+            with pytest.raises(ValueError, match=r"^module: 'decoder\.layers\.0\.mlp\.experts\.weight[12]' \(GroupedMLP\) "
+                                                 r"is FSDP2's shard of elements \d+ to \d+ of its weight, which its grouped "
+                                                 r"GEMM views as 4 experts of \d+ x \d+: the shard ends inside one expert"):
+                modelinit.init_module_(wrapped, seed=SEED, spec=spec)
+            assert all(same_bytes(p.to_local(), kept[n]) for n, p in wrapped.module.named_parameters())
+            exit_rank()
+            return
+        summary = modelinit.init_module_(wrapped, seed=SEED, spec=spec)
+    assert summary.elements == sum(p.to_local().numel() for p in wrapped.module.parameters())
+    want = dict(plain.named_parameters())
+    got = {n: p.full_tensor() for n, p in wrapped.module.named_parameters()}
+    assert {n for n in got if "weight1" in n or "weight2" in n} and sorted(got) == sorted(want)
+    assert [n for n, t in got.items() if not same_bytes(t, want[n].detach())] == []
+    exit_rank()
+
+
+@pytest.mark.parametrize("dp, experts", [(2, 4), (4, 2), (3, 4)], ids=["dp2-whole-experts", "dp4-half-experts",
+                                                                       "dp3-refused"])
+def test_grouped_mlp_under_fsdp2_is_the_unsharded_models(tmp_path, dp, experts):
+    """GroupedMLP's fused ``weight1`` [hidden, experts x fc1 rows] and ``weight2`` [experts x fc2
+    columns, hidden] under Megatron's FSDP2: at DP=2 with 4 experts each rank's ``Shard(0)`` rows
+    are two whole experts of the grouped GEMM's view, at DP=4 with 2 experts half of one expert's
+    rows; gathered, every tensor is the one the same model holds filled without FSDP2
+    (test_megatron_moe.py: the folder's). DP=3 (22, 21, 21 rows: a shard that ends inside an
+    expert) is refused by name, nothing written."""
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_fill_grouped, args=(dp, str(tmp_path / "pg"), experts), nprocs=dp, join=True)
