@@ -557,8 +557,7 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
             raise ValueError(f"module: Megatron's sharded_state_dict() does not save {name!r}; modelinit has no bytes for it")
         grouped = _grouped_place(name, whole, sharded)
         if grouped is not None and whole is not t:
-            if (getattr(config, "expert_model_parallel_size", 1) or 1) > 1:
-                _refuse_experts_sharded_across_experts(name, t, config)
+            _refuse_experts_sharded_across_experts(name, t, config)
             grouped = _grouped_shard(name, t, grouped)
         if grouped is None:
             key, lead, shape, held_idx = _global_place(name, whole, sharded)
