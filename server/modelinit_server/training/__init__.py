@@ -272,16 +272,23 @@ def _fill(job: _Job, device: str) -> InitSummary:
             seen.add(id(t))
             dt = dtype_name(t)
             resolved, keys, _ = job.plans[dt]
-            if name in layout.index_sets:
+            if name in layout.runs:  # FSDP2's shard of a fused GroupedMLP weight, run by run
+                whole, local = layout.index_sets[name][0], local_tensor(t)
+                targets = [(local.view(-1)[first:end].view(shape), sets)
+                           for first, end, shape, sets in layout.runs[name]]
+            elif name in layout.index_sets:
                 (whole, sets), local = layout.index_sets[name], local_tensor(t).view(layout.views[name]) \
                     if name in layout.views else local_tensor(t)  # FSDP2's shard of Megatron's tensor-parallel parameter
+                targets = [(local, sets)]
             else:
                 (local, sets), whole = local_and_index_sets(t, name), t.shape
+                targets = [(local, sets)]
             for ti, *box in pieces[name]:
                 if box[2] and box[2][0] >= model_spec.tensors[ti].shape[0] and resolved[ti].sampler.kind == "computed":
                     raise ValueError(f"module: {name!r} has rows past {model_spec.tensors[ti].name!r}'s end (a padded "
                                      "vocabulary), whose values are computed, not drawn: pad the vocabulary to the spec's")
-                filler.fill_piece(local, sets, model_spec.tensors[ti], resolved[ti].sampler, keys[ti], dt, *box)
+                for target, sets in targets:
+                    filler.fill_piece(target, sets, model_spec.tensors[ti], resolved[ti].sampler, keys[ti], dt, *box)
             count += 1
             elements += local.numel()
             total += math.prod(whole)

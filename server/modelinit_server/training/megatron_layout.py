@@ -176,35 +176,37 @@ def _pieces_of(model) -> tuple[dict[int, list[Any]], dict[int, Any]]:
     return out, stand_ins
 
 
-def _grouped_shard(name: str, t, grouped: tuple) -> tuple:
-    """:func:`_grouped_place` of FSDP2's shard of a ``GroupedMLP`` weight (a DTensor, ``Shard(0)``
-    rows of the 2-D weight): the rows are a run of its memory, which the grouped GEMM views as
-    (local experts, X, Y); the run is the shard's own view when it is whole experts, or whole
-    ``Y``-rows of one expert (the sizes of powers of two give these); the experts' boxes stay all
-    the rank's (what the shard holds of them is its index sets'). Any other run (a shard that
-    ends inside an expert and goes on into the next) is refused, naming the sizes."""
-    key, layer, view, whole, held_idx, experts, shape = grouped
+def _grouped_runs(name: str, t, grouped: tuple) -> tuple[tuple[int, int, tuple[int, ...], list], ...]:
+    """FSDP2's shard of a ``GroupedMLP`` weight (a DTensor, ``Shard(0)`` rows of the 2-D weight) as
+    runs of its local elements (``Layout.runs``): the rows are a run of the weight's memory, which
+    the grouped GEMM views as (local experts, X, Y); it is cut where it enters or leaves an expert,
+    into at most three runs, each whole experts or whole ``Y``-rows of one (a row of the 2-D weight
+    is whole ``Y``-rows of the view), each with the global indices it holds of the layer's tensor."""
+    _, _, view, whole, held_idx, _, _ = grouped
     _, sets = local_and_index_sets(t, name)
-    n_local, x, y = view
-    rows = sets[0]
-    if any(s is not None for s in sets[1:]) or (rows is not None and rows.size and np.any(np.diff(rows) != 1)):
+    _, x, y = view
+    rows, width = sets[0], t.shape[1]
+    if any(s is not None for s in sets[1:]) or width % y or \
+            (rows is not None and rows.size and np.any(np.diff(rows) != 1)):
         raise ValueError(f"module: {name!r} (GroupedMLP) is a DTensor sharded other than by runs of rows (Shard(0)); "
                          "this layout is not supported: use SequentialMLP experts (moe_grouped_gemm=False) under it")
-    width = t.shape[1]
-    start, stop = (0, t.shape[0] * width) if rows is None else (int(rows[0]) * width, (int(rows[-1]) + 1) * width) \
-        if rows.size else (0, 0)
+    start, stop = (0, t.shape[0] * width) if rows is None else \
+        (int(rows[0]) * width, (int(rows[-1]) + 1) * width) if rows.size else (0, 0)
     dim1 = np.arange(whole[1], dtype=np.int64) if held_idx[1] is None else held_idx[1]
-    block = x * y
-    if start % block == 0 and stop % block == 0:  # whole experts
-        first, last = start // block, stop // block
-        return key, layer, (last - first, x, y), whole, [held_idx[0][first:last], *held_idx[1:]], experts, shape
-    if start // block == (stop - 1) // block and start % y == 0 and stop % y == 0:  # Y-rows of one expert
-        e, lo, hi = start // block, (start % block) // y, (start % block) // y + (stop - start) // y
-        return key, layer, (1, hi - lo, y), whole, [held_idx[0][e:e + 1], dim1[lo:hi], held_idx[2]], experts, shape
-    raise ValueError(f"module: {name!r} (GroupedMLP) is FSDP2's shard of elements {start} to {stop} of its weight, "
-                     f"which its grouped GEMM views as {n_local} experts of {x} x {y}: the shard ends inside one expert "
-                     "and goes on into the next, which is not mapped; use a data-parallel size that splits "
-                     "the experts' rows evenly (powers of two do), or SequentialMLP experts (moe_grouped_gemm=False)")
+    block, at, runs = x * y, start, []
+    while at < stop:
+        expert, within = divmod(at, block)
+        if within == 0 and stop - at >= block:  # whole experts
+            n = (stop - at) // block
+            runs.append((at - start, at - start + n * block, (n, x, y), [held_idx[0][expert:expert + n], *held_idx[1:]]))
+            at += n * block
+        else:  # Y-rows of one expert, to its end or the shard's
+            end = min(stop, (expert + 1) * block)
+            lo, hi = within // y, (end - expert * block) // y
+            runs.append((at - start, end - start, (1, hi - lo, y), [held_idx[0][expert:expert + 1], dim1[lo:hi],
+                                                                      held_idx[2]]))
+            at = end
+    return tuple(runs)
 
 
 def _refuse_experts_sharded_across_experts(name: str, t, config) -> None:
@@ -529,12 +531,12 @@ def _refuse_megatron_fsdp(model) -> None:
 
 def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool = False
                   ) -> tuple[ModelSpec, dict[str, list[Piece]], dict[str, tuple[tuple[int, ...], list]], int,
-                             dict[str, tuple[int, ...]]]:
+                             dict[str, tuple[int, ...]], dict[str, tuple]]:
     """Where each of ``model``'s local tensors (``tensors``: name -> tensor) gets its bytes from,
     as pieces of ``spec``'s tensors in Megatron's global per-layer tensor; that tensor's shape and
     the global indices the local tensor holds per dim (its shard of it); and how many of the spec's tensors the
     model lacks; and the views a fused tensor is filled through (GroupedMLP's weights, as its
-    grouped GEMM views them). A pipeline stage (Megatron's ``pre_process``/``post_process``, a layer
+    grouped GEMM views them), or, for FSDP2's shard of one, its runs (:func:`_grouped_runs`). A pipeline stage (Megatron's ``pre_process``/``post_process``, a layer
     range) and an expert-parallel rank lack the other ranks' tensors whether or not ``partial`` is
     set: Megatron's own offsets say which layers and experts it holds; any other model that lacks
     one is refused."""
@@ -549,6 +551,7 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
     pieces: dict[str, list[Piece]] = {}
     sets: dict[str, tuple[tuple[int, ...], list]] = {}
     views: dict[str, tuple[int, ...]] = {}
+    runs: dict[str, tuple] = {}
     held: set[int] = set()
     for name, t in tensors.items():
         whole = stand_ins.get(id(t), t)  # a DTensor's whole (tensor-parallel local) parameter
@@ -558,7 +561,7 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
         grouped = _grouped_place(name, whole, sharded)
         if grouped is not None and whole is not t:
             _refuse_experts_sharded_across_experts(name, t, config)
-            grouped = _grouped_shard(name, t, grouped)
+            runs[name] = _grouped_runs(name, t, grouped)
         if grouped is None:
             key, lead, shape, held_idx = _global_place(name, whole, sharded)
             key, lead = _stacked(key, lead)
@@ -567,8 +570,10 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
             sets[name] = (shape, _within(held_idx, shape, t, name) if whole is not t else held_idx)
             boxes = _hf_boxes(key, lead, shape, config, gated, spec.family)
         else:  # GroupedMLP: each expert's tensor, transposed, in one tensor per layer
-            key, layer, views[name], whole, held_idx, experts, shape = grouped
+            key, layer, view, whole, held_idx, experts, shape = grouped
             sets[name] = (whole, held_idx)
+            if name not in runs:
+                views[name] = view
             boxes = [(hf_name, grouped_mlp_box(g, box)) for g in experts
                      for hf_name, box in _hf_boxes(key, (layer, g), shape, config, gated, spec.family)]
         pieces[name] = []
@@ -594,7 +599,7 @@ def megatron_spec(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool
     stage = not (getattr(model, "pre_process", True) and getattr(model, "post_process", True)) or \
         len(getattr(getattr(model, "decoder", None), "layers", ())) < config.num_layers or \
         (getattr(config, "expert_model_parallel_size", 1) or 1) > 1
-    return spec, pieces, sets, lacking(spec, held, partial or stage, ": the model does not match the spec"), views
+    return spec, pieces, sets, lacking(spec, held, partial or stage, ": the model does not match the spec"), views, runs
 
 
 def _within(held: list, shape: tuple[int, ...], t, name: str) -> list:
@@ -645,8 +650,8 @@ class MegatronStack:
         return ()
 
     def layout(self, module, spec, named, real, partial) -> Layout:
-        model_spec, pieces, index_sets, missing, views = megatron_spec(module, spec, dict(named), partial)
-        return Layout(model_spec, pieces, missing, index_sets, views=views)
+        model_spec, pieces, index_sets, missing, views, runs = megatron_spec(module, spec, dict(named), partial)
+        return Layout(model_spec, pieces, missing, index_sets, views=views, runs=runs)
 
 
 STACK = MegatronStack()

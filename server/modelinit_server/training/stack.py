@@ -51,6 +51,11 @@ class Layout:
     """Module tensors (of ``index_sets``) filled through a view of this shape: a fused tensor whose
     layout in memory is another shape than its own (Megatron's GroupedMLP ``weight1`` [hidden,
     experts x rows] is [experts, hidden, rows] in memory). Its index sets are the view's."""
+    runs: dict[str, tuple[tuple[int, int, tuple[int, ...], list], ...]] = field(default_factory=dict)
+    """Module tensors (of ``index_sets``, whose sets are then unused) filled in runs of their local
+    elements, each ``(first, end, shape, sets)``: elements ``first:end`` of the flat local tensor,
+    viewed as ``shape``, hold the global indices ``sets`` (FSDP2's shard of a GroupedMLP weight: a
+    run of its memory, whole experts or rows of one, of the grouped GEMM's view)."""
     own_state: frozenset[str] = frozenset()
     """Module tensors that are the stack's own state, set by :meth:`Stack.prepare` and left as
     they are (torchtitan: an MoE's load-balancing bias); they draw nothing."""
