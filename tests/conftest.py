@@ -4,6 +4,8 @@ by import (object stores, the hostile server, the medium model's reference run).
 are in tests/support, never here."""
 from __future__ import annotations
 
+import copy
+
 import modelinit
 import pytest
 from modelinit_server.service.server import BackgroundServer, ServerConfig
@@ -16,6 +18,19 @@ from tests.support.relay import relay  # noqa: F401 - fixture
 from tests.support.s3_server import (  # noqa: F401 - fixtures
     s3_bucket, s3_checking_keys, s3_env, s3_no_checksums, s3_no_conditional_put, s3_parts_seen, s3_server)
 from tests.support.stores import azure_store, s3_store, store  # noqa: F401 - fixtures
+
+
+@pytest.fixture(autouse=True)
+def presets_unchanged():
+    """The shared preset configs are the same after every test: a test that hands a preset's nested
+    dict to code that writes into it (transformers 5 adds ``rope_theta`` to the ``rope_scaling`` it
+    is given) would change it for every later test in the process."""
+    from modelinit_server.architectures import PRESETS
+
+    before = copy.deepcopy(PRESETS)
+    yield
+    changed = sorted(n for n in set(before) | set(PRESETS) if PRESETS.get(n) != before.get(n))
+    assert not changed, f"this test changed architectures.PRESETS {changed}: deep-copy a preset before handing it on"
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,8 @@ Big presets are built on the meta device; tiny models are built for real to chec
 """
 from __future__ import annotations
 
+import copy
+
 import json
 import re
 import subprocess
@@ -108,8 +110,10 @@ def test_preset_matches_hf(name):
 
 
 def _meaning(model_type: str, document) -> dict:
-    """What transformers 5 makes of a config document (its own full serialization)."""
-    written = transformers.CONFIG_MAPPING[model_type].from_dict(dict(document)).to_diff_dict()
+    """What transformers 5 makes of a config document (its own full serialization). On a deep copy:
+    transformers 5 writes ``rope_theta`` into the ``rope_scaling`` dict it is given, which would
+    change the shared preset for every later test."""
+    written = transformers.CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(dict(document))).to_diff_dict()
     for key in ("transformers_version", "dtype", "architectures"):
         written.pop(key, None)
     return written
