@@ -8,7 +8,6 @@ megatron-core is imported inside the functions: the tests skip without it first.
 """
 from __future__ import annotations
 
-import os
 import pathlib
 import warnings
 
@@ -17,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import modelinit
-from tests.support.distributed import exit_rank
+from tests.support.distributed import exit_rank, spawn
 from tests.support.megatron_rules import gated_mlp, qkv_per_group, tp_whole
 
 #: The seed every test of a model of this module fills with.
@@ -139,10 +138,7 @@ def init_group(rank: int, world: int, init_file: str) -> None:
 
 def in_one_process(init_file: str, body, *args) -> None:
     """``body(*args)`` in a spawned process of its own, a gloo group of one and Megatron's parallel state."""
-    import torch.multiprocessing as mp
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_one, args=(init_file, body, args), nprocs=1, join=True)
+    spawn(_one, (init_file, body, args), 1)
 
 
 def _one(rank: int, init_file: str, body, args) -> None:

@@ -8,7 +8,6 @@ vocabulary (97 rows) — each rank fills only its shards, and ``full_tensor()`` 
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 
 import numpy as np
@@ -22,7 +21,7 @@ import modelinit  # noqa: E402
 from modelinit_server.training import init_module_, strip_wrappers  # noqa: E402
 from modelinit_server.training.fill import Filler  # noqa: E402
 
-from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
+from tests.support.distributed import exit_rank, no_collectives, same_bytes, spawn  # noqa: E402
 
 SEED = 1234
 
@@ -607,10 +606,7 @@ def references(tmp_path_factory):
 
 
 def _spawn(world: int, cases: list, refs: dict, tmp_path):
-    import torch.multiprocessing as mp
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_worker, args=(world, str(tmp_path / "pg"), cases, refs), nprocs=world, join=True)
+    spawn(_worker, (world, str(tmp_path / "pg"), cases, refs), world)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

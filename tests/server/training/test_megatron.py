@@ -14,7 +14,6 @@ do it, but its writer waits for CUDA.)
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -25,7 +24,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is in the test extra"
 
 import modelinit  # noqa: E402
 
-from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
+from tests.support.distributed import exit_rank, no_collectives, same_bytes, spawn  # noqa: E402
 from tests.support.megatron_models import (HF, MOE, SEED, STARCODER2, folder_in_megatrons_layout,  # noqa: E402
                                            global_name, in_one_process, init_group, megatron_gpt, put_together)
 
@@ -104,16 +103,12 @@ def test_parallel_layouts_equal_one_device(tmp_path, tp, pp, ep, tied, layernorm
     model's last stage its own copy of the embedding), EP=2 (each rank 2 of the 4 experts, numbered
     from 0), TP=2 x PP=2 over 4 ranks, and a Starcoder2-style model at TP=2 (LayerNorm's and the
     linears' biases, a GELU MLP: column-parallel biases split, row-parallel ones whole): each rank fills its own share, and the shares put together are the one-device model's bytes."""
-    import torch.multiprocessing as mp
-
     ref = folder_in_megatrons_layout(tmp_path, tied=tied, moe=ep > 1, layernorm=layernorm)
     ref_path, out = str(tmp_path / "ref.pt"), tmp_path / "shares"
     out.mkdir()
     torch.save(ref, ref_path)
     world = max(tp * pp, ep)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_fill_layout, args=(world, str(tmp_path / "pg"), tp, pp, ep, tied, str(out), ref_path, layernorm),
-             nprocs=world, join=True)
+    spawn(_fill_layout, (world, str(tmp_path / "pg"), tp, pp, ep, tied, str(out), ref_path, layernorm), world)
     whole = put_together(out, world, ep, gated=not layernorm)
     if tied:  # the last stage's copy of the embedding is the embedding
         assert [same_bytes(t, ref["embedding.word_embeddings.weight"]) for t in whole.pop("output_layer.weight")] == [True]
@@ -160,12 +155,9 @@ def test_virtual_pipeline_chunks_hold_the_folder_each_tensor_once(tmp_path):
     ranks' chunks every stored tensor is in exactly one chunk (the embedding in rank 0's first,
     the final norm and output layer in rank 1's last), with the folder's bytes; without a spec
     each chunk derives the whole model's config (4 layers) and the same bytes."""
-    import torch.multiprocessing as mp
-
     ref, out = folder_in_megatrons_layout(tmp_path), tmp_path / "chunks"
     out.mkdir()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_fill_chunks, args=(2, str(tmp_path / "pg"), 2, str(out)), nprocs=2, join=True)
+    spawn(_fill_chunks, (2, str(tmp_path / "pg"), 2, str(out)), 2)
     held: dict[str, list] = {}
     for f in sorted(out.glob("rank*-chunk*.pt")):
         share = torch.load(f)

@@ -14,7 +14,6 @@ the data-parallel group, then the tensor-parallel shares put together by Megatro
 """
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
@@ -25,7 +24,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is in the test extra"
 
 import modelinit  # noqa: E402
 
-from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
+from tests.support.distributed import exit_rank, no_collectives, same_bytes, spawn  # noqa: E402
 from tests.support.megatron_models import (HF, MOE, SEED, folder_in_megatrons_layout, in_one_process,  # noqa: E402
                                            init_group, megatron_gpt, put_together)
 
@@ -138,15 +137,11 @@ def test_fsdp2_shards_put_together_are_the_hugging_face_folder(tmp_path, dp, tp,
     data-parallel pair that holds them, the rest over all four, the same; Megatron's wrapper
     alone, which shards the experts over all four (two ranks' different experts in one
     all-gather), is refused by name with nothing written."""
-    import torch.multiprocessing as mp
-
     refs = {d: folder_in_megatrons_layout(tmp_path, d, tied, moe=ep > 1) for d in sorted({dtype, "float32"})}
     out = tmp_path / "shares"
     out.mkdir()
     world = dp * tp * pp
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_fill_fsdp2, args=(world, str(tmp_path / "pg"), dp, tp, pp, ep, dtype, tied, str(out)), nprocs=world,
-             join=True)
+    spawn(_fill_fsdp2, (world, str(tmp_path / "pg"), dp, tp, pp, ep, dtype, tied, str(out)), world)
     whole = put_together(out, world, ep)
     assert sorted(whole) == sorted(refs["float32"])
     assert {str(ts[0].dtype) for ts in whole.values()} == {f"torch.{d}" for d in refs}
@@ -255,7 +250,4 @@ def test_grouped_mlp_under_fsdp2_is_the_unsharded_models(tmp_path, dp, experts):
     (test_megatron_moe.py: the folder's). At DP=3 with 8 experts (``weight1`` [64, 8 x 64] as 22,
     21, 21 rows) a shard starts and ends inside experts: rank 1 holds the end of expert 2, experts
     3 and 4 whole and the start of expert 5, three runs."""
-    import torch.multiprocessing as mp
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_fill_grouped, args=(dp, str(tmp_path / "pg"), experts), nprocs=dp, join=True)
+    spawn(_fill_grouped, (dp, str(tmp_path / "pg"), experts), dp)

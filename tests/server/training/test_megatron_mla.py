@@ -13,7 +13,6 @@ tensors are put together by Megatron's rules (column-parallel rows, row-parallel
 """
 from __future__ import annotations
 
-import os
 import pathlib
 import warnings
 
@@ -26,7 +25,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is in the test extra"
 
 import modelinit  # noqa: E402
 
-from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
+from tests.support.distributed import exit_rank, no_collectives, same_bytes, spawn  # noqa: E402
 from tests.support.megatron_rules import gated_mlp, tp_whole  # noqa: E402
 
 SEED = 13
@@ -244,16 +243,13 @@ def test_mla_equals_the_deepseek_v3_folder(tmp_path):
     MoE layer's routing included),
     :func:`mla_rows` checked against Megatron's own split, and a spec without the q LoRA refused by
     name before anything is written."""
-    import torch.multiprocessing as mp
-
     refs = {}
     for q_lora, dtype, moe in _CASES:
         for d in sorted({dtype, "float32"}):
             refs[(q_lora, d, moe)] = _reference(tmp_path, q_lora, d, moe)
     out = tmp_path / "shares"
     out.mkdir()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_fill, args=(2, str(tmp_path / "pg"), str(out)), nprocs=2, join=True)
+    spawn(_fill, (2, str(tmp_path / "pg"), str(out)), 2)
     for tp in (2, 1):
         for q_lora, dtype, moe in _CASES:
             got = _put_together([torch.load(out / f"tp{tp}-{q_lora}-{moe}-rank{r}.pt") for r in range(tp)])

@@ -23,7 +23,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is in the test extra"
 
 import modelinit  # noqa: E402
 
-from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
+from tests.support.distributed import exit_rank, no_collectives, same_bytes, spawn  # noqa: E402
 from tests.support.megatron_models import (HF, MOE, PADDED, SEED, files_of, folder_in_megatrons_layout,  # noqa: E402
                                            init_group, megatron_gpt, put_together)
 from tests.support.megatron_rules import gated_mlp, qkv_per_group  # noqa: E402
@@ -148,11 +148,8 @@ def test_shared_experts_the_expert_bias_and_grouped_experts_at_tp2_are_the_folde
     model (grouped-GEMM experts: one ``weight1``/``weight2`` per layer, each expert's tensor
     transposed in it; config derived): its experts, read out by Megatron's own view and transpose,
     are the Qwen3-MoE folder's."""
-    import torch.multiprocessing as mp
-
     out = tmp_path / "shares"
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_fill_shares, args=(2, str(tmp_path / "pg"), str(out)), nprocs=2, join=True)
+    spawn(_fill_shares, (2, str(tmp_path / "pg"), str(out)), 2)
     derived = torch.load(out / "qwen2" / "rank0.pt")["derived"]
     assert {k: derived[k] for k in QWEN2_MOE if k in derived} == {k: v for k, v in QWEN2_MOE.items() if k in derived}
     for name, config, dtypes, shared, gate in (

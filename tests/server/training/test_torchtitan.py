@@ -14,7 +14,6 @@ family modelinit derives no config for (test_torchtitan_config.py derives the ot
 """
 from __future__ import annotations
 
-import os
 import pathlib
 
 import pytest
@@ -25,7 +24,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 import modelinit  # noqa: E402
 
-from tests.support.distributed import exit_rank, no_collectives, same_bytes  # noqa: E402
+from tests.support.distributed import exit_rank, no_collectives, same_bytes, spawn  # noqa: E402
 from tests.support.stacks import install_torchtitan  # noqa: E402
 from tests.support.torchtitan_models import (DEEPSEEK_V3, HF, QWEN3, QWEN3_MOE, SEED, flavor_model,  # noqa: E402
                                              folder_as_loaded, meta_model, titan_config)
@@ -226,10 +225,7 @@ def _fresh_rope_cache():
 
 
 def _spawn(world: int, layouts: list, refs: dict, tmp_path: pathlib.Path) -> None:
-    import torch.multiprocessing as mp
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_worker, args=(world, str(tmp_path / "pg"), layouts, refs), nprocs=world, join=True)
+    spawn(_worker, (world, str(tmp_path / "pg"), layouts, refs), world)
 
 
 gloo = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
