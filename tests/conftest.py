@@ -1,16 +1,23 @@
 """The fixtures every test folder sees: a real in-process server on a free port (session) and the
 real client, `modelinit serve` in subprocesses, and the fixtures of tests/support registered here
 by import (object stores, the hostile server, the medium model's reference run). Helpers and data
-are in tests/support, never here."""
+are in tests/support, never here.
+
+Two hooks shape a run (tests/README.md, "Running them"): the tests marked ``slow`` are handed out
+first, so that the parallel workers (pytest-xdist) end together instead of one of them finishing a
+long test alone; and the run ends with its slowest tests, so that growth is seen where it happens."""
 from __future__ import annotations
 
 import copy
+import os
+import sys
 
 import modelinit
 import pytest
 from modelinit_server.service.server import BackgroundServer, ServerConfig
 
 from tests.support import ServerProcess
+from tests.support.durations import Durations
 from tests.support.azure_server import azure_container, azure_env, azure_server  # noqa: F401 - fixtures
 from tests.support.hostile_server import hostile  # noqa: F401 - fixture
 from tests.support.medium_model import reference  # noqa: F401 - fixture
@@ -18,6 +25,22 @@ from tests.support.relay import relay  # noqa: F401 - fixture
 from tests.support.s3_server import (  # noqa: F401 - fixtures
     s3_bucket, s3_checking_keys, s3_env, s3_no_checksums, s3_no_conditional_put, s3_parts_seen, s3_server)
 from tests.support.stores import azure_store, s3_store, store  # noqa: F401 - fixtures
+
+
+def pytest_collection_modifyitems(config, items):
+    """The ``slow`` tests first, each group in its order of collection (a stable sort)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_configure(config):
+    # The project's own modules compiled once per run, not once per process: the suite starts
+    # hundreds of interpreters (the CLI, the docs' blocks, the benchmarks, servers), and where
+    # PYTHONDONTWRITEBYTECODE is set (CI's machines set it) each would compile modelinit again
+    # (about 0.3 s). The bytecode goes to __pycache__ folders, which git ignores.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+    if not hasattr(config, "workerinput"):  # the run's own process: the one that prints
+        config.pluginmanager.register(Durations(config), "modelinit-durations")
 
 
 @pytest.fixture(autouse=True)

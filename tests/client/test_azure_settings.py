@@ -51,6 +51,7 @@ def _one_line(capsys) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_an_account_key(account, spec, expected, monkeypatch):
     container = account.new_container()
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", KEY)

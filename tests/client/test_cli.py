@@ -12,6 +12,7 @@ def run(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "modelinit.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_init_embedded_then_through_a_server(tmp_path, server_process):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY["bert"]))

@@ -127,6 +127,7 @@ def test_an_unexpected_error_is_one_line_without_a_traceback(monkeypatch, capsys
 # --- CLI: a closed stdout -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_output_piped_into_head_ends_quietly():
     # mixtral's plan is ~180 KB: far more than a pipe holds, so the writes meet the closed pipe.
     proc = subprocess.Popen([sys.executable, "-m", "modelinit.cli", "plan", "mixtral-8x7b"],
@@ -255,6 +256,7 @@ def test_100_mb_policy_is_refused_by_size_before_parsing(tmp_path, name, monkeyp
     one_line_error(r, 2, name, "1,048,576 bytes")
 
 
+@pytest.mark.slow
 def test_policy_errors_quote_short_excerpts(tmp_path):
     long = "x" * 100_000
     for text, field in [

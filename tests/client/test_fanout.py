@@ -32,6 +32,7 @@ def two_servers():
         s.stop()
 
 
+@pytest.mark.slow
 def test_two_replicas_in_parallel_equal_one_server(two_servers, tmp_path, reference):
     target = ",".join(s.target for s in two_servers)
     with modelinit.Client(target) as c:
@@ -43,6 +44,7 @@ def test_two_replicas_in_parallel_equal_one_server(two_servers, tmp_path, refere
     assert all(_files_served(s) >= 1 for s in two_servers)  # the servers' own count agrees
 
 
+@pytest.mark.slow
 def test_a_replica_killed_mid_run_the_other_finishes(two_servers, tmp_path, reference):
     a, b = two_servers
     target = f"{a.target},{b.target}"
@@ -65,6 +67,7 @@ def test_a_replica_killed_mid_run_the_other_finishes(two_servers, tmp_path, refe
     assert served[b.target] >= 3  # b finished what a had been serving
 
 
+@pytest.mark.slow
 def test_a_replica_of_another_version_is_refused(two_servers, hostile, tmp_path):
     other = hostile(Hostile())  # plans different weights (another fingerprint)
     with modelinit.Client(f"{two_servers[0].target},{other}", retry=RetryPolicy(deadline=0)) as c:
@@ -74,6 +77,7 @@ def test_a_replica_of_another_version_is_refused(two_servers, hostile, tmp_path)
     assert not any(p.name.endswith(".partial") or p.name == "modelinit.json" for p in tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_cli_comma_separated_servers_and_parallel(two_servers, tmp_path, reference, capsys):
     import json
 
@@ -98,6 +102,7 @@ def test_split_targets():
         split_targets("a:1,,b:2")
 
 
+@pytest.mark.slow
 def test_one_name_for_several_replicas_is_balanced_call_by_call(two_servers, tmp_path, reference):
     """A name resolving to both replicas (what dns:/// gives in Kubernetes; ipv4: lists the same
     addresses on loopback): one channel, round-robin, the files spread over both."""

@@ -70,6 +70,7 @@ def test_an_e_tag_changes_when_anyone_replaces_the_file(tmp_path):
     assert prefix.list()["shard.safetensors"].e_tag != tag
 
 
+@pytest.mark.slow
 def test_parts_written_at_once_by_separate_processes_into_one_folder(tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(TINY["gpt2"]))

@@ -154,6 +154,7 @@ def _cli(args: list[str], env: dict[str, str], prelude: str = "") -> subprocess.
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_parts_written_at_once_by_separate_processes(store, expected, tmp_path):
     url = store.new_prefix()
     spec = tmp_path / "spec.json"
@@ -248,6 +249,7 @@ BIG = {"model_type": "llama", "vocab_size": 8000, "hidden_size": 512, "num_hidde
        "num_key_value_heads": 2, "intermediate_size": 1024, "max_position_embeddings": 128, "tie_word_embeddings": False}
 
 
+@pytest.mark.slow
 def test_a_killed_upload_leaves_no_shard_and_the_rerun_only_uploads_what_is_missing(store, tmp_path, monkeypatch):
     spec = tmp_path / "big.json"
     spec.write_text(json.dumps(BIG))
@@ -481,6 +483,7 @@ def test_two_parts_finishing_at_once_write_the_manifest_once(store, expected, mo
     assert store.objects(url) == expected
 
 
+@pytest.mark.slow
 def test_a_store_without_conditional_writes_still_gets_one_checkpoint(s3_no_conditional_put, expected, caplog):
     server, refused = s3_no_conditional_put
     bucket = server.new_bucket()
@@ -500,6 +503,7 @@ def test_credentials_in_the_url_are_refused_without_echoing_them(capsys, tmp_pat
     assert "credentials in the URL are not taken" in line and "topsecret" not in line
 
 
+@pytest.mark.slow
 def test_a_part_killed_mid_upload_and_rerun_completes_the_checkpoint(store, tmp_path):
     """Three parts in separate processes; part 1 is killed mid-upload of its shard (SIGKILL). The
     others finish but cannot write the manifest; part 1's rerun uploads that shard again (S3:

@@ -20,6 +20,9 @@ from tests.support import TINY, ray_cluster, read_folder
 ray = pytest.importorskip("ray", reason="ray is in the test extra (modelinit[ray])")
 import modelinit.ray  # noqa: E402 - after the skip: it names Ray's errors on use
 
+#: One worker runs them all: the module's cluster is started once (a few seconds and about 1 GB).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+
 SPEC = TINY["gpt2"]
 RUN = {"seed": 3, "max_shard_size": "100KB"}  # 10 shards
 #: Big enough that a part takes a while (about 170 MB in float32, 5 MB shards), so a worker can be
@@ -47,7 +50,7 @@ def _started():
             return
         yield {"error": None, "address": running.address}
         ray.shutdown()
-    running.stop()
+    running.stop(grace=2.0)  # nothing of it is kept: no need to wait out Ray's own slow shutdown (about 20 s)
 
 
 @pytest.fixture()

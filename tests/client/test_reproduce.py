@@ -60,6 +60,7 @@ _rules = st.fixed_dictionaries({"init": _distributions}, optional={
 policy_docs = _params(preset=_names, rules=st.lists(_rules, max_size=4))
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(doc=policy_docs)
 def test_to_dict_is_the_inverse_of_from_dict(doc):

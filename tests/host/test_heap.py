@@ -34,6 +34,7 @@ def _stream(target: str, nbytes: int) -> int:
     return got
 
 
+@pytest.mark.slow
 @glibc_linux
 def test_a_new_servers_first_stream_does_not_fault_every_block(server_process):
     """Without the thresholds a new server mapped each message's 1 MiB blocks afresh until its

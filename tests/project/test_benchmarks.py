@@ -51,6 +51,8 @@ import pytest
 
 from tests.support import REPO, TINY
 
+pytestmark = pytest.mark.slow  # subprocesses: each a fresh interpreter
+
 BENCH = REPO / "benchmarks"
 TIMEOUT = 300
 

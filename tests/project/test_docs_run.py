@@ -95,6 +95,8 @@ import pytest
 from tests.support import REPO, TINY
 from tests.support.doc_blocks import Block, all_blocks, blocks
 
+pytestmark = pytest.mark.slow  # subprocesses: each a fresh interpreter
+
 LANGS = {"python", "bash", "sh", "shell", "console"}
 #: How long one block (or one ``before`` command) may run: a guard against hanging, not a measure.
 TIMEOUT = 600

@@ -25,6 +25,7 @@ def test_ruff():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.slow
 def test_mypy_client_package():
     out = subprocess.run([_tool("mypy"), "client/modelinit", "client/modelinit_host", "proto/modelinit_wire"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -23,6 +23,8 @@ import re
 import tokenize
 from pathlib import Path
 
+import pytest
+
 from tests.support import REPO
 
 PACKAGES = {  # heading of its tree in docs/architecture.md -> (package, its folder)
@@ -198,6 +200,7 @@ def _references(path: Path):
             yield line, match.group(1), target, classes
 
 
+@pytest.mark.slow
 def test_cross_references_resolve():
     broken = []
     for package, folder in PACKAGES.values():

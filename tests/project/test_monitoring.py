@@ -137,6 +137,7 @@ def test_configmap_validates_against_kubernetes_schema(objects, version):
     validate_strict(one(objects, "ConfigMap"), version)
 
 
+@pytest.mark.slow
 def test_operator_objects_validate_against_the_crd_schemas(objects):
     crs = [o for o in objects if o["apiVersion"] == OPERATOR_API]
     for result in check(objects=crs)["objects"]:

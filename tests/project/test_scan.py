@@ -24,6 +24,8 @@ from tests.support import REPO
 from tests.support.deploy import DEPLOY, EXAMPLES, kustomize
 from tests.support.scanner import CHECKOV, scan
 
+pytestmark = pytest.mark.slow  # checkov: installed on first use (about a minute), then a scan per case
+
 #: The Kustomize directories scanned, rendered (deploy/k8s/base too: the scanner judges it alone).
 RENDERED = ("k8s/base", "k8s/overlays/cpu", "k8s/overlays/gpu", "k8s/overlays/gpu-tls", "k8s/init-job", "k8s/jobset",
             "k8s/kubeflow-trainer", "monitoring")

@@ -2,24 +2,61 @@
 modelinit and loaded back by transformers (tests/support/census.py says how). It prints the count and every
 refusal with its reason, and fails if a single buildable type does not pass (the README's claim:
 all of them, 541 with transformers 5.24), or if the shrink stops making most types buildable (the
-census would then prove little)."""
+census would then prove little).
+
+The census runs as ``CHUNKS`` parts, every ``CHUNKS``-th type each (``test_census_part``), so the
+test processes of a parallel run share it; each part is run once per test run
+(tests/support/once.py) and the whole-census checks read every part."""
 from __future__ import annotations
+
+import json
+from dataclasses import asdict
 
 import pytest
 
 from tests.support import census
+from tests.support.once import once
+
+#: Parts of the census (about 80 types, 25 s on one core, each).
+CHUNKS = 8
 
 #: Types transformers must build from the shrunk defaults (541 of 628 with a model class, transformers 5.24).
 MIN_BUILDABLE = 500
 
 
+def _part(tmp_path_factory, k: int) -> census.Census:
+    """Part ``k`` of the census: its outcomes, run once per test run."""
+    def make(folder):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("MODELINIT_CACHE_DIR", str(folder / "spec-cache"))
+            done = census.run(census.model_types()[k::CHUNKS])
+        (folder / "outcomes.json").write_text(json.dumps([asdict(o) for o in done.outcomes]))
+
+    folder = once(tmp_path_factory, f"census-{k}-of-{CHUNKS}", make)
+    return census.Census([census.Outcome(**o) for o in json.loads((folder / "outcomes.json").read_text())])
+
+
 @pytest.fixture(scope="module")
-def result(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MODELINIT_CACHE_DIR", str(tmp_path_factory.mktemp("spec-cache")))
-        return census.run()
+def result(tmp_path_factory) -> census.Census:
+    """The whole census, its parts in order."""
+    return census.Census([o for k in range(CHUNKS) for o in _part(tmp_path_factory, k).outcomes])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("k", range(CHUNKS))
+def test_census_part(tmp_path_factory, k):
+    """Every buildable type of part ``k`` passes (a failure is reported by the part that holds it)."""
+    part = _part(tmp_path_factory, k)
+    assert part.outcomes and part.of("refused") + part.of("fail") == [], part.report()
+
+
+def test_every_type_is_in_one_part():
+    types = census.model_types()
+    parts = [types[k::CHUNKS] for k in range(CHUNKS)]
+    assert sorted(t for part in parts for t in part) == types
+
+
+@pytest.mark.slow
 def test_census_share(result, capsys):
     with capsys.disabled():
         print("\n" + result.report())
@@ -29,6 +66,7 @@ def test_census_share(result, capsys):
     assert result.share == 1.0, result.report()
 
 
+@pytest.mark.slow
 def test_every_type_that_does_not_pass_names_a_reason(result):
     """Those transformers cannot build from a shrunk default config (hundreds: the check is not
     vacuous) and any refusal or failure each say why."""

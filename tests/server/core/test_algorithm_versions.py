@@ -233,6 +233,7 @@ def run(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "modelinit.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_cli_flags(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY["bert"]))

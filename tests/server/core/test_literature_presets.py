@@ -99,6 +99,7 @@ def test_mup_scales_hidden_matrices_from_the_base_width_and_zeroes_readout_and_q
             assert s.std == pytest.approx(hidden, rel=1e-12), name
 
 
+@pytest.mark.slow
 def test_mup_preset_matches_the_mup_package():
     """The same Llama shapes at width 512 (base 256): mup.init.normal_(w, std=0.02) after set_base_shapes
     gives every hidden matrix std 0.02·(512/256)^-1/2 and every vector-like weight 0.02; the preset's

@@ -487,6 +487,7 @@ def _run_py(code: str, env: dict) -> str:
     return r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_numba_cache_dir_is_used(tmp_path):
     code = (
         "import numpy as np\n"
@@ -531,6 +532,7 @@ def test_engine_imports_without_numba():
     assert "refused" in _run_py(code, {})
 
 
+@pytest.mark.slow
 def test_portable_code_for_a_generic_cpu(tmp_path):
     """NUMBA_CPU_NAME=generic (baseline x86-64 / aarch64, no AVX): the vector compress and the float16
     rounding then compile to generic code, which must give the same bytes (serial kernel, both word sizes)."""

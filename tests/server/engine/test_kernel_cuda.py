@@ -406,9 +406,10 @@ def _worker(mode: str) -> dict:
     assert cuda.interpreting() and cuda.available(), "worker needs TRITON_INTERPRET=1"
     if mode == "golden":
         return {"results": [_run_case(c, "cpu") for c in _golden_cases()]}
-    if mode == "random":
-        return {"results": [_run_case(c, "cpu") for c in _random_cases()],
-                "errors": _check_generate_tensor("cpu") + _check_out_errors("cpu") + _check_runs("cpu")}
+    if mode.startswith("random:"):  # random:K:N, part K of N: every N-th case; part 0 also the other checks
+        k, n = map(int, mode.split(":")[1:])
+        return {"results": [_run_case(c, "cpu") for c in _random_cases()[k::n]],
+                "errors": _check_generate_tensor("cpu") + _check_out_errors("cpu") + _check_runs("cpu") if k == 0 else []}
     if mode == "blocks":
         return _interp_building_blocks()
     if mode == "threads":
@@ -472,19 +473,28 @@ def test_run_table_covers_every_run_once():
             assert covered == list(range(s, s + c))
 
 
+@pytest.mark.slow
 def test_interpreter_golden():
     res = _interp("golden")
     assert len(res["results"]) == len(GOLDEN)
     assert _failures(res["results"]) == []
 
 
-def test_interpreter_random_table():
-    res = _interp("random")
-    assert len(res["results"]) == len(_random_cases())
+#: The random table runs as this many parts, each in an interpreter process of its own (parallel
+#: test workers share it; about 70 s on one core in all).
+RANDOM_PARTS = 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", range(RANDOM_PARTS))
+def test_interpreter_random_table(k):
+    res = _interp(f"random:{k}:{RANDOM_PARTS}")
+    assert len(res["results"]) == len(_random_cases()[k::RANDOM_PARTS])
     assert _failures(res["results"]) == []
     assert res["errors"] == []
 
 
+@pytest.mark.slow
 def test_interpreter_building_blocks():
     res = _interp("blocks")
     assert res["errors"] == []
@@ -492,6 +502,7 @@ def test_interpreter_building_blocks():
     assert res["f16_checked"] > 200_000 and res["f32_checked"] > 300_000
 
 
+@pytest.mark.slow
 def test_interpreter_several_threads_at_once():
     """Launches from several threads (the embedded job's files in flight) are serialized: each gets
     its own range's bytes (unserialized, the interpreter fails: "Did you forget to add @triton.jit?")."""
@@ -607,6 +618,7 @@ def test_auto_without_a_gpu_imports_neither_torch_nor_triton():
 _PTX_SPECS = [("normal", False), ("trunc_normal", False), ("trunc_normal", True), ("uniform", False), ("constant", False)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", reference.DTYPES)
 def test_ptx_is_bit_exact(dtype):
     """Compile for sm_90 (no GPU needed): no FMA, no approximate division/sqrt, no transcendental, no FTZ,

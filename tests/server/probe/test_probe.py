@@ -219,6 +219,7 @@ def test_fixed_stds_are_gain_matched_and_fan_based_rules_are_not():
             assert "model.embed_tokens.weight" not in gains  # an embedding's output std does not follow the width
 
 
+@pytest.mark.slow
 def test_every_output_of_a_proxy_says_proxy(tmp_path, capsys):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(WIDE))
@@ -232,6 +233,7 @@ def test_every_output_of_a_proxy_says_proxy(tmp_path, capsys):
     assert code == 2 and "not divisible by the proxy factor 3" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_a_70b_spec_probes_as_a_proxy_within_the_budget(capsys):
     """llama-3-70b (70.6B parameters) within a 2 GiB budget: the proxy that fits is chosen and named."""
     r = modelinit.probe("llama-3-70b", seed=0, batch=1, seq=16, memory_budget=2 << 30)[0]

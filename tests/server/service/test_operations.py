@@ -31,6 +31,7 @@ def health_status(target: str, timeout: float = WAIT) -> int:
         return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout).status
 
 
+@pytest.mark.slow
 def test_killed_server_restarted_client_resumes_byte_identical(tmp_path, reference, caplog):
     first = ServerProcess()
     port = first.target.rsplit(":", 1)[1]
@@ -133,6 +134,7 @@ def test_stalled_reader_times_out_and_frees_the_stream(background_server):
         assert "idle-timeout" in e.value.details()
 
 
+@pytest.mark.slow
 def test_sixteen_concurrent_clients_and_a_seventeenth_refused(tmp_path):
     # --idle-timeout: a held stream must outlast however long 16 take to start on a slow machine.
     server = ServerProcess("--max-streams", "16", "--idle-timeout", "600")
@@ -199,6 +201,7 @@ def refuses_new_calls(target: str) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_sigterm_reports_not_serving_drains_and_exits_zero(tmp_path, reference):
     # No sleeps: each step waits for the server's own signal. --grace only bounds the drain (the
     # server exits as soon as the stream ends), generous so that a slow machine never has the
@@ -384,6 +387,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_sigterm_past_the_grace_period_client_resumes_on_another_replica(tmp_path, reference, caplog):
     a = ServerProcess("--grace", "0.3")
     port_b = _free_port()

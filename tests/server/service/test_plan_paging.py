@@ -65,6 +65,7 @@ def _invalid(stub, request: pb.ModelRequest, **page) -> str:
 
 # The huge model's tests come first and together: the server keeps the latest plans.
 
+@pytest.mark.slow
 def test_a_huge_plan_pages_through_a_stock_stub(stub):
     summary = stub.Plan(pb.PlanRequest(request=HUGE_REQUEST), timeout=60)
     assert not summary.tensors and summary.tensor_count == HUGE_TENSORS and not summary.next_page_token

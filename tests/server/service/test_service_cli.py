@@ -226,6 +226,7 @@ def test_every_server_config_field_has_a_serve_flag(certs, monkeypatch):
     assert given.keys() == defaults.keys()
     assert [name for name in given if given[name] == defaults[name]] == []
 
+@pytest.mark.slow
 def test_the_largest_preset_fits_the_default_caps(background_server):
     server = background_server()  # default limits
     with modelinit.Client(server.target) as c:

@@ -9,11 +9,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.support import REPO
 
 SOAK = REPO / "benchmarks" / "soak.py"
 
 
+@pytest.mark.slow
 def test_two_rounds_answer_every_request_as_expected(tmp_path):
     out = tmp_path / "soak.json"
     run = subprocess.run([sys.executable, str(SOAK), "--rounds", "2", "--seq", "2", "--clients", "2", "--settle", "0.2",

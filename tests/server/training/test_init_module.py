@@ -635,6 +635,7 @@ def test_cuda_dtensors_of_a_world_of_one_equal_files(tmp_path, references):
         d.destroy_process_group()
 
 
+@pytest.mark.slow
 @needs_dist
 def test_sharded_models_equal_files(tmp_path, references):
     """One world of 4 processes (their imports dominate the cost; sizes 2 also run here as the
@@ -647,12 +648,14 @@ def test_sharded_models_equal_files(tmp_path, references):
     _spawn(4, cases, references, tmp_path)
 
 
+@pytest.mark.slow
 @needs_dist
 def test_world_of_two(tmp_path, references):
     """A world of 2 processes: FSDP2 and TP on a 1-D mesh, the vocabulary split 49/48, bfloat16 too."""
     _spawn(2, [("llama", "fsdp"), ("llama", "tp"), ("llama_bf16", "fsdp"), ("llama_bf16", "tp")], references, tmp_path)
 
 
+@pytest.mark.slow
 @needs_dist
 def test_world_of_one(tmp_path, references):
     """A world of 1: DTensors on a 1-rank mesh hold everything (Shard over one rank)."""

@@ -28,7 +28,8 @@ from tests.support.distributed import exit_rank, no_collectives, same_bytes, spa
 from tests.support.megatron_models import (HF, MOE, SEED, STARCODER2, folder_in_megatrons_layout,  # noqa: E402
                                            global_name, in_one_process, init_group, megatron_gpt, put_together)
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Megatron warns that Apex/TE are absent
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),  # Megatron warns that Apex/TE are absent
+              pytest.mark.slow]
 
 
 def _check_one_device(ref_paths: dict, dtype: str, tied: bool, policy, moe: bool) -> None:

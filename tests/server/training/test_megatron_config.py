@@ -88,6 +88,7 @@ def test_a_deepseek_v3_shaped_mla_config_derives_deepseek_v3s_dense_layers():
             hf_config(_mla_config(rope_type="rope", num_attention_heads=4, **fields), _GPT)
 
 
+@pytest.mark.slow
 def test_deepseek_v3_whole_derives_the_real_deepseek_v3():
     """Megatron's DeepSeek-V3 (as Megatron-Bridge configures it: MLA as above, 61 layers of which
     the first three dense, 256 routed experts 2048 wide, top 8 in 4 of 8 groups, sigmoid scores
@@ -290,6 +291,7 @@ def _check_derived(out: str) -> None:
     torch.save({"derived": summary.derived_config, "state": state}, f"{out}-mixed.pt")
 
 
+@pytest.mark.slow
 def test_a_model_filled_without_a_spec_is_the_folder_of_its_derived_config(tmp_path):
     """Without ``spec=``: the config derived is reported (``summary.derived_config``), the fill is
     the explicit config's, and the Hugging Face folder of the derived config (``modelinit init``)

@@ -28,7 +28,7 @@ from tests.support.distributed import exit_rank, no_collectives, same_bytes, spa
 from tests.support.megatron_models import (HF, MOE, SEED, folder_in_megatrons_layout, in_one_process,  # noqa: E402
                                            init_group, megatron_gpt, put_together)
 
-pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                  reason="torch.distributed with gloo is not available")]
 

@@ -45,7 +45,8 @@ _MOE_FIELDS = dict(num_moe_experts=4, moe_ffn_hidden_size=32, moe_router_topk=2,
                    moe_shared_expert_intermediate_size=32, moe_router_score_function="sigmoid",
                    moe_router_enable_expert_bias=True, moe_router_dtype="fp32")
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Megatron warns that Apex/TE are absent
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),  # Megatron warns that Apex/TE are absent
+              pytest.mark.slow]
 
 
 class _CoreAttention(torch.nn.Module):

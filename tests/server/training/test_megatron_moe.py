@@ -28,7 +28,7 @@ from tests.support.megatron_models import (HF, MOE, PADDED, SEED, files_of, fold
                                            init_group, megatron_gpt, put_together)
 from tests.support.megatron_rules import gated_mlp, qkv_per_group  # noqa: E402
 
-pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),  # Megatron warns that Apex/TE are absent
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning"),  # Megatron warns that Apex/TE are absent
               pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                  reason="torch.distributed with gloo is not available")]
 

@@ -232,6 +232,7 @@ gloo = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(
                           reason="torch.distributed with gloo is not available")
 
 
+@pytest.mark.slow
 @gloo
 @pytest.mark.parametrize("world, layouts", [(2, ["fsdp", "tp", "titan_fsdp", "titan_tp", "titan_tp_full"]),
                                             (4, ["fsdp_tp", "titan_fsdp_tp"])], ids=["2-ranks", "2x2-mesh"])
@@ -245,6 +246,7 @@ def test_sharded_layouts_equal_one_device(tmp_path, world, layouts):
     _spawn(world, layouts, dict.fromkeys(layouts, ref_path), tmp_path)
 
 
+@pytest.mark.slow
 @gloo
 def test_expert_parallel_through_torchtitans_own_parallelize_equals_one_device(tmp_path, tmp_path_factory):
     """Expert parallel over 2 ranks, by torchtitan's own ``parallelize_qwen3`` and

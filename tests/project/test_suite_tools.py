@@ -1,0 +1,110 @@
+"""The suite's own machinery (tests/README.md, "Running them"): work done once per run across the
+parallel workers (tests/support/once.py), the worlds of ranks forked from a fork server
+(tests/support/distributed.spawn), and a run that ends with its slowest tests
+(tests/support/durations.py, registered by tests/conftest.py)."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import REPO
+from tests.support.distributed import spawn
+from tests.support.once import once
+
+
+class _Factory:
+    """What :func:`once` reads of pytest's tmp_path_factory."""
+
+    def __init__(self, base: pathlib.Path) -> None:
+        self.base = base
+
+    def getbasetemp(self) -> pathlib.Path:
+        return self.base
+
+
+def _make_once(base: str, log: str) -> None:
+    def make(folder: pathlib.Path) -> None:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        (folder / "value").write_text("made")
+
+    folder = once(_Factory(pathlib.Path(base)), "shared", make)
+    assert (folder / "value").read_text() == "made"
+
+
+def test_once_makes_its_folder_once_whoever_asks(tmp_path):
+    """Four processes ask at once: one makes the folder, the others wait for it and read it."""
+    log = tmp_path / "makers"
+    procs = [multiprocessing.get_context("fork").Process(target=_make_once, args=(str(tmp_path), str(log))) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * 4
+    assert len(log.read_text().split()) == 1
+
+
+def test_once_leaves_nothing_when_making_fails_and_the_next_caller_makes_it(tmp_path):
+    def fail(folder: pathlib.Path) -> None:
+        (folder / "half").write_text("written before the failure")
+        raise RuntimeError("no")
+
+    with pytest.raises(RuntimeError, match="no"):
+        once(_Factory(tmp_path), "k", fail)
+    assert not (tmp_path / "once-k").exists()
+    folder = once(_Factory(tmp_path), "k", lambda f: (f / "value").write_text("second"))
+    assert (folder / "value").read_text() == "second" and not (folder / "half").exists()
+
+
+def _report(rank: int, out: str) -> None:
+    import torch
+
+    pathlib.Path(out, f"rank{rank}").write_text(
+        "\n".join([os.environ.get("MODELINIT_TEST_LATE", ""), str("late-entry" in sys.path), str(torch.get_num_threads())]))
+
+
+def test_spawned_ranks_see_the_environment_and_path_of_the_call(tmp_path, monkeypatch):
+    """The fork server keeps the environment of its own start; each rank gets the caller's as it is
+    at the call (a variable and a sys.path entry set after an earlier world started the server)."""
+    (tmp_path / "first").mkdir()
+    spawn(_report, (str(tmp_path / "first"),), 1)  # the fork server started, if no earlier world did
+    monkeypatch.setenv("MODELINIT_TEST_LATE", "set after the fork server started")
+    monkeypatch.syspath_prepend("late-entry")
+    (tmp_path / "second").mkdir()
+    spawn(_report, (str(tmp_path / "second"),), 2)
+    for rank in (0, 1):
+        late, on_path, threads = (tmp_path / "second" / f"rank{rank}").read_text().split("\n")
+        assert late == "set after the fork server started" and on_path == "True"
+        assert threads == os.environ.get("OMP_NUM_THREADS", "1")
+
+
+def _fails_on_rank_one(rank: int) -> None:
+    assert rank != 1, "rank 1 refuses"
+
+
+def test_a_failing_rank_fails_the_caller_with_its_error():
+    with pytest.raises(Exception, match="rank 1 refuses"):
+        spawn(_fails_on_rank_one, (), 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_run_ends_with_its_slowest_tests(workers):
+    """The last lines of a run, in this process or over xdist workers, name its slowest tests with
+    their seconds, after pytest's own summary."""
+    module = "tests/server/core/test_explain.py"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers, module],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.rstrip("\n").split("\n")
+    head = next(i for i, line in enumerate(lines) if "slowest" in line and "(setup + call + teardown)" in line)
+    assert " passed" in lines[head - 1]  # pytest's own last line comes before
+    shown = lines[head + 1:]
+    assert 0 < len(shown) <= 20 and all(line.split()[1].startswith(module + "::") for line in shown), shown
+    seconds = [float(line.split()[0].rstrip("s")) for line in shown]
+    assert seconds == sorted(seconds, reverse=True)
