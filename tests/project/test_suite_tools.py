@@ -68,6 +68,7 @@ def _report(rank: int, out: str) -> None:
         "\n".join([os.environ.get("MODELINIT_TEST_LATE", ""), str("late-entry" in sys.path), str(torch.get_num_threads())]))
 
 
+@pytest.mark.slow
 def test_spawned_ranks_see_the_environment_and_path_of_the_call(tmp_path, monkeypatch):
     """The fork server keeps the environment of its own start; each rank gets the caller's as it is
     at the call (a variable and a sys.path entry set after an earlier world started the server)."""
@@ -87,6 +88,7 @@ def _fails_on_rank_one(rank: int) -> None:
     assert rank != 1, "rank 1 refuses"
 
 
+@pytest.mark.slow
 def test_a_failing_rank_fails_the_caller_with_its_error():
     with pytest.raises(Exception, match="rank 1 refuses"):
         spawn(_fails_on_rank_one, (), 2)

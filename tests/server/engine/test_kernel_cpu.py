@@ -464,6 +464,7 @@ def test_fma_detector_detects_contraction():
     assert FMA.search("\n".join(f.inspect_asm().values())), "the pattern misses a fastmath multiply-add"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, parallel", [("_kernel_ser", False), ("_kernel_par", True),
                                             ("_kernel_runs_ser", False), ("_kernel_runs_par", True)])
 def test_no_fma_in_kernels(name, parallel):
