@@ -3,9 +3,10 @@ real client, `modelinit serve` in subprocesses, and the fixtures of tests/suppor
 by import (object stores, the hostile server, the medium model's reference run). Helpers and data
 are in tests/support, never here.
 
-Two hooks shape a run (tests/README.md, "Running them"): the tests marked ``slow`` are handed out
+Hooks shape a run (tests/README.md, "Running them"): the tests marked ``slow`` are handed out
 first, so that the parallel workers (pytest-xdist) end together instead of one of them finishing a
-long test alone; and the run ends with its slowest tests, so that growth is seen where it happens."""
+long test alone; the installs the tests need start in the background as the run begins; and the
+run ends with its slowest tests, so that growth is seen where it happens."""
 from __future__ import annotations
 
 import copy
@@ -16,7 +17,7 @@ import modelinit
 import pytest
 from modelinit_server.service.server import BackgroundServer, ServerConfig
 
-from tests.support import ServerProcess
+from tests.support import ServerProcess, installs
 from tests.support.durations import Durations
 from tests.support.azure_server import azure_container, azure_env, azure_server  # noqa: F401 - fixtures
 from tests.support.hostile_server import hostile  # noqa: F401 - fixture
@@ -28,8 +29,23 @@ from tests.support.stores import azure_store, s3_store, store  # noqa: F401 - fi
 
 
 def pytest_collection_modifyitems(config, items):
-    """The ``slow`` tests first, each group in its order of collection (a stable sort)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The ``slow`` tests first, each group in its order of collection (a stable sort), and in each
+    group those that need an install last (tests/support/installs.py starts them in the background)."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, installs.needs_install(item.nodeid)))
+
+
+def pytest_collection_finish(session):
+    if not hasattr(session.config, "workerinput") and session.config.pluginmanager.get_plugin("dsession") is None:
+        installs.start(item.nodeid for item in session.items)  # -n 0: this process is the run
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    installs.start(ids)  # the xdist controller: the first worker's collection names the run's tests
+
+
+def pytest_unconfigure(config):
+    installs.finish()
 
 
 def pytest_configure(config):

@@ -8,19 +8,12 @@ import os
 import sys
 from typing import Any, Callable, Iterator
 
-#: What a rank imports before its first line runs: loaded once per test process, in the fork
-#: server, instead of once per rank (Megatron-Core alone is about 4 s of a rank's start). A module
-#: that is not installed is skipped by the fork server, and then imported by the rank that needs it.
-PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.fsdp", "numpy", "safetensors",
-           "transformers", "modelinit", "modelinit_server.training", "megatron.core", "megatron.core.models.gpt",
-           "megatron.core.transformer.moe.experts", "torchtitan.models", "tests.support.megatron_models",
-           "tests.support.torchtitan_models")
-
 
 def spawn(fn: Callable[..., None], args: tuple = (), nprocs: int = 1) -> None:
     """``torch.multiprocessing.spawn(fn, args, nprocs, join=True)``, the ranks forked from a fork
-    server that imported :data:`PRELOAD` once: each rank runs ``fn(rank, *args)`` in a process of its
-    own, as under spawn, without paying torch's, transformers' and the stacks' imports again.
+    server that imported torch, transformers and the stacks once per test process
+    (tests/support/rank_preload.py): each rank runs ``fn(rank, *args)`` in a process of its own, as
+    under spawn, without paying those imports again (Megatron-Core alone is about 4 s).
 
     Each rank starts with this process's environment and ``sys.path`` as they are now (the fork
     server keeps those of its own start: a later ``PYTHONPATH``, as tests/support/stacks.py sets for
@@ -31,7 +24,7 @@ def spawn(fn: Callable[..., None], args: tuple = (), nprocs: int = 1) -> None:
     import torch.multiprocessing as mp
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    multiprocessing.set_forkserver_preload(["tests.support.rank_preload"])
     mp.start_processes(_rank, args=(fn, dict(os.environ), list(sys.path), args), nprocs=nprocs, join=True,
                        start_method="forkserver")
 
@@ -44,6 +37,7 @@ def _rank(rank: int, fn: Callable[..., None], environ: dict[str, str], path: lis
     sys.path[:] = path
     torch.set_num_threads(int(environ["OMP_NUM_THREADS"]))
     fn(rank, *args)
+
 
 #: torch.distributed's communicating calls.
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
