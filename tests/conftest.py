@@ -56,7 +56,7 @@ def pytest_configure(config):
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
     if not hasattr(config, "workerinput"):  # the run's own process: the one that prints
-        config.pluginmanager.register(Durations(config), "modelinit-durations")
+        config.pluginmanager.register(Durations(), "modelinit-durations")
 
 
 @pytest.fixture(autouse=True)

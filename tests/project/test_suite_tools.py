@@ -110,3 +110,15 @@ def test_a_run_ends_with_its_slowest_tests(workers):
     assert 0 < len(shown) <= 20 and all(line.split()[1].startswith(module + "::") for line in shown), shown
     seconds = [float(line.split()[0].rstrip("s")) for line in shown]
     assert seconds == sorted(seconds, reverse=True)
+
+
+def test_every_background_install_names_a_real_installer_and_real_tests():
+    """tests/support/installs.py names each install by module and function, and the tests needing it
+    by path: a rename on either side would silently drop the install back into the tests."""
+    import importlib
+
+    from tests.support.installs import INSTALLS
+
+    for name, (module, function, prefixes) in INSTALLS.items():
+        assert callable(getattr(importlib.import_module(module), function, None)), name
+        assert all(list(REPO.glob(p.rstrip("/") + ("*" if not p.endswith((".py", "/")) else ""))) for p in prefixes), name

@@ -20,8 +20,7 @@ class Durations:
     """A pytest plugin: sums each test's phases as their reports arrive (from the xdist workers too)
     and prints the :data:`SHOWN` slowest after everything else, the final summary line included."""
 
-    def __init__(self, config) -> None:
-        self.config = config
+    def __init__(self) -> None:
         self.seconds: collections.Counter[str] = collections.Counter()
 
     def pytest_runtest_logreport(self, report) -> None:

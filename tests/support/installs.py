@@ -11,58 +11,32 @@ npm) is left to the test, which skips or fails with the reason as before.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
 import threading
-from typing import Callable, Iterable
+from typing import Iterable
 
 from tests.support import REPO
 
 
-def _checkov() -> None:
-    from tests.support.scanner import install_checkov
-
-    install_checkov()
-
-
-def _torchtitan() -> None:
-    from tests.support.stacks import install_torchtitan
-
-    install_torchtitan()
-
-
-def _mup() -> None:
-    from tests.support.stacks import install_mup
-
-    install_mup()
-
-
-def _azurite() -> None:
-    from tests.support.azure_server import install_azurite
-
-    install_azurite()
-
-
-def _prometheus() -> None:
-    from tests.support.prometheus import install_checker
-
-    install_checker()
-
-
-#: Each install, what makes it, and the test paths (prefixes of their node ids) that need it.
-INSTALLS: dict[str, tuple[Callable[[], None], tuple[str, ...]]] = {
-    "checkov": (_checkov, ("tests/project/test_scan.py",)),
-    "torchtitan": (_torchtitan, ("tests/server/training/test_torchtitan", "tests/server/training/test_stacks_cuda.py",
-                                 "tests/project/test_benchmarks.py", "tests/project/test_docs_run.py")),
-    "mup": (_mup, ("tests/server/core/test_literature_presets.py", "tests/server/probe/test_coord_check.py")),
-    "azurite": (_azurite, ("tests/client/",)),
-    "prometheus": (_prometheus, ("tests/project/test_monitoring.py",)),
+#: Each install: the function of tests/support that makes it (module, name), and the test paths
+#: (prefixes of their node ids) that need it.
+INSTALLS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "checkov": ("tests.support.scanner", "install_checkov", ("tests/project/test_scan.py",)),
+    "torchtitan": ("tests.support.stacks", "install_torchtitan",
+                   ("tests/server/training/test_torchtitan", "tests/server/training/test_stacks_cuda.py",
+                    "tests/project/test_benchmarks.py", "tests/project/test_docs_run.py")),
+    "mup": ("tests.support.stacks", "install_mup",
+            ("tests/server/core/test_literature_presets.py", "tests/server/probe/test_coord_check.py")),
+    "azurite": ("tests.support.azure_server", "install_azurite", ("tests/client/",)),
+    "prometheus": ("tests.support.prometheus", "install_checker", ("tests/project/test_monitoring.py",)),
 }
 
 
 def needs_install(nodeid: str) -> bool:
-    return any(nodeid.startswith(p) for _, prefixes in INSTALLS.values() for p in prefixes)
+    return any(nodeid.startswith(p) for _, _, prefixes in INSTALLS.values() for p in prefixes)
 
 
 _started: list[threading.Thread] = []
@@ -73,7 +47,7 @@ def start(nodeids: Iterable[str]) -> None:
     if _started:
         return
     ids = list(nodeids)
-    for name, (_, prefixes) in INSTALLS.items():
+    for name, (_, _, prefixes) in INSTALLS.items():
         if any(i.startswith(p) for i in ids for p in prefixes):
             thread = threading.Thread(target=_run, args=(name,), name=f"install {name}", daemon=True)
             thread.start()
@@ -82,7 +56,7 @@ def start(nodeids: Iterable[str]) -> None:
 
 def _run(name: str) -> None:
     subprocess.run([sys.executable, "-m", "tests.support.installs", name], cwd=REPO, capture_output=True,
-                   env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
 
 
 def finish() -> None:
@@ -92,8 +66,9 @@ def finish() -> None:
 
 
 def main(name: str) -> int:
+    module, function, _ = INSTALLS[name]
     try:
-        INSTALLS[name][0]()
+        getattr(importlib.import_module(module), function)()
     except BaseException as e:  # noqa: BLE001 - pytest.skip's exception too: the test reports it
         print(f"{name}: {e!r}", file=sys.stderr)
         return 1
