@@ -1,6 +1,7 @@
 """End to end, side by side, in one run: spec -> shards on disk.
 
     python benchmarks/end_to_end.py [--model tinyllama-1.1b] [--reps 3] [--hf-reps 2] [--dir D] [--memory-7b] [--cold]
+                                    [--device auto|cpu|cuda]
 
 1. the embedded default (`modelinit init`, in-process engine) vs transformers `from_config` +
    `save_pretrained` (benchmarks/baselines/hf_init_save.py, same preset, bf16), and the strongest
@@ -86,8 +87,9 @@ def best_median(xs: list[float]) -> str:
 
 
 class Server:
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([PY, "-m", "modelinit.cli", "serve", "--host", "127.0.0.1", "--port", "0"],
+    def __init__(self, device: str = "auto") -> None:
+        self.proc = subprocess.Popen([PY, "-m", "modelinit.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+                                      "--device", device],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.proc.stdout.readline()
         self.target = "127.0.0.1:" + re.search(r":(\d+) ", line).group(1)
@@ -124,6 +126,8 @@ def main() -> None:
     ap.add_argument("--hf-reps", type=int, default=2, help="repetitions of the transformers baseline")
     ap.add_argument("--dir", default=None, help="scratch folder for every output (default: the system temp dir)")
     ap.add_argument("--memory-7b", action="store_true")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="the engine of the embedded job and of the server (default auto: CUDA if present)")
     ap.add_argument("--cold", action="store_true",
                     help="a fresh server for every rep, so that each served run is a first request (the server hashes)")
     args = ap.parse_args()
@@ -131,15 +135,16 @@ def main() -> None:
     work = pathlib.Path(tempfile.mkdtemp(prefix="modelinit-bench-", dir=args.dir))
     env_tmp = {**os.environ, "TMPDIR": str(work)}  # the baselines write where we write
     init = [PY, "-m", "modelinit.cli", "init", args.model, "--seed", "0", "--dtype", "bfloat16", "--quiet"]
+    embedded = init + ["--device", args.device]
     print(f"machine: {os.cpu_count()} cores; model {args.model} bf16; scratch {work}")
 
-    run(init + ["--out", str(work / "warm")])  # fills the numba cache: no run below pays the compile
+    run(embedded + ["--out", str(work / "warm")])  # fills the numba cache: no run below pays the compile
     nbytes = sum(p.stat().st_size for p in (work / "warm").glob("*.safetensors"))
     shutil.rmtree(work / "warm")
 
     emb, rss = [], 0
     for _ in range(args.reps):
-        t, _, peak, _ = run(init + ["--out", str(work / "emb")])
+        t, _, peak, _ = run(embedded + ["--out", str(work / "emb")])
         emb.append(t)
         rss = max(rss, peak)
         shutil.rmtree(work / "emb")
@@ -159,14 +164,14 @@ def main() -> None:
 
     # Interleaved, rep by rep (served, library call, ceiling into the file, ceiling into discard), so
     # that the machine's drift over the minutes this takes hits every figure alike.
-    server = Server()
+    server = Server(args.device)
     srv, lib, srv_cpu, client_cpu = [], [], [], []
     ceil, discard, ceil_cpu = [], [], []
     try:
         for rep in range(args.reps):
             if args.cold and rep:
                 server.stop()
-                server = Server()  # a server that has hashed nothing: every rep is a first request
+                server = Server(args.device)  # a server that has hashed nothing: every rep is a first request
             before = server.cpu()
             t, _, _, cpu = run(init + ["--server", server.target, "--out", str(work / "srv")])
             srv.append(t)
@@ -214,7 +219,7 @@ def main() -> None:
           f"{statistics.median(served_lib) / statistics.median(ceil):.0%} (median vs median)")
 
     if args.memory_7b:
-        server = Server()
+        server = Server(args.device)
         try:
             t7, _, client_rss, _ = run([PY, "-m", "modelinit.cli", "init", "llama-2-7b", "--seed", "0", "--dtype", "bfloat16",
                                      "--quiet", "--server", server.target, "--out", str(work / "7b")])

@@ -12,6 +12,12 @@
 #                                           # interpreter step a call of its own if needed)
 #   bash benchmarks/gpu_session.sh bench    # engine_gpu, init_module_ of a Llama-3-8B shape on the GPU
 #                                           # against transformers' init, end to end (~8 min)
+#   bash benchmarks/gpu_session.sh list     # issue 56's list in one call (~8 min on an H200, each step under a
+#                                           # timeout): the identity tests (GPU kernel, init_module_ on CUDA for
+#                                           # transformers, torchtitan and Megatron-Core models, the service's CUDA
+#                                           # case) in parallel workers, then, alone, llama-3-8b embedded against
+#                                           # its floor and served by `modelinit serve --device cuda` against the
+#                                           # raw gRPC ceiling (first request and repeat apart)
 #   bash benchmarks/gpu_session.sh floor    # the embedded job with --device cuda against its floor, tinyllama
 #                                           # and llama-3-8b; llama-3-8b served and embedded; llama-3-8b
 #                                           # embedded with --parallel 1, 4 and the default (~10 min)
@@ -56,6 +62,10 @@ step() {  # step NAME COMMAND...: run it, its output into $OUT/NAME.txt and on t
     echo "=== $1: exit ${PIPESTATUS[0]}" | tee -a "$OUT/$1.txt"
 }
 
+timed_step() {  # timed_step NAME SECONDS COMMAND...: step, stopped after SECONDS (exit 124), so one hung step leaves time to the rest
+    step "$1" timeout -k 10 "${@:2}"
+}
+
 { nvidia-smi; $PY -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; nproc; } \
     > "$OUT/machine.txt" 2>&1
 case "$stage" in
@@ -66,6 +76,19 @@ tests)
     step stacks $PY -m pytest -q -rs tests/server/training/test_stacks_cuda.py
     step service $PY -m pytest -q -rs tests/server/service/test_service.py -k cuda
     step interpreter $PY -m pytest -q -rs tests/server/engine/test_kernel_cuda.py -k "not (gpu or ptx or one_run)"
+    ;;
+list)
+    # The identity tests in 8 workers (the random table, one test, is the long pole); the figures after them, alone.
+    timed_step identity 260 $PY -m pytest -q -rs -n 8 -p no:cacheprovider \
+        tests/server/engine/test_kernel_cuda.py::test_gpu_golden tests/server/engine/test_kernel_cuda.py::test_gpu_random_table \
+        tests/server/engine/test_kernel_cuda.py::test_gpu_ptx_for_this_device tests/server/engine/test_kernel_cuda.py::test_gpu_billion_elements \
+        tests/server/engine/test_kernel_cuda.py::test_gpu_slices_concatenate tests/server/engine/test_kernel_cuda.py::test_gpu_several_threads_at_once \
+        tests/server/engine/test_kernel_cuda.py::test_ptx_constants_are_exact_float64 \
+        tests/server/training/test_stacks_cuda.py tests/server/training/test_init_module.py::test_cuda_module_equals_files \
+        tests/server/training/test_init_module.py::test_cuda_dtensors_of_a_world_of_one_equal_files \
+        tests/server/service/test_service.py -k "cuda or gpu or ptx or test_stacks_cuda"
+    timed_step floor_8b 120 $PY benchmarks/floor.py --model llama-3-8b --device cuda --reps 1 --json "$OUT/floor_8b.json"
+    timed_step served_8b 230 $PY benchmarks/end_to_end.py --model llama-3-8b --device cuda --reps 2 --hf-reps 0
     ;;
 bench)
     step engine_gpu $PY benchmarks/engine_gpu.py

@@ -31,34 +31,97 @@ def torchtitan():
     return install_torchtitan()
 
 
-def titan_filled(device: str, dtype: str) -> tuple[dict, dict]:
-    """The tests' torchtitan Llama 3 materialized on ``device`` in ``dtype`` and filled there: its
+#: The torchtitan models filled on CUDA: the tests' Llama 3, and two flavors with grouped experts
+#: (``GroupedExperts``: one 3-D weight per kind of projection), Qwen3-MoE's and DeepSeek-V3's (MLA too).
+TITAN_FLAVORS = ("llama3", "qwen3_moe", "deepseek_v3")
+
+
+def titan_model(flavor: str, fsdp_mesh=None):
+    """The flavor's torchtitan model on the meta device and its Hugging Face spec; with ``fsdp_mesh``,
+    its blocks and the whole model under FSDP2 (fully_shard), as torchtitan's parallelize does."""
+    from tests.support.torchtitan_models import DEEPSEEK_V3, HF, QWEN3_MOE, flavor_model, meta_model
+
+    model, spec = {"llama3": lambda: (meta_model(), HF), "qwen3_moe": lambda: (flavor_model("debugmodel_moe"), QWEN3_MOE),
+                   "deepseek_v3": lambda: (flavor_model("deepseek_v3"), DEEPSEEK_V3)}[flavor]()
+    if fsdp_mesh is not None:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.layers.values():
+            fully_shard(layer, mesh=fsdp_mesh)
+        fully_shard(model, mesh=fsdp_mesh)
+    return model, spec
+
+
+def titan_filled(device: str, dtype: str, flavor: str = "llama3") -> tuple[dict, dict]:
+    """The flavor's torchtitan model materialized on ``device`` in ``dtype`` and filled there: its
     parameters and buffers, on the CPU."""
     import modelinit
-    from tests.support.torchtitan_models import HF, SEED, meta_model
+    from tests.support.torchtitan_models import SEED
 
-    model = meta_model().to_empty(device=device)
+    model, spec = titan_model(flavor)
+    model = model.to_empty(device=device)
     if dtype != "float32":
         model = model.to(getattr(torch, dtype))
-    modelinit.init_module_(model, seed=SEED, spec=HF)  # the RoPE tables (buffers): torchtitan's own code, on device
+    modelinit.init_module_(model, seed=SEED, spec=spec)  # the RoPE tables (buffers): torchtitan's own code, on device
     assert all(p.device.type == torch.device(device).type for p in model.parameters())
     return ({n: p.detach().cpu() for n, p in model.named_parameters()},
             {n: b.detach().cpu() for n, b in model.named_buffers()})
 
 
 @needs_cuda
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_torchtitan_llama3_on_cuda_equals_the_cpu_bytes(torchtitan, dtype):
+@pytest.mark.parametrize("flavor, dtype", [("llama3", "float32"), ("llama3", "bfloat16"), ("qwen3_moe", "float32"),
+                                           ("deepseek_v3", "bfloat16")])
+def test_torchtitan_on_cuda_equals_the_cpu_bytes(torchtitan, flavor, dtype):
     from tests.support.distributed import same_bytes
 
-    gpu, gpu_buffers = titan_filled("cuda", dtype)
-    cpu, cpu_buffers = titan_filled("cpu", dtype)
+    gpu, gpu_buffers = titan_filled("cuda", dtype, flavor)
+    cpu, cpu_buffers = titan_filled("cpu", dtype, flavor)
     assert sorted(gpu) == sorted(cpu)
     assert [n for n in cpu if not same_bytes(gpu[n], cpu[n])] == []
     # The RoPE tables are torchtitan's own (not modelinit's bytes): computed on each device by its code, close.
     assert sorted(gpu_buffers) == sorted(cpu_buffers)
     for n, b in cpu_buffers.items():
-        torch.testing.assert_close(gpu_buffers[n], b, rtol=1e-5, atol=1e-5, msg=n)
+        if b.is_floating_point():
+            torch.testing.assert_close(gpu_buffers[n], b, rtol=1e-5, atol=1e-5, msg=n)
+        else:
+            assert torch.equal(gpu_buffers[n], b), n
+
+
+def _titan_fsdp_world_of_one(rank: int, init_file: str, flavor: str) -> None:
+    """Grouped experts and MLA under FSDP2 on CUDA (an NCCL group of one: one shard, through the DTensor
+    path): the CPU bytes of the unwrapped model."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    import modelinit
+    from tests.support.distributed import exit_rank, same_bytes
+    from tests.support.stacks import install_torchtitan
+    from tests.support.torchtitan_models import SEED
+
+    install_torchtitan()
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=0, world_size=1)
+    cpu, _ = titan_filled("cpu", "float32", flavor)
+    model, spec = titan_model(flavor, fsdp_mesh=init_device_mesh("cuda", (1,)))
+    model.to_empty(device="cuda")
+    modelinit.init_module_(model, seed=SEED, spec=spec)
+    params = dict(model.named_parameters())
+    assert all(isinstance(p, DTensor) for p in params.values())
+    got = {n: p.full_tensor().cpu() for n, p in params.items()}
+    assert sorted(got) == sorted(cpu)
+    assert [n for n in cpu if not same_bytes(got[n], cpu[n])] == []
+    dist.barrier()
+    exit_rank()
+
+
+@needs_cuda
+@pytest.mark.parametrize("flavor", ["qwen3_moe", "deepseek_v3"])
+def test_torchtitan_grouped_experts_under_fsdp2_on_cuda_equal_the_cpu_bytes(torchtitan, tmp_path, flavor):
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_titan_fsdp_world_of_one, args=(str(tmp_path / "pg"), flavor), nprocs=1, join=True)
 
 
 def _titan_fsdp_rank(rank: int, world: int, init_file: str, ref_path: str) -> None:
@@ -102,20 +165,20 @@ def test_torchtitan_llama3_fsdp2_on_two_gpus_equals_the_cpu_bytes(torchtitan, tm
 
 # --- Megatron-Core ------------------------------------------------------------------------------------
 
-def megatron_filled(device: str, dtype: str):
+def megatron_filled(device: str, dtype: str, moe: bool = False):
     """The tests' GPTModel (megatron_models.megatron_gpt: TP=1, PP=1, local spec) built as Megatron
     builds it on ``device`` (on CUDA: ``use_cpu_initialization=False``, its linears and embedding made on
     ``torch.cuda.current_device()``, then the whole module moved there as megatron.training's get_model
-    does) and filled there: the model and its parameters, on the CPU.
-    Megatron's parallel state must be set up (a group of one)."""
+    does) and filled there: the model and its parameters, on the CPU. ``moe``: with SequentialMLP experts
+    and their router (the local spec's experts). Megatron's parallel state must be set up (a group of one)."""
     import modelinit
-    from tests.support.megatron_models import HF, SEED, megatron_gpt
+    from tests.support.megatron_models import HF, MOE, SEED, megatron_gpt
 
-    model = megatron_gpt(dtype=dtype, use_cpu_initialization=device == "cpu")
+    model = megatron_gpt(dtype=dtype, use_cpu_initialization=device == "cpu", moe=moe)
     if device == "cuda":  # the norms (torch's own, in the local spec) are made on the CPU: Megatron's get_model
         model.cuda(torch.cuda.current_device())  # moves every module to the GPU, as here
     assert all(p.device.type == device for p in model.parameters())
-    modelinit.init_module_(model, seed=SEED, spec=HF)
+    modelinit.init_module_(model, seed=SEED, spec=MOE if moe else HF)
     return model, {n: p.detach().cpu() for n, p in model.named_parameters()}
 
 
@@ -136,7 +199,7 @@ def megatron_loss(model, vocab: int, batch: int = 2, seq: int = 32) -> float:
     return losses.float().mean().item()
 
 
-def _megatron_on_cuda(rank: int, init_file: str, dtype: str) -> None:
+def _megatron_on_cuda(rank: int, init_file: str, dtype: str, moe: bool) -> None:
     """In a process of its own with an NCCL group of one: the GPTModel built and filled on CUDA equals
     the CPU-built one filled on the CPU, byte for byte; then one forward pass."""
     import torch.distributed as dist
@@ -150,11 +213,11 @@ def _megatron_on_cuda(rank: int, init_file: str, dtype: str) -> None:
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=1)
     ps.initialize_model_parallel()
     tensor_parallel.model_parallel_cuda_manual_seed(SEED)  # Megatron's forward forks its CUDA RNG tracker
-    _, cpu = megatron_filled("cpu", dtype)
-    model, gpu = megatron_filled("cuda", dtype)
+    _, cpu = megatron_filled("cpu", dtype, moe)
+    model, gpu = megatron_filled("cuda", dtype, moe)
     assert sorted(gpu) == sorted(cpu)
     assert [n for n in cpu if not same_bytes(gpu[n], cpu[n])] == []
-    if dtype == "float32":  # bfloat16 runs under Megatron's Float16Module in training (norms in float32 here)
+    if dtype == "float32" and not moe:  # bfloat16 runs under Megatron's Float16Module in training (norms in float32 here)
         loss = megatron_loss(model, PADDED)
         # At init the logits are small: the final RMSNorm gives the hidden state RMS 1 and the output
         # layer's weights have the hf default std 0.02, so over hidden 64 the logits have std about
@@ -168,12 +231,13 @@ def _megatron_on_cuda(rank: int, init_file: str, dtype: str) -> None:
 
 
 @needs_cuda
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_megatron_gpt_on_cuda_equals_the_cpu_bytes_and_runs_forward(tmp_path, dtype):
+@pytest.mark.parametrize("dtype, moe", [("float32", False), ("bfloat16", False), ("float32", True)],
+                         ids=["float32", "bfloat16", "moe-float32"])
+def test_megatron_gpt_on_cuda_equals_the_cpu_bytes_and_runs_forward(tmp_path, dtype, moe):
     """The GPTModel built on CUDA (use_cpu_initialization=False), filled there, equals the CPU-built one
     filled on the CPU; float32: one forward pass, the loss at init about ln V."""
     import torch.multiprocessing as mp
 
     pytest.importorskip("megatron.core", reason="megatron-core (.whl/ on the device machine)")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_megatron_on_cuda, args=(str(tmp_path / "pg"), dtype), nprocs=1, join=True)
+    mp.spawn(_megatron_on_cuda, args=(str(tmp_path / "pg"), dtype, moe), nprocs=1, join=True)
