@@ -29,7 +29,9 @@
 #     -d .whl grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1 grpcio==1.85.1 protobuf==7.36.2 \
 #     transformers==5.24.0 tokenizers==0.23.3 crc32c==2.9.post0 megatron-core==0.16.1 \
 #     tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1 typing-extensions==4.16.0 spmd_types==0.2.3
-# (the image has numba, safetensors, hypothesis, prometheus-client, ml-dtypes and an older transformers).
+# (the image has numba, safetensors, hypothesis, prometheus-client, ml-dtypes, pytest-xdist, pytest-timeout, an
+# older transformers and huggingface-hub 1.33, which transformers 5.24 accepts: do not carry huggingface-hub 2.x,
+# it imports httpx2, which the image lacks, and every transformers test then skips).
 # megatron-core 0.16.1 requires torch, numpy and packaging (the image's; add packaging>=24.2 if it lacks it); its wheel is per Python version
 # (cp312, a C++ helper of its datasets), the rest pure Python: tyro (with docstring-parser, typeguard and
 # typing-extensions >= 4.14) and spmd_types are what torchtitan's models import. torchtitan itself is the
@@ -51,6 +53,7 @@ PY=${PYTHON:-python3}
 cd "$(dirname "$0")/.."
 
 if ls .whl/*.whl >/dev/null 2>&1; then
+    rm -rf /tmp/site  # a warm machine keeps the last call's: pip --target --upgrade removes no wheel dropped since
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
@@ -78,8 +81,13 @@ tests)
     step interpreter $PY -m pytest -q -rs tests/server/engine/test_kernel_cuda.py -k "not (gpu or ptx or one_run)"
     ;;
 list)
-    # The identity tests in 8 workers (the random table, one test, is the long pole); the figures after them, alone.
-    timed_step identity 260 $PY -m pytest -q -rs -n 8 -p no:cacheprovider \
+    # The identity tests in 8 workers (the random table in 8 parts: on 2026-11-28, in one test, it outlasted 190 s of
+    # Triton compiles beside the rest); the figures after them, alone (on an H200 node: identity ~3.5 min, floor
+    # ~1 min, served ~2.5 min).
+    # -v: each result as it comes (a step stopped at its timeout still says what passed); pytest-timeout (the
+    # image has it) fails one hung test with its stack and lets the run print its summary.
+    timeout_flag=$($PY -c "import pytest_timeout" 2>/dev/null && echo "--timeout 200")
+    timed_step identity 260 $PY -m pytest -v --tb=short -rfEs $timeout_flag -n 8 -p no:cacheprovider \
         tests/server/engine/test_kernel_cuda.py::test_gpu_golden tests/server/engine/test_kernel_cuda.py::test_gpu_random_table \
         tests/server/engine/test_kernel_cuda.py::test_gpu_ptx_for_this_device tests/server/engine/test_kernel_cuda.py::test_gpu_billion_elements \
         tests/server/engine/test_kernel_cuda.py::test_gpu_slices_concatenate tests/server/engine/test_kernel_cuda.py::test_gpu_several_threads_at_once \

@@ -122,3 +122,20 @@ def test_every_background_install_names_a_real_installer_and_real_tests():
     for name, (module, function, prefixes) in INSTALLS.items():
         assert callable(getattr(importlib.import_module(module), function, None)), name
         assert all(list(REPO.glob(p.rstrip("/") + ("*" if not p.endswith((".py", "/")) else ""))) for p in prefixes), name
+
+
+def test_torchtitan_skips_only_for_what_torch_lacks():
+    """install_torchtitan skips where torchtitan takes a name this torch lacks (torchtitan 0.3.0 on torch
+    2.11: ``DataParallelMeshDims``, seen on the GPU image); an import error of its own still fails."""
+    from tests.support.stacks import names_torch
+
+    def error_of(statement: str) -> ImportError:
+        with pytest.raises(ImportError) as e:
+            exec(statement, {})
+        return e.value
+
+    assert names_torch(error_of("from torch.distributed.fsdp import NoSuchNameInTorch"))
+    assert names_torch(error_of("import torch.no_such_module_in_torch"))
+    assert not names_torch(error_of("from tests.support import no_such_name"))
+    assert not names_torch(error_of("import no_such_module_of_a_stack"))
+    assert not names_torch(error_of("import torchdata_no_such"))

@@ -25,7 +25,7 @@ from tests.support import REPO
 #: (prefixes of their node ids) that need it.
 INSTALLS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "checkov": ("tests.support.scanner", "install_checkov", ("tests/project/test_scan.py",)),
-    "torchtitan": ("tests.support.stacks", "install_torchtitan",
+    "torchtitan": ("tests.support.stacks", "install_torchtitan_files",
                    ("tests/server/training/test_torchtitan", "tests/server/training/test_stacks_cuda.py",
                     "tests/project/test_benchmarks.py", "tests/project/test_docs_run.py")),
     "mup": ("tests.support.stacks", "install_mup",
