@@ -5,7 +5,7 @@ checkov pins dozens of its dependencies exactly (boto3, networkx, packaging, ...
 project's own environment cannot hold beside its own, so :func:`install_checkov` installs the
 pinned release into a venv of its own, ``tests/.scanner`` (once, under a file lock, as
 tests/support/stacks.py installs torchtitan), and returns its ``checkov`` executable. It skips
-only when pip cannot reach a package index and no copy is there. The first install takes about
+only when the installer (uv, else pip) cannot reach a package index and no copy is there. The first install takes about
 a minute and a half; a scan of every rendered manifest about 6 seconds on 2 cores.
 """
 from __future__ import annotations
@@ -18,6 +18,8 @@ import subprocess
 import sys
 
 import pytest
+
+from tests.support.installer import pip_install
 
 CHECKOV = "checkov==3.3.30"
 """The release the tests run against (what docs/deploy.md names)."""
@@ -35,7 +37,7 @@ def install_checkov() -> pathlib.Path:
         if not _DONE.is_file() or _DONE.read_text().strip() != CHECKOV:
             base = getattr(sys, "_base_executable", sys.executable)  # not the project's venv
             steps = [[base, "-m", "venv", "--clear", str(HERE)],
-                     [str(HERE / "bin" / "python"), "-m", "pip", "install", "--quiet", CHECKOV]]
+                     pip_install("--quiet", CHECKOV, python=str(HERE / "bin" / "python"))]
             for step in steps:
                 done = subprocess.run(step, capture_output=True, text=True, timeout=900)
                 if done.returncode != 0:

@@ -18,6 +18,8 @@ import sys
 
 import pytest
 
+from tests.support.installer import pip_install
+
 TORCHTITAN = "torchtitan==0.3.0"
 """The release the tests run against (what docs/training.md names)."""
 HERE = pathlib.Path(__file__).resolve().parents[1] / ".stacks"
@@ -66,8 +68,8 @@ def install_torchtitan_files() -> None:
     with open(HERE / ".install.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be installing it: wait for it
         if not (HERE / "torchtitan").is_dir():
-            done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(HERE),
-                                   TORCHTITAN], capture_output=True, text=True, timeout=600)
+            done = subprocess.run(pip_install("--quiet", "--no-deps", "--target", str(HERE), TORCHTITAN),
+                                  capture_output=True, text=True, timeout=600)
             if done.returncode != 0:
                 pytest.skip(f"cannot install {TORCHTITAN}: {(done.stdout + done.stderr)[-500:]}")
 
@@ -92,7 +94,7 @@ def install_mup():
     with open(HERE / ".install.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not all((HERE / name).is_dir() for name in ("mup", "pandas", "pytz", "tzdata")):
-            done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(HERE), *MUP],
+            done = subprocess.run(pip_install("--quiet", "--no-deps", "--target", str(HERE), *MUP),
                                   capture_output=True, text=True, timeout=600)
             if done.returncode != 0:
                 pytest.skip(f"cannot install {' '.join(MUP)}: {(done.stdout + done.stderr)[-500:]}")
