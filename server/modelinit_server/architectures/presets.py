@@ -7,8 +7,10 @@ loader reads (sizes, heads, positions, eps, RoPE, special tokens, tying). Left o
 """
 from __future__ import annotations
 
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
+from .frozen import freeze
 from .hub_configs import HUB_CONFIGS
 
 
@@ -78,7 +80,7 @@ def _llama(**fields: Any) -> dict[str, Any]:
     }
 
 
-PRESETS: dict[str, dict[str, Any]] = {
+_PRESETS: dict[str, dict[str, Any]] = {
     "bert-base-uncased": _bert(hidden=768, layers=12, heads=12, intermediate=3072),
     "bert-large-uncased": _bert(hidden=1024, layers=24, heads=16, intermediate=4096),
     # FacebookAI/roberta-base
@@ -206,13 +208,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     **HUB_CONFIGS,
 }
+#: Preset name -> its config document, read-only (:mod:`.frozen`): a change raises ``TypeError`` where
+#: it is attempted, so no caller can alter a preset for the next one; from_preset and from_config copy.
+PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({name: freeze(doc) for name, doc in _PRESETS.items()})
 
 #: Classes whose extra tensors a hub checkpoint holds beyond its config's class: the hub files of
 #: bert-base/large-uncased were saved from BertForPreTraining (pooler and next-sentence head) and
 #: roberta-base's carries RobertaModel's pooler. Their tensors are added, so that every class of
 #: the family finds what the hub checkpoint would give it (docs/policies.md, "Presets").
-PRESET_EXTRAS: dict[str, tuple[str, ...]] = {
+PRESET_EXTRAS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "bert-base-uncased": ("BertForPreTraining",),
     "bert-large-uncased": ("BertForPreTraining",),
     "roberta-base": ("RobertaModel",),
-}
+})

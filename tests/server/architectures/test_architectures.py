@@ -412,3 +412,28 @@ BAD = [
 def test_bad_configs(config, field, detail):
     with pytest.raises(ValueError, match=bad(field, detail)):
         from_config(config)
+
+
+def test_presets_are_read_only_and_their_copies_are_not():
+    """A preset's config cannot be changed for the next caller (transformers 5 once wrote ``rope_theta``
+    into llama-3.1-8b's ``rope_scaling`` through a shallow copy): every change raises where it is made;
+    a deep copy, from_preset and from_config give plain documents to change."""
+    import pickle
+
+    presets = architectures.PRESETS
+    hub = presets["llama-3.1-8b"]
+    for change in (lambda: hub["rope_scaling"].__setitem__("rope_theta", 1.0), lambda: hub.update(vocab_size=1),
+                   lambda: hub.pop("vocab_size"), lambda: hub["architectures"].append("X"),
+                   lambda: hub["architectures"].__setitem__(0, "X"), lambda: hub["architectures"].sort()):
+        with pytest.raises(TypeError, match="read-only"):
+            change()
+    for table in (presets, architectures.PRESET_EXTRAS):
+        with pytest.raises(TypeError, match="does not support item assignment"):
+            table["mine"] = {}
+    assert "rope_theta" not in hub["rope_scaling"] and hub["architectures"] == ["LlamaForCausalLM"]
+    for mine in (copy.deepcopy(hub), pickle.loads(pickle.dumps(hub)), from_preset("llama-3.1-8b").config):
+        assert type(mine) is dict and type(mine["rope_scaling"]) is dict and type(mine["architectures"]) is list
+        mine["rope_scaling"]["rope_theta"] = 1.0
+        mine["architectures"].append("X")
+    assert "rope_theta" not in hub["rope_scaling"] and hub["architectures"] == ["LlamaForCausalLM"]
+    assert json.loads(json.dumps(hub)) == copy.deepcopy(hub) == hub
