@@ -5,6 +5,7 @@ an engine without grpc. import-linter reads the imports inside functions too."""
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -154,3 +155,23 @@ def test_the_test_import_check_finds_each_form(tmp_path):
         assert _test_module_imports(tmp_path / "m.py") == want, code
     (tmp_path / "m.py").write_text("from tests.support.megatron_models import HF\nimport pytest\n")
     assert _test_module_imports(tmp_path / "m.py") == []
+
+
+def test_the_folders_stand_in_the_order_of_the_package_layers():
+    """The contract ``folders-in-order`` orders the packages; each layer's packages live in one folder,
+    and the folders, top to bottom, are client/, server/, proto/: so no import climbs from a lower
+    folder to a higher one (modelinit_host, which the server imports, sat in client/ until 2026-11-28)."""
+    import importlib
+
+    tomllib = pytest.importorskip("tomllib")
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in contracts if c["id"] == "folders-in-order"]
+    folders = []
+    for layer in layers:
+        found = {pathlib.Path(importlib.import_module(name.strip()).__file__).resolve().parents[1].name
+                 for name in layer.split("|")}
+        assert len(found) == 1, (layer, found)
+        folders.append(found.pop())
+    assert folders == ["client", "server", "proto"]
+    roots = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["root_packages"])
+    assert roots == {name.strip() for layer in layers for name in layer.split("|")}  # every package has its place

@@ -27,5 +27,5 @@ def test_ruff():
 
 @pytest.mark.slow
 def test_mypy_client_package():
-    out = subprocess.run([_tool("mypy"), "client/modelinit", "client/modelinit_host", "proto/modelinit_wire"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([_tool("mypy"), "client/modelinit", "proto/modelinit_host", "proto/modelinit_wire"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -31,7 +31,7 @@ PACKAGES = {  # heading of its tree in docs/architecture.md -> (package, its fol
     "The client, top to bottom": ("modelinit", REPO / "client" / "modelinit"),
     "The server, top to bottom": ("modelinit_server", REPO / "server" / "modelinit_server"),
     "The wire, top to bottom": ("modelinit_wire", REPO / "proto" / "modelinit_wire"),
-    "The host, top to bottom": ("modelinit_host", REPO / "client" / "modelinit_host"),
+    "The host, top to bottom": ("modelinit_host", REPO / "proto" / "modelinit_host"),
 }
 ARCHITECTURE = REPO / "docs" / "architecture.md"
 TESTS_README = REPO / "tests" / "README.md"
