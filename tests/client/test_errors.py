@@ -105,7 +105,7 @@ def test_an_unexpected_os_error_is_one_line(monkeypatch, capsys):
     def broken(argv):
         raise PermissionError(errno.EACCES, "Permission denied", "/somewhere")
 
-    monkeypatch.setattr(cli, "_main", broken)
+    monkeypatch.setattr(cli.entry, "_main", broken)
     assert cli.main(["plan", "gpt2"]) == 1
     assert capsys.readouterr().err == "modelinit: error: /somewhere: Permission denied\n"
 
@@ -114,7 +114,7 @@ def test_an_unexpected_error_is_one_line_without_a_traceback(monkeypatch, capsys
     def bug(argv):
         raise RuntimeError("something\nwent wrong")
 
-    monkeypatch.setattr(cli, "_main", bug)
+    monkeypatch.setattr(cli.entry, "_main", bug)
     monkeypatch.delenv("MODELINIT_DEBUG", raising=False)
     assert cli.main(["plan", "gpt2"]) == 1
     err = capsys.readouterr().err

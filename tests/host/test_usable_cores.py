@@ -121,8 +121,8 @@ def test_the_embedded_client_asks_the_engine_when_parallel_is_not_given(tmp_path
 
 
 def test_the_cli_leaves_parallel_to_the_engine_unless_given():
-    assert cli._parser().parse_args(["init", "gpt2", "--out", "x"]).parallel is None
-    assert cli._parser().parse_args(["init", "gpt2", "--out", "x", "--parallel", "2"]).parallel == 2
+    assert cli.build_parser().parse_args(["init", "gpt2", "--out", "x"]).parallel is None
+    assert cli.build_parser().parse_args(["init", "gpt2", "--out", "x", "--parallel", "2"]).parallel == 2
 
 
 def test_parallel_must_be_none_or_a_positive_integer(tmp_path):

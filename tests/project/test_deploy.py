@@ -6,7 +6,7 @@
   every Kubernetes version >= 1.29 whose schemas the installed package ships. Kueue objects
   (CRDs: no schema there) are checked for the structure Kueue needs.
 - Consistency with the real server: the Deployment's args (with the ConfigMap's values
-  expanded as the kubelet does) and the Dockerfiles' CMD parse with `modelinit.cli._parser()`
+  expanded as the kubelet does) and the Dockerfiles' CMD parse with `modelinit.cli.build_parser()`
   and make a valid ServerConfig; probes, Service, NetworkPolicy and metrics annotations use
   those ports; the readiness probe names the proto's service; the termination grace period
   covers --grace + --shutdown-delay; the Job's init container command parses as `init`.

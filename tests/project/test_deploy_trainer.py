@@ -10,7 +10,7 @@
   against every Kubernetes version >= 1.29 it ships, as test_deploy.py does for built-in kinds.
 - The model-initializer's command is a real `modelinit init` command line: its args, with $(VAR)
   expanded as the kubelet does (after the TrainJob's env replaced the runtime's, as the Trainer
-  controller does), parse with `modelinit.cli._parser()`; the trainer nodes mount the volume it
+  controller does), parse with `modelinit.cli.build_parser()`; the trainer nodes mount the volume it
   writes, at the --out path, read-only, and start only once the initializer is Complete.
 
 What the published types do not cover, and is not checked: the CRDs' own OpenAPI schemas and CEL

@@ -17,7 +17,7 @@ import subprocess
 import kubernetes_validate
 import pytest
 import yaml
-from modelinit.cli import _parser
+from modelinit.cli import build_parser
 
 from tests.support import REPO
 
@@ -67,9 +67,9 @@ SCHEMA_VERSIONS = schema_versions()
 def parse_cli(argv: list[str]):
     """argparse result of the real `modelinit` parser; a test failure (not SystemExit) if it refuses."""
     try:
-        return _parser().parse_args(argv)
+        return build_parser().parse_args(argv)
     except SystemExit as e:  # argparse printed the reason on stderr
-        pytest.fail(f"`modelinit {' '.join(argv)}` is refused by modelinit.cli._parser() (exit {e.code})")
+        pytest.fail(f"`modelinit {' '.join(argv)}` is refused by modelinit.cli.build_parser() (exit {e.code})")
 
 
 def server_config(args):

@@ -18,7 +18,7 @@ import grpc
 import modelinit
 import pytest
 from modelinit import ModelInitError
-from modelinit.cli import _parser, main, policy_title
+from modelinit.cli import build_parser, main, policy_title
 from modelinit.client import RetryPolicy, connect_failure
 from modelinit_server.service.command import server_config
 from modelinit_server.service.limits import DEFAULT_MAX_DIM, DEFAULT_MAX_PARAMS, DEFAULT_MAX_TENSORS, Limits
@@ -106,7 +106,7 @@ def test_metrics_listen_where_grpc_does_unless_told_otherwise(background_server)
     (["--host", "127.0.0.1", "--metrics-host", "[::]"], "::"),
 ])
 def test_metrics_host_defaults_to_host(argv, interface):
-    cfg = server_config(_parser().parse_args(["serve", "--metrics-port", "9090", *argv]))
+    cfg = server_config(build_parser().parse_args(["serve", "--metrics-port", "9090", *argv]))
     assert metrics_interface(cfg) == interface
 
 
@@ -189,9 +189,9 @@ def test_size_caps_are_on_by_default_and_the_cli_agrees():
     limits = Limits()
     assert (limits.max_params, limits.max_dim, limits.max_tensors) == (DEFAULT_MAX_PARAMS, DEFAULT_MAX_DIM, DEFAULT_MAX_TENSORS)
     assert all(v > 0 for v in (limits.max_params, limits.max_dim, limits.max_rank, limits.max_tensors))
-    assert server_config(_parser().parse_args(["serve"])).limits == limits
+    assert server_config(build_parser().parse_args(["serve"])).limits == limits
     assert ServerConfig().limits == limits
-    off = server_config(_parser().parse_args(["serve", "--max-params", "0", "--max-dim", "0", "--max-tensors", "0"])).limits
+    off = server_config(build_parser().parse_args(["serve", "--max-params", "0", "--max-dim", "0", "--max-tensors", "0"])).limits
     assert (off.max_params, off.max_dim, off.max_tensors) == (0, 0, 0)
 
 
@@ -210,7 +210,7 @@ def test_serve_flags_default_to_the_server_config(monkeypatch):
     ServerConfig/StreamPolicy/Limits (the server) write each default down once a side: no default
     may drift between them, the limits' only as before."""
     monkeypatch.delenv("MODELINIT_TOKEN", raising=False)  # --token's default is read from it
-    assert _leaves(server_config(_parser().parse_args(["serve"]))) == _leaves(ServerConfig())
+    assert _leaves(server_config(build_parser().parse_args(["serve"]))) == _leaves(ServerConfig())
 
 
 def test_every_server_config_field_has_a_serve_flag(certs, monkeypatch):
@@ -222,7 +222,7 @@ def test_every_server_config_field_has_a_serve_flag(certs, monkeypatch):
             "--max-rank", "2", "--max-tensors", "9", "--max-request-bytes", "4096", "--tls-cert", str(certs.server_cert),
             "--tls-key", str(certs.server_key), "--tls-client-ca", str(certs.ca), "--token", "t", "--metrics-port", "9",
             "--metrics-host", "127.0.0.2", "--reflection"]
-    given, defaults = _leaves(server_config(_parser().parse_args(argv))), _leaves(ServerConfig())
+    given, defaults = _leaves(server_config(build_parser().parse_args(argv))), _leaves(ServerConfig())
     assert given.keys() == defaults.keys()
     assert [name for name in given if given[name] == defaults[name]] == []
 
