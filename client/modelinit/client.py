@@ -3,7 +3,8 @@
 :class:`Client` drives a :class:`~modelinit.sources.protocol.Source` (the embedded engine,
 :class:`~modelinit.sources.embedded.EmbeddedSource`, or servers, :class:`~modelinit.sources.remote.RemoteSource`) into a
 :class:`~modelinit.destinations.protocol.Destination` (a folder, :class:`~modelinit.destinations.folder.FolderWriter`, or a
-prefix, :class:`~modelinit.destinations.prefix.PrefixWriter`), chosen in :func:`open_destination`;
+prefix, :class:`~modelinit.destinations.prefix.PrefixWriter`), chosen in
+:func:`modelinit.destinations.choose.open_destination`;
 ``modelinit.json`` is :mod:`modelinit.manifest`'s.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import pathlib
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import grpc
 from modelinit_wire.v1 import modelinit_pb2 as pb
@@ -40,11 +41,6 @@ from .request import PolicyArg, RequestOptions, Spec, model_policy, model_reques
 from .sources.embedded import EmbeddedSource
 from .sources.protocol import Source, full_plan
 from .sources.remote import RETRYABLE, RemoteSource, RetryPolicy, connect_failure, split_targets  # noqa: F401 - also the client's API
-
-if TYPE_CHECKING:  # typing only: the writers' modules load where something is written
-    from .bucket import Bucket
-    from .destinations.local_prefix import LocalPrefix
-    from .destinations.protocol import Destination
 
 log = logging.getLogger("modelinit.client")
 
@@ -370,6 +366,8 @@ class Client:
         if parallel is not None and (isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1):
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"parallel: must be None or an integer >= 1, got {parallel!r}")
         share = parse_part(part)
+        from .destinations.choose import open_destination  # the writers load where something is written
+
         dest = open_destination(out_dir, share, fsync=fsync, direct_io=direct_io, hash_here=not self.source.in_process)
         request = RequestOptions(seed=seed, policy=policy, dtype=dtype, max_shard_size=max_shard_size,
                                  algorithm_version=algorithm_version, architecture=architecture).request(spec)
@@ -426,6 +424,8 @@ class Client:
         fingerprint must match). ``complete`` is False while a part is missing (nothing written).
         A checkpoint its last part finished already (``modelinit.json`` there, the records gone)
         is returned as it is, ``reused`` (nothing written): a final step is then a no-op."""
+        from .destinations.choose import open_prefix
+
         prefix = open_prefix(url, "url")
         from .destinations.prefix import PrefixWriter, recorded_request
         from .destinations.protocol import read_small_files
@@ -489,33 +489,6 @@ def reproduce(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, client
         return client.init_model_from_manifest(manifest, out_dir, **options)
     with Client() as own:
         return own.init_model_from_manifest(manifest, out_dir, **options)
-
-
-def open_destination(out_dir: str | os.PathLike, part: Part, *, fsync: bool = False, direct_io: bool = True,
-                     hash_here: bool = True, field: str = "out_dir") -> "Destination":
-    """The destination ``out_dir`` names, chosen here and nowhere else: an object-store URL is a
-    prefix (:class:`~modelinit.destinations.prefix.PrefixWriter` over a :class:`~modelinit.bucket.Bucket`);
-    a local folder is written by the folder writer (:class:`~modelinit.destinations.folder.FolderWriter`), or,
-    for a ``part`` of N, shared by the N runs through the prefix protocol on the folder
-    (:class:`~modelinit.destinations.local_prefix.LocalPrefix`, written as the folder writer writes)."""
-    if is_bucket_url(out_dir) or not part.whole:
-        from .destinations.prefix import PrefixWriter  # the writers load where something is written (a fast CLI start)
-
-        return PrefixWriter(open_prefix(out_dir, field, fsync=fsync, direct_io=direct_io), hash_here)
-    from .destinations.folder import FolderWriter
-
-    return FolderWriter(local_folder(out_dir, field), fsync=fsync, direct_io=direct_io, hash_here=hash_here)
-
-
-def open_prefix(url: str | os.PathLike, field: str, *, fsync: bool = False, direct_io: bool = True) -> "Bucket | LocalPrefix":
-    """An object-store URL as a :class:`~modelinit.bucket.Bucket`; a local folder (a path or a
-    ``file://`` URL) as a :class:`~modelinit.destinations.local_prefix.LocalPrefix`."""
-    from .bucket import Bucket
-    from .destinations.local_prefix import LocalPrefix
-
-    if is_bucket_url(url):
-        return Bucket(os.fspath(url), field)
-    return LocalPrefix(local_folder(url, field), field, direct_io=direct_io, fsync=fsync)
 
 
 def _not_there_as_written(where: "pathlib.Path | str", part: Part, lost: list[str]) -> ModelInitError:

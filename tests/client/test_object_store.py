@@ -542,7 +542,7 @@ def test_a_written_objects_e_tag_is_the_one_its_listing_reports(kind, request, m
     store, and a local folder (``file://``, where ``--part`` writes a shared folder, as the client
     opens it): a rerun keeps a shard only when its recorded e_tag matches the listing's. (Azure
     quotes an upload's ETag header but not a listing's; S3 quotes both; a folder's is its own.)"""
-    from modelinit.client import open_prefix
+    from modelinit.destinations.choose import open_prefix
 
     if kind == "file":
         url = (tmp_path / "m").as_uri()

@@ -1,5 +1,6 @@
 """Where a file is written: every module that writes a checkpoint, local or in an object store.
 
+- :mod:`~modelinit.destinations.choose`: which destination an ``out_dir`` names (the one place);
 - :mod:`~modelinit.destinations.protocol`: the Destination protocol (prepare, write, finish,
   close), Survey, Finalized, and read_small_files (the small files handed to finish, from a
   stream the driver opens);
@@ -12,6 +13,6 @@
   one init per folder.
 
 Nothing here imports :mod:`modelinit.sources`: what a source hands over is :mod:`modelinit.handoff`'s.
-``modelinit.client.open_destination`` chooses one, the one place. Loaded only where something is
+``choose.open_destination`` chooses one, the one place. Loaded only where something is
 written (``import modelinit`` loads none of it).
 """

@@ -3,7 +3,7 @@
 Two implement it: :class:`modelinit.destinations.folder.FolderWriter` (a local folder written by one process)
 and :class:`modelinit.destinations.prefix.PrefixWriter` (an object-store prefix, or a local folder that
 the ``--part K/N`` runs of one checkpoint share). ``Client`` chooses one in one place
-(``modelinit.client.open_destination``) and drives either the same way:
+(``modelinit.destinations.choose.open_destination``) and drives either the same way:
 
 1. :meth:`~Destination.prepare` surveys what is there for this part of the plan: already complete
    (nothing to write), or the files an interrupted run finished, kept;
