@@ -22,8 +22,8 @@ The package, top to bottom (pyproject.toml's ``server-training-layers`` contract
     registry     the stacks init_module_ asks, in order (a new stack: its module and one line there)
     hf_layout    a transformers model's spec, and where each stored tensor sits in its in-memory tensors
     torchtitan_layout   where the tensors of a torchtitan model's Hugging Face spec sit in its parameters
-    megatron_layout     where they sit in a Megatron-Core model's local parameters (its sharded_state_dict)
-    megatron_config     the Hugging Face config a Megatron-Core model's own TransformerConfig derives (no spec given)
+    megatron/           where they sit in a Megatron-Core model's local parameters (its sharded_state_dict), and
+                        the Hugging Face config its own TransformerConfig derives (no spec given)
     plain        any other module's spec, from its own tensors
     stack        Stack, the interface each of the four implements, and Layout, what it returns
     torchtitan_config   the Hugging Face config a torchtitan model's own configuration derives (no spec given)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import hf_layout, megatron_layout, plain, torchtitan_layout
+from . import hf_layout, megatron, plain, torchtitan_layout
 from .stack import Stack
 
 STACKS: tuple[Stack, ...] = (
     torchtitan_layout.STACK,
-    megatron_layout.STACK,
+    megatron.STACK,
     hf_layout.STACK,
     plain.STACK,
 )

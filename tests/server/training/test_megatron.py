@@ -173,7 +173,7 @@ def test_virtual_pipeline_chunks_hold_the_folder_each_tensor_once(tmp_path):
 
 
 def _check_qkv_rows() -> None:
-    from modelinit_server.training.megatron_layout import qkv_rows
+    from modelinit_server.training.megatron import qkv_rows
 
     for groups in (2, 8, 1):  # grouped-query, multi-head, multi-query attention
         model = megatron_gpt(num_query_groups=groups, qk_layernorm=False)  # no norm between the rows and the output

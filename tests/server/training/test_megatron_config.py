@@ -1,6 +1,6 @@
 """``init_module_`` on a Megatron-Core ``GPTModel`` without ``spec`` (issue 43): the Hugging Face
 config is derived from the model's own ``TransformerConfig`` and ``GPTModel`` fields
-(``training/megatron_config.py``) where the mapping is exact, and refused by field where it is not.
+(``training/megatron/config.py``) where the mapping is exact, and refused by field where it is not.
 
 The derivation is checked on config objects (no model: a Llama-3-8B-shaped ``TransformerConfig``
 derives the real Llama-3-8B's tensors, every one), the fill on tiny models in one spawned process:
@@ -15,7 +15,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is in the test extra"
 
 import modelinit  # noqa: E402
 from modelinit_server.architectures import PRESETS, from_config, from_preset  # noqa: E402
-from modelinit_server.training.megatron_config import GPTFields, hf_config  # noqa: E402
+from modelinit_server.training.megatron.config import GPTFields, hf_config  # noqa: E402
 
 from tests.support.distributed import no_collectives, same_bytes  # noqa: E402
 from tests.support.megatron_models import (HF, MOE, MOE_FIELDS, PADDED, SEED, STARCODER2,  # noqa: E402

@@ -131,7 +131,7 @@ def _check_mla_rows() -> None:
     the probe input to r, so the query, key and value say which row each value came from; the
     RoPE rows come out de-interleaved (pairs (0, 1), (2, 3) as evens then odds), as DeepSeek-V3's
     Hugging Face forward rotates them."""
-    from modelinit_server.training.megatron_layout import mla_rows
+    from modelinit_server.training.megatron import mla_rows
 
     heads, nope, rope, v_dim, kv = 4, 8, 4, 8, 16
     rows = mla_rows(heads, nope, rope, v_dim, kv)

@@ -5,7 +5,7 @@ Face's ``mlp.gate.e_score_correction_bias``), at TP=2, each byte-equal to the Hu
 of the same config put into Megatron's layout by this test's own conversion.
 
 Two ranks (gloo) each fill their share of two tiny models: a Qwen2-MoE-style one without a spec
-(the config derived, ``training/megatron_config.py``) in bfloat16, and a GLM-4-MoE-style one
+(the config derived, ``training/megatron/config.py``) in bfloat16, and a GLM-4-MoE-style one
 (shared experts without a gate, the expert bias, sigmoid routing) with its config given, in
 float32, and again without it (``glm4_moe`` derived: the same bytes); and a Qwen3-MoE-style one with GroupedMLP experts (built on CPU with the check for the
 grouped_gemm CUDA library bypassed: filling runs no kernel). The shares are put together by

@@ -32,7 +32,7 @@ Hugging Face config the model corresponds to (``spec=...``).
 
 The vocabulary derived is the model's own (``GPTModel.vocab_size``: Megatron's padded one, the
 tokenizer's is not in the model). The fill is the same either way: a padded row holds the same
-tensor's stream continued (megatron_layout), so the first rows are those of the folder of the
+tensor's stream continued (megatron.layout), so the first rows are those of the folder of the
 tokenizer's vocabulary, and the folder of the derived config holds every row. Only a policy whose
 law reads the embedding's or output layer's ``fan_out`` (the vocabulary) tells them apart: then
 give ``spec=`` with the tokenizer's vocabulary.

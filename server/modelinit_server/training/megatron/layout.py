@@ -1,0 +1,96 @@
+"""A Megatron-Core ``GPTModel`` rank's local tensors as pieces of the Hugging Face spec's tensors:
+each local tensor's global place (:mod:`.reader`, or :mod:`.grouped` for GroupedMLP's weights),
+the Hugging Face tensors that place holds (:mod:`.names`), checked against the spec, with the
+vocabulary padding's rows as the same stream's next rows."""
+from __future__ import annotations
+
+from typing import Any
+
+from ...core.tensors import ModelSpec
+from ..fill import Piece
+from ..stack import Layout, lacking, not_in_spec
+from .grouped import grouped_mlp_box, grouped_place, grouped_runs
+from .names import HF_LAYER, PADDED, hf_boxes, stacked
+from .reader import global_place, pieces_of, within
+from .refusals import check_config, refuse_experts_sharded_across_experts
+
+def megatron_layout(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool = False) -> Layout:
+    """Where each of ``model``'s local tensors (``tensors``: name -> tensor) gets its bytes from,
+    as pieces of ``spec``'s tensors in Megatron's global per-layer tensor; that tensor's shape and
+    the global indices the local tensor holds per dim (its shard of it); and how many of the spec's tensors the
+    model lacks; and the views a fused tensor is filled through (GroupedMLP's weights, as its
+    grouped GEMM views them), or, for FSDP2's shard of one, its runs (:func:`.grouped.grouped_runs`). A pipeline stage (Megatron's ``pre_process``/``post_process``, a layer
+    range) and an expert-parallel rank lack the other ranks' tensors whether or not ``partial`` is
+    set: Megatron's own offsets say which layers and experts it holds; any other model that lacks
+    one is refused."""
+    config = check_config(model)
+    by_name = {t.name: i for i, t in enumerate(spec.tensors)}
+    gated = bool(getattr(config, "gated_linear_unit", False))
+    found, stand_ins = pieces_of(model)
+    layers = sum(1 for t in spec.tensors if t.name.endswith(".input_layernorm.weight") and HF_LAYER.match(t.name))
+    if layers and layers != config.num_layers:
+        raise ValueError(f"module: the Megatron model has {config.num_layers} layers (num_layers), the spec "
+                         f"({spec.architecture}) has {layers}: the model does not match the spec")
+    pieces: dict[str, list[Piece]] = {}
+    sets: dict[str, tuple[tuple[int, ...], list]] = {}
+    views: dict[str, tuple[int, ...]] = {}
+    runs: dict[str, tuple] = {}
+    held: set[int] = set()
+    for name, t in tensors.items():
+        whole = stand_ins.get(id(t), t)  # a DTensor's whole (tensor-parallel local) parameter
+        sharded = found.get(id(whole))
+        if sharded is None:
+            raise ValueError(f"module: Megatron's sharded_state_dict() does not save {name!r}; modelinit has no bytes for it")
+        grouped = grouped_place(name, whole, sharded)
+        if grouped is not None and whole is not t:
+            refuse_experts_sharded_across_experts(name, t, config)
+            runs[name] = grouped_runs(name, t, grouped)
+        if grouped is None:
+            key, lead, shape, held_idx = global_place(name, whole, sharded)
+            key, lead = stacked(key, lead)
+            if whole is not t and key.startswith("decoder.layers.mlp.experts."):
+                refuse_experts_sharded_across_experts(name, t, config)
+            sets[name] = (shape, within(held_idx, shape, t, name) if whole is not t else held_idx)
+            boxes = hf_boxes(key, lead, shape, config, gated, spec.family)
+        else:  # GroupedMLP: each expert's tensor, transposed, in one tensor per layer
+            key = grouped.key
+            sets[name] = (grouped.whole, grouped.held)
+            if name not in runs:
+                views[name] = grouped.view
+            boxes = [(hf_name, grouped_mlp_box(g, box)) for g in grouped.experts
+                     for hf_name, box in hf_boxes(key, (grouped.layer, g), grouped.expert_shape, config, gated, spec.family)]
+        pieces[name] = []
+        for hf_name, box in boxes:
+            ti = by_name.get(hf_name)
+            if ti is None:
+                tied = hf_name == "lm_head.weight"  # the one tensor tying decides; a q/k norm, a bias: the family
+                raise not_in_spec(f"Megatron's {name!r}", hf_name, spec,
+                                  ", with tie_word_embeddings false as the model has an output layer of its own" if tied
+                                  else ", of a family that has it (q/k norms: qwen3; q/k/v biases: qwen2)"
+                                  if "norm" in hf_name or hf_name.endswith(".bias") else "")
+            want = tuple(spec.tensors[ti].shape)
+            length = box[3]
+            if key in PADDED and length[0] >= want[0] and length[1:] == want[1:]:
+                pieces[name] += _padded(ti, want, length)
+            elif tuple(length) != want:
+                raise ValueError(f"module: Megatron's {name!r} holds {hf_name!r} as {list(length)}, the spec has "
+                                 f"{list(want)}: the model does not match the spec (check hidden size, heads, query "
+                                 "groups, kv_channels, ffn_hidden_size, vocabulary)")
+            else:
+                pieces[name].append((ti, *box))
+            held.add(ti)
+    stage = not (getattr(model, "pre_process", True) and getattr(model, "post_process", True)) or \
+        len(getattr(getattr(model, "decoder", None), "layers", ())) < config.num_layers or \
+        (getattr(config, "expert_model_parallel_size", 1) or 1) > 1
+    missing = lacking(spec, held, partial or stage, ": the model does not match the spec")
+    return Layout(spec, pieces, missing, sets, views=views, runs=runs)
+
+
+def _padded(ti: int, want: tuple[int, ...], length: tuple[int, ...]) -> list[Piece]:
+    """The spec's rows, then Megatron's padding rows as the same stream's next rows."""
+    whole = (ti, (0,) * len(want), tuple(range(len(want))), (0,) * len(want), tuple(want))
+    extra = length[0] - want[0]
+    if not extra:
+        return [whole]
+    rest = (0,) * (len(want) - 1)
+    return [whole, (ti, (want[0], *rest), tuple(range(len(want))), (want[0], *rest), (extra, *want[1:]))]

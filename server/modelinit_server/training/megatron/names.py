@@ -1,0 +1,205 @@
+"""Megatron-Core's checkpoint keys as Hugging Face names: the tables (the rows of Megatron-Bridge's
+Llama/Qwen mappings; multi-latent attention's as DeepSeek-V3 names them; each MoE family's), and
+the layouts that are not one block: the grouped QKV (:func:`qkv_rows`), multi-latent attention's
+fused tensors (:func:`mla_rows`, each one block), the gated MLP's [gate; up]. :func:`hf_boxes`
+turns one of Megatron's per-layer tensors into the boxes of the Hugging Face tensors it holds."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..fill import Box
+
+#: Megatron checkpoint key -> Hugging Face name (``{}``: the global layer index). The keys are those
+#: of ``sharded_state_dict()``, which names the local spec's norms as Transformer Engine fuses them
+#: (``input_layernorm`` as ``self_attention.linear_qkv.layer_norm_weight``).
+_NAMES = {
+    "embedding.word_embeddings.weight": "model.embed_tokens.weight",
+    "decoder.final_layernorm.weight": "model.norm.weight",
+    "decoder.final_layernorm.bias": "model.norm.bias",
+    "output_layer.weight": "lm_head.weight",
+    "decoder.layers.self_attention.linear_qkv.layer_norm_weight": "model.layers.{}.input_layernorm.weight",
+    "decoder.layers.self_attention.linear_qkv.layer_norm_bias": "model.layers.{}.input_layernorm.bias",
+    "decoder.layers.self_attention.linear_proj.weight": "model.layers.{}.self_attn.o_proj.weight",
+    "decoder.layers.self_attention.linear_proj.bias": "model.layers.{}.self_attn.o_proj.bias",
+    "decoder.layers.self_attention.q_layernorm.weight": "model.layers.{}.self_attn.q_norm.weight",
+    "decoder.layers.self_attention.k_layernorm.weight": "model.layers.{}.self_attn.k_norm.weight",
+    "decoder.layers.mlp.linear_fc1.layer_norm_weight": "model.layers.{}.post_attention_layernorm.weight",
+    "decoder.layers.mlp.linear_fc1.layer_norm_bias": "model.layers.{}.post_attention_layernorm.bias",
+}
+#: Multi-latent attention's keys (``multi_latent_attention``; DeepSeek-V3's names): Megatron's MLA
+#: layer keeps its input norm under its own name, its q/kv latent norms as ``q_layernorm``/
+#: ``kv_layernorm`` (local spec) or fused into ``linear_q_up_proj``/``linear_kv_up_proj`` as
+#: ``layer_norm_weight`` (Transformer Engine spec). Every fused tensor holds the Hugging Face rows in
+#: their order (:func:`mla_rows`: each head's no-RoPE then RoPE query rows, each head's key then value
+#: rows, the KV latent then the shared RoPE key), so each maps as one block and a tensor-parallel
+#: rank's rows (whole heads; the down projections' latent rows, column parallel in the local spec)
+#: are a block of them.
+_MLA_NAMES = {
+    "decoder.layers.input_layernorm.weight": "model.layers.{}.input_layernorm.weight",
+    "decoder.layers.pre_mlp_layernorm.weight": "model.layers.{}.post_attention_layernorm.weight",
+    "decoder.layers.self_attention.linear_q_proj.weight": "model.layers.{}.self_attn.q_proj.weight",
+    "decoder.layers.self_attention.linear_q_down_proj.weight": "model.layers.{}.self_attn.q_a_proj.weight",
+    "decoder.layers.self_attention.q_layernorm.weight": "model.layers.{}.self_attn.q_a_layernorm.weight",
+    "decoder.layers.self_attention.linear_q_up_proj.layer_norm_weight": "model.layers.{}.self_attn.q_a_layernorm.weight",
+    "decoder.layers.self_attention.linear_q_up_proj.weight": "model.layers.{}.self_attn.q_b_proj.weight",
+    "decoder.layers.self_attention.linear_kv_down_proj.weight": "model.layers.{}.self_attn.kv_a_proj_with_mqa.weight",
+    "decoder.layers.self_attention.kv_layernorm.weight": "model.layers.{}.self_attn.kv_a_layernorm.weight",
+    "decoder.layers.self_attention.linear_kv_up_proj.layer_norm_weight": "model.layers.{}.self_attn.kv_a_layernorm.weight",
+    "decoder.layers.self_attention.linear_kv_up_proj.weight": "model.layers.{}.self_attn.kv_b_proj.weight",
+}
+#: The MLP's names, by the spec's naming: gated (SwiGLU: ``linear_fc1`` holds [gate; up]), or not.
+_MLP = {True: ("gate_proj", "up_proj", "down_proj"), False: (None, "c_fc", "c_proj")}
+_QKV = "decoder.layers.self_attention.linear_qkv."
+PADDED = ("embedding.word_embeddings.weight", "output_layer.weight")
+HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+
+
+def qkv_rows(n_heads: int, n_groups: int, head_dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of Megatron's fused ``linear_qkv`` (weight or bias) that hold the rows of the
+    Hugging Face ``q_proj``, ``k_proj`` and ``v_proj``, in their order.
+
+    Megatron groups the rows per query group (``SelfAttention.get_query_key_value_tensors`` views
+    them as ``[groups, (heads/groups + 2) * head_dim]`` and splits each group into its queries,
+    then its key, then its value): group ``g`` holds query heads ``g*h .. (g+1)*h - 1`` (``h =
+    heads/groups``), then key head ``g``, then value head ``g``. A tensor-parallel rank holds
+    whole groups."""
+    if n_groups <= 0 or n_heads % n_groups:
+        raise ValueError(f"module: {n_heads} attention heads do not divide into {n_groups} query groups")
+    per = n_heads // n_groups
+    block = (per + 2) * head_dim
+    g = np.arange(n_groups, dtype=np.int64)[:, None] * block
+    d = np.arange(head_dim, dtype=np.int64)[None, :]
+    q = (g[:, None, :] + np.arange(per, dtype=np.int64)[None, :, None] * head_dim + d[:, None, :]).reshape(-1)
+    k = (g + per * head_dim + d).reshape(-1)
+    v = (g + (per + 1) * head_dim + d).reshape(-1)
+    return q, k, v
+
+
+def mla_rows(n_heads: int, nope: int, rope: int, v_dim: int, kv_lora_rank: int) -> dict[str, np.ndarray]:
+    """For multi-latent attention: the rows of the Hugging Face tensor that Megatron's fused tensor
+    holds, in Megatron's row order, by what its forward (``MLASelfAttention.get_query_key_value_tensors``)
+    splits them into. ``linear_q_up_proj``/``linear_q_proj`` ([heads, nope + rope] rows: each head's
+    query without RoPE, then its RoPE part) is ``q_b_proj``/``q_proj``; ``linear_kv_up_proj``
+    ([heads, nope + v]: each head's key without RoPE, then its value) is ``kv_b_proj``;
+    ``linear_kv_down_proj`` ([kv_lora_rank + rope]: the KV latent, then the key's RoPE part shared by
+    every head) is ``kv_a_proj_with_mqa``. DeepSeek-V3's Hugging Face forward splits the same rows
+    the same way (the RoPE rows as interleaved pairs in both: Megatron's MLA RoPE de-interleaves them
+    as DeepSeek's ``rope_interleave`` does), so each is the identity: every fused tensor is one block."""
+    for name, value in (("num_attention_heads", n_heads), ("qk_head_dim", nope), ("qk_pos_emb_head_dim", rope),
+                        ("v_head_dim", v_dim), ("kv_lora_rank", kv_lora_rank)):
+        if value <= 0:
+            raise ValueError(f"module: multi-latent attention's {name} is {value}; it must be positive")
+    return {"linear_q_up_proj": np.arange(n_heads * (nope + rope), dtype=np.int64),
+            "linear_kv_up_proj": np.arange(n_heads * (nope + v_dim), dtype=np.int64),
+            "linear_kv_down_proj": np.arange(kv_lora_rank + rope, dtype=np.int64)}
+
+
+def whole_box(shape: tuple[int, ...]) -> Box:
+    return (0,) * len(shape), tuple(range(len(shape))), (0,) * len(shape), tuple(shape)
+
+
+def hf_boxes(key: str, lead: tuple[int, ...], shape: tuple[int, ...], config, gated: bool,
+              family: str = "") -> list[tuple[str, Box]]:
+    """The Hugging Face tensors (name, box of them in Megatron's per-layer tensor ``key`` of ``shape``)
+    the tensor holds (``lead``: its leading offsets, layer then expert); their shapes are checked
+    against the spec by the caller."""
+    layer = lead[0] if lead else None
+
+    def hf(name: str) -> str:
+        return name.format(layer) if "{}" in name else name
+
+    if getattr(config, "multi_latent_attention", False) and key in _MLA_NAMES:  # one block each: mla_rows
+        return [(hf(_MLA_NAMES[key]), whole_box(shape))]
+    if key in _NAMES:
+        return [(hf(_NAMES[key]), whole_box(shape))]
+    leaf = key.rpartition(".")[2]
+    if key.startswith(_QKV) and leaf in ("weight", "bias"):
+        head_dim = config.kv_channels or config.hidden_size // config.num_attention_heads
+        groups = config.num_query_groups or config.num_attention_heads
+        out = []
+        for proj, idx in zip("qkv", qkv_rows(config.num_attention_heads, groups, head_dim)):
+            if int(idx.max()) >= shape[0]:
+                raise ValueError(f"module: Megatron's {key!r} has {shape[0]} rows, fewer than {config.num_attention_heads} "
+                                 f"heads in {groups} groups of {head_dim} need")
+            consecutive = np.array_equal(idx, np.arange(idx[0], idx[0] + idx.size))
+            start = (int(idx[0]) if consecutive else idx, *([0] * (len(shape) - 1)))
+            box = (start, tuple(range(len(shape))), (0,) * len(shape), (idx.size, *shape[1:]))
+            out.append((f"model.layers.{layer}.self_attn.{proj}_proj.{leaf}", box))
+        return out
+    names = MOE_NAMES.get(family, MoeNames())
+    mlp = _mlp_prefix(key, lead, names)
+    if mlp is None:
+        raise ValueError(f"module: Megatron's {key!r} has no Hugging Face counterpart modelinit knows; GPTModel with the "
+                         "local or Transformer Engine layer spec (GQA, a SwiGLU or GELU MLP, MoE experts) is supported")
+    prefix, rest = mlp
+    gate, up, down = names.expert_mlp if prefix.startswith(names.experts.partition("{")[0]) and gated else _MLP[gated]
+    layer_prefix = f"model.layers.{layer}.{prefix}"
+    if prefix == "mlp." and rest == "router.weight":
+        return [(f"model.layers.{layer}.{names.router}", whole_box(shape))]
+    if prefix == "mlp." and rest == "router.expert_bias":
+        return [(f"model.layers.{layer}.{names.expert_bias}", whole_box(shape))]
+    if prefix == names.shared and rest == "gate_weight" and names.shared_gate:
+        return [(f"model.layers.{layer}.{names.shared_gate}", whole_box(shape))]
+    fc, _, leaf = rest.partition(".")
+    if fc == "linear_fc1" and leaf in ("weight", "bias"):
+        if not gated:
+            return [(f"{layer_prefix}{up}.{leaf}", whole_box(shape))]
+        half = shape[0] // 2
+        zeros = (0,) * (len(shape) - 1)
+        dims = tuple(range(len(shape)))
+        return [(f"{layer_prefix}{gate}.{leaf}", ((0, *zeros), dims, (0,) * len(shape), (half, *shape[1:]))),
+                (f"{layer_prefix}{up}.{leaf}", ((half, *zeros), dims, (0,) * len(shape), (half, *shape[1:])))]
+    if fc == "linear_fc2" and leaf in ("weight", "bias"):
+        return [(f"{layer_prefix}{down}.{leaf}", whole_box(shape))]
+    raise ValueError(f"module: Megatron's {key!r} has no Hugging Face counterpart modelinit knows; GPTModel with the "
+                     "local or Transformer Engine layer spec (GQA, a SwiGLU or GELU MLP, MoE experts) is supported")
+
+
+def _mlp_prefix(key: str, lead: tuple[int, ...], names: "MoeNames") -> tuple[str, str] | None:
+    """The Hugging Face prefix (after ``model.layers.N.``) of an MLP key's tensors, and the rest of
+    the key: the dense MLP, a routed expert (the expert's global index is Megatron's second
+    leading offset), the shared experts, the router."""
+    if key.startswith("decoder.layers.mlp.experts.experts."):
+        if len(lead) != 2:
+            raise ValueError(f"module: Megatron saves {key!r} without its expert's index; this layout is not supported")
+        return names.experts.format(lead[1]), key.removeprefix("decoder.layers.mlp.experts.experts.")
+    if key.startswith("decoder.layers.mlp.shared_experts."):
+        return names.shared, key.removeprefix("decoder.layers.mlp.shared_experts.")
+    if key.startswith("decoder.layers.mlp."):
+        return "mlp.", key.removeprefix("decoder.layers.mlp.")
+    return None
+
+
+@dataclass(frozen=True)
+class MoeNames:
+    """How a Hugging Face MoE family names what Megatron's MoELayer holds (after ``model.layers.N.``)."""
+
+    experts: str = "mlp.experts.{}."
+    expert_mlp: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    router: str = "mlp.gate.weight"
+    expert_bias: str = "mlp.gate.e_score_correction_bias"
+    """The router's expert bias (Megatron's ``moe_router_enable_expert_bias``; DeepSeek-V3, GLM-4-MoE)."""
+    shared: str = "mlp.shared_experts."
+    shared_gate: str | None = None
+    """The shared expert's sigmoid gate (Megatron's ``moe_shared_expert_gate``)."""
+
+
+#: The MoE families whose names are not DeepSeek's/Qwen3-MoE's (the default above).
+MOE_NAMES = {
+    "mixtral": MoeNames(experts="block_sparse_moe.experts.{}.", expert_mlp=("w1", "w3", "w2"),
+                         router="block_sparse_moe.gate.weight"),
+    "qwen2_moe": MoeNames(shared="mlp.shared_expert.", shared_gate="mlp.shared_expert_gate.weight"),
+}
+
+
+def stacked(key: str, lead: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
+    """A layer's key as the stacked layers' key: Megatron saves the layers of a model whose layers
+    differ (``moe_layer_freq`` a list or above 1: dense and MoE layers) one key each,
+    ``decoder.layers.<global layer>.<rest>``, instead of stacking them on a leading axis; the same
+    tensor is then ``decoder.layers.<rest>`` at that layer."""
+    m = _LAYER_KEY.match(key)
+    return (f"decoder.layers.{m.group(2)}", (int(m.group(1)), *lead)) if m else (key, lead)
