@@ -104,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction, help="print the version and the algorithm versions, and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    for add in (_add_serve, _add_init, _add_finalize, _add_plan, _add_explain, _add_job, _add_probe, _add_verify):
+        add(sub)
+    return parser
+
+
+def _add_serve(sub) -> None:
+    """``serve``: bind, engine, limits, security, observability."""
     serve = sub.add_parser("serve", help="run the gRPC server")
     serve.set_defaults(func=commands.serve)
     serve.add_argument("--host", default="[::]", help="interface to bind (default [::], all)")
@@ -141,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     obs.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
     obs.add_argument("--reflection", action="store_true", help="serve gRPC server reflection (grpcurl)")
 
+
+def _add_init(sub) -> None:
+    """``init``: the request, where it goes, how it is written."""
     init = sub.add_parser("init", help="write a model's initialized weights into a folder")
     init.set_defaults(func=commands.init)
     _add_request_args(init, from_manifest=True)
@@ -167,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "*.index.json, config.json, ...); without it they are refused. An earlier modelinit run's files are "
                            "always replaced")
 
+
+def _add_finalize(sub) -> None:
+    """``finalize``: the index, config.json and modelinit.json after every part."""
     fin = sub.add_parser("finalize", help="after `init --part K/N` of every part: write the index, config.json and "
                                           "modelinit.json once (the last part does it itself; this is for a final step)")
     fin.set_defaults(func=commands.finalize)
@@ -175,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     fin.add_argument("--device", default="auto", choices=DEVICES, help="embedded engine (default auto)")
     _add_connection_args(fin)
 
+
+def _add_plan(sub) -> None:
+    """``plan``: every tensor, or how the parts split the shards."""
     plan = sub.add_parser("plan", help="show every tensor's rule, std and shard without generating anything")
     plan.set_defaults(func=commands.plan)
     _add_request_args(plan, generates=False)
@@ -187,13 +203,22 @@ def build_parser() -> argparse.ArgumentParser:
                            "bytes and time at --rate")
     plan.add_argument("--rate", default="0.5GB/s", metavar="R", help="bytes per second one part writes, for --parts (default 0.5GB/s)")
 
+
+def _add_explain(sub) -> None:
+    """``explain``: the groups against the Xavier/LeCun references."""
     explain = sub.add_parser("explain", help="tensor groups with their std against the Xavier/LeCun references, and warnings")
     explain.set_defaults(func=commands.explain)
     _add_request_args(explain, shards=False, generates=False)
     explain.add_argument("--json", action="store_true", help='print {"groups": [...], "summary": {...}} as JSON')
 
+
+def _add_job(sub) -> None:
+    """``job``: the Kubernetes Indexed Job (its flags are modelinit.job's)."""
     add_job_parser(sub).set_defaults(func=commands.job)
 
+
+def _add_probe(sub) -> None:
+    """``probe``: the measured pass, or the coordinate check (--widths)."""
     probe = sub.add_parser("probe", help="fill the real model with a policy's bytes, run one forward and backward pass on a "
                                          "synthetic batch, and report per layer what the init does (docs/probe.md)")
     probe.set_defaults(func=commands.probe)
@@ -225,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "the mup preset gets µP's per-parameter rates from it)")
     probe.add_argument("--optimizer", default=None, choices=("adam", "sgd"), help="with --widths: the optimizer (default adam)")
 
+
+def _add_verify(sub) -> None:
+    """``verify``: a finished folder or prefix against its manifest."""
     verify = sub.add_parser("verify", help="check a finished folder against its modelinit.json (sizes, SHA-256, headers), "
                                            "regenerating its bytes from (spec, policy, seed)")
     verify.set_defaults(func=commands.verify)
@@ -235,5 +263,3 @@ def build_parser() -> argparse.ArgumentParser:
                         help="only check the files against the manifest; do not regenerate the bytes")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     _add_connection_args(verify)
-    return parser
-
