@@ -23,7 +23,8 @@ from modelinit_wire.v1.modelinit_pb2 import (  # typed policy objects, e.g. Rule
     Uniform,
 )
 
-from .client import Client, InitResult, TensorBytes, reproduce
+from .client import Client, InitResult, reproduce
+from .tensor_bytes import TensorBytes
 from .probing import coord_check, probe
 from .errors import ModelInitError
 
