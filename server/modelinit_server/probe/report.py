@@ -8,8 +8,8 @@ import math
 import shutil
 from typing import Any
 
-from . import ProbeResult
 from .coord import CoordResult
+from .result import ProbeResult
 
 #: (field, title, log scale) of each per-layer panel of the plot.
 PANELS = (

@@ -23,21 +23,20 @@ import numpy as np
 from ..core.tensors import ModelSpec
 from .fill import Box, Piece
 from .placement import MAX_PROBE_ELEMENTS, all_views, pair_box, view_box
-from .stack import Layout
+from .stack import Layout, StackBase
 
 
 
 def hf_model(module):
-    """The transformers model behind ``module`` (unwrapping torch.compile), or None."""
+    """``module`` (its wrappers removed: ``modules.unwrap``) if it is a transformers model, else None."""
     tf = sys.modules.get("transformers")
     if tf is None:
         return None
-    inner = getattr(module, "_orig_mod", module)
     try:
         base = tf.PreTrainedModel
     except Exception:  # noqa: BLE001
         return None
-    return inner if isinstance(inner, base) else None
+    return module if isinstance(module, base) else None
 
 
 def _hf_class(model):
@@ -192,20 +191,13 @@ def _locate(converter, target: str, inputs: list[tuple[str, str]], shapes: dict[
     return located
 
 
-class TransformersStack:
+class TransformersStack(StackBase):
     """A transformers model: its spec from its own config and class, as a request with them."""
 
     name = "transformers"
-    takes_spec = False
 
     def recognizes(self, module) -> bool:
         return hf_model(module) is not None
-
-    def own_config(self, module) -> dict | None:
-        return None
-
-    def prepare(self, module) -> tuple[str, ...]:
-        return ()
 
     def layout(self, module, spec, named, real, partial) -> Layout:
         model_spec, pieces, missing = hf_spec(hf_model(module), {n: tuple(t.shape) for n, t in named}, partial)

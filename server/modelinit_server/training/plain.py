@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..core.tensors import ModelSpec, TensorSpec
 from .fill import Piece
-from .stack import Layout
+from .stack import Layout, StackBase
 
 
 def plain_spec(module, named, real: dict[str, str]) -> tuple[ModelSpec, dict[str, list[Piece]]]:
@@ -41,27 +41,20 @@ def plain_spec(module, named, real: dict[str, str]) -> tuple[ModelSpec, dict[str
     layers = [t.layer for t in tensors if t.layer is not None]
     hidden = max((t.fan_in for t in tensors if t.kind in ("linear", "embedding")), default=1) or 1
     spec = ModelSpec(
-        family="module", architecture=type(getattr(module, "_orig_mod", module)).__name__, config={},
+        family="module", architecture=type(module).__name__, config={},
         tensors=tuple(tensors), n_layers=max(layers) + 1 if layers else 1, hidden_size=hidden,
         initializer_range=0.02, tied=tied,
     )
     return spec, pieces
 
 
-class PlainStack:
+class PlainStack(StackBase):
     """Any module: a spec of its own tensors (asked last: it recognizes every module)."""
 
     name = "plain"
-    takes_spec = False
 
     def recognizes(self, module) -> bool:
         return True
-
-    def own_config(self, module) -> dict | None:
-        return None
-
-    def prepare(self, module) -> tuple[str, ...]:
-        return ()
 
     def layout(self, module, spec, named, real, partial) -> Layout:
         model_spec, pieces = plain_spec(module, named, real)

@@ -10,7 +10,7 @@ the fill itself (plans, engines, DTensor shards) is the same for every stack.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..core.tensors import ModelSpec
 from .fill import Piece
@@ -33,6 +33,27 @@ def lacking(spec: ModelSpec, held: set[int], allowed: bool, fix: str) -> int:
     return count
 
 
+class Run(NamedTuple):
+    """A run of a tensor's local elements: ``first:end`` of the flat local tensor, viewed as ``shape``,
+    hold the global indices ``sets`` (per dim of that view; None: all of it)."""
+
+    first: int
+    end: int
+    shape: tuple[int, ...]
+    sets: list
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where a tensor's local elements sit in its global tensor: the global tensor's shape (as the
+    pieces' boxes address it) and the runs of the local elements. One run over the whole local
+    tensor for a plain shard (its shape the tensor's own, or the view a fused tensor is filled
+    through); several where a shard enters and leaves experts (FSDP2's shard of a GroupedMLP weight)."""
+
+    whole: tuple[int, ...]
+    runs: tuple[Run, ...]
+
+
 @dataclass(frozen=True)
 class Layout:
     """A module as a stack lays it out: its spec and where each of its tensors' bytes are."""
@@ -43,19 +64,11 @@ class Layout:
     """Module tensor name (without wrappers) -> the pieces of the spec's tensors it holds."""
     missing: int = 0
     """Stored tensors of the spec the module does not hold (a pipeline stage, an expert rank)."""
-    index_sets: dict[str, tuple[tuple[int, ...], list]] = field(default_factory=dict)
-    """For a tensor that is a shard without being a DTensor (Megatron's tensor parallel): the
-    global tensor's shape and the global indices the local one holds per dim. Empty: every
-    tensor says its own (a DTensor's placements, or a whole tensor)."""
-    views: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    """Module tensors (of ``index_sets``) filled through a view of this shape: a fused tensor whose
-    layout in memory is another shape than its own (Megatron's GroupedMLP ``weight1`` [hidden,
-    experts x rows] is [experts, hidden, rows] in memory). Its index sets are the view's."""
-    runs: dict[str, tuple[tuple[int, int, tuple[int, ...], list], ...]] = field(default_factory=dict)
-    """Module tensors (of ``index_sets``, whose sets are then unused) filled in runs of their local
-    elements, each ``(first, end, shape, sets)``: elements ``first:end`` of the flat local tensor,
-    viewed as ``shape``, hold the global indices ``sets`` (FSDP2's shard of a GroupedMLP weight: a
-    run of its memory, whole experts or rows of one, of the grouped GEMM's view)."""
+    placed: dict[str, Placed] = field(default_factory=dict)
+    """Module tensors whose global place the stack knows and the tensor does not say itself (a
+    shard that is not a DTensor, as Megatron's tensor parallel; a fused tensor laid out in memory as
+    another shape, as GroupedMLP's weights; FSDP2's shard of one); every other tensor says its own
+    (a DTensor's placements, or a whole tensor)."""
     own_state: frozenset[str] = frozenset()
     """Module tensors that are the stack's own state, set by :meth:`Stack.prepare` and left as
     they are (torchtitan: an MoE's load-balancing bias); they draw nothing."""
@@ -94,3 +107,25 @@ class Stack(Protocol):
         name's real one; ``partial``: the module may lack some of the spec's tensors (a pipeline
         stage). ``ValueError`` for a tensor the spec does not have, or one it lacks unless partial."""
         ...
+
+
+class StackBase:
+    """The defaults a :class:`Stack` shares: it takes no spec, derives no config and has no state of
+    its own to prepare; a stack says ``name``, ``recognizes`` and ``layout``, and overrides the rest
+    where it differs."""
+
+    name = ""
+    takes_spec = False
+
+    def recognizes(self, module: Any) -> bool:
+        raise NotImplementedError
+
+    def own_config(self, module: Any) -> dict[str, Any] | None:
+        return None
+
+    def prepare(self, module: Any) -> tuple[str, ...]:
+        return ()
+
+    def layout(self, module: Any, spec: ModelSpec | None, named: list[tuple[str, Any]], real: dict[str, str],
+               partial: bool) -> Layout:
+        raise NotImplementedError

@@ -34,15 +34,15 @@ import numpy as np
 from ..core.tensors import ModelSpec
 from .fill import Box, Piece
 from .placement import MAX_PROBE_ELEMENTS, indexed_box, view_box
-from .stack import Layout, lacking, not_in_spec
+from .stack import Layout, StackBase, lacking, not_in_spec
 
 _LAYER = re.compile(r"(?<![A-Za-z0-9_])layers\.(\d+)\.")
 
 
 def is_torchtitan_model(module) -> bool:
-    """Whether ``module`` is a torchtitan model (its class is defined in ``torchtitan.models``)."""
-    inner = getattr(module, "_orig_mod", module)
-    return any(c.__module__.startswith("torchtitan.models.") for c in type(inner).__mro__)
+    """Whether ``module`` (its wrappers removed: ``modules.unwrap``) is a torchtitan model (its class is
+    defined in ``torchtitan.models``)."""
+    return any(c.__module__.startswith("torchtitan.models.") for c in type(module).__mro__)
 
 
 def init_stack_buffers(model) -> tuple[str, ...]:
@@ -275,7 +275,7 @@ def _probed(twin, adapter, params: dict[str, Any], names: list[str], copies: lis
     return out
 
 
-class TorchtitanStack:
+class TorchtitanStack(StackBase):
     """A torchtitan model, filled with the bytes of the Hugging Face model it corresponds to."""
 
     name = "torchtitan"
@@ -287,15 +287,14 @@ class TorchtitanStack:
     def own_config(self, module) -> dict | None:
         from .torchtitan_config import own_config
 
-        return own_config(getattr(module, "_orig_mod", module))
+        return own_config(module)
 
     def prepare(self, module) -> tuple[str, ...]:
         # its buffers are its own code's; a tied embedding is tied again before the tensors are listed
-        return init_stack_buffers(getattr(module, "_orig_mod", module))
+        return init_stack_buffers(module)
 
     def layout(self, module, spec, named, real, partial) -> Layout:
-        model_spec, pieces, missing = torchtitan_spec(getattr(module, "_orig_mod", module), spec,
-                                                      {n: tuple(t.shape) for n, t in named}, partial)
+        model_spec, pieces, missing = torchtitan_spec(module, spec, {n: tuple(t.shape) for n, t in named}, partial)
         return Layout(model_spec, pieces, missing, own_state=frozenset(n for n, _ in named if not pieces[n]))
 
 

@@ -91,3 +91,34 @@ def test_a_stack_that_derives_its_config_needs_no_spec(monkeypatch):
     assert stack.specs == [from_config(config)] and summary.derived_config == config
     given = init_module_(Counted(), seed=SEED, spec="bert-base-uncased")  # a spec given wins, and is not reported
     assert stack.specs[-1] == from_preset("bert-base-uncased") and given.derived_config is None
+
+
+def test_a_stack_on_the_base_says_only_what_differs(monkeypatch):
+    """StackBase holds the shared defaults (no spec taken, no config derived, nothing prepared): a stack
+    on it says its name, what it recognizes and its layout; every registered stack is one."""
+    from modelinit_server.training.stack import StackBase
+
+    class Lone(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 4, bias=False)
+
+    class Minimal(StackBase):
+        name = "minimal"
+
+        def recognizes(self, module) -> bool:
+            return isinstance(module, Lone)
+
+        def layout(self, module, spec, named, real, partial) -> Layout:
+            model_spec, pieces = plain_spec(module, named, real)
+            return Layout(model_spec, pieces)
+
+    assert all(isinstance(s, StackBase) for s in registry.STACKS)
+    stack = Minimal()
+    assert (stack.takes_spec, stack.own_config(Lone()), stack.prepare(Lone())) == (False, None, ())
+    monkeypatch.setattr(registry, "STACKS", (stack, *registry.STACKS))
+    model, plain = Lone(), torch.nn.Module()
+    plain.proj = torch.nn.Linear(8, 4, bias=False)
+    summary = init_module_(model, seed=SEED)
+    init_module_(plain, seed=SEED)
+    assert summary.tensors == 1 and summary.stack_buffers == () and torch.equal(model.proj.weight, plain.proj.weight)

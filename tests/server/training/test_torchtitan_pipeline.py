@@ -114,7 +114,7 @@ def test_a_list_of_stages_reads_the_spec_and_plans_once(reference, monkeypatch, 
     the one given) and resolves the policy over it once, not once per stage (for a large model each
     resolution is seconds); every stage still gets the folder's bytes. A stage whose spec differed
     would be planned for itself (the parts of two models are refused, tested below)."""
-    import modelinit_server.training as training
+    from modelinit_server.training import job as training  # where init_module_ reads the spec and plans
     from modelinit_server.training.torchtitan_config import own_config
     from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part, _split_module
 

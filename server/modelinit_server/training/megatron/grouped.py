@@ -12,6 +12,7 @@ import numpy as np
 
 from ..dtensor import local_and_index_sets
 from ..fill import Box
+from ..stack import Run
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,9 @@ def grouped_place(name: str, t, sharded: list[Any]) -> GroupedPlace | None:
                         [experts, held, None], experts.tolist(), (rows, cols))
 
 
-def grouped_runs(name: str, t, grouped: GroupedPlace) -> tuple[tuple[int, int, tuple[int, ...], list], ...]:
+def grouped_runs(name: str, t, grouped: GroupedPlace) -> tuple[Run, ...]:
     """FSDP2's shard of a ``GroupedMLP`` weight (a DTensor, ``Shard(0)`` rows of the 2-D weight) as
-    runs of its local elements (``Layout.runs``): the rows are a run of the weight's memory, which
+    runs of its local elements (``Placed.runs``): the rows are a run of the weight's memory, which
     the grouped GEMM views as (local experts, X, Y); it is cut where it enters or leaves an expert,
     into at most three runs, each whole experts or whole ``Y``-rows of one (a row of the 2-D weight
     is whole ``Y``-rows of the view), each with the global indices it holds of the layer's tensor."""
@@ -97,12 +98,12 @@ def grouped_runs(name: str, t, grouped: GroupedPlace) -> tuple[tuple[int, int, t
         expert, within = divmod(at, block)
         if within == 0 and stop - at >= block:  # whole experts
             n = (stop - at) // block
-            runs.append((at - start, at - start + n * block, (n, x, y), [held_idx[0][expert:expert + n], *held_idx[1:]]))
+            runs.append(Run(at - start, at - start + n * block, (n, x, y), [held_idx[0][expert:expert + n], *held_idx[1:]]))
             at += n * block
         else:  # Y-rows of one expert, to its end or the shard's
             end = min(stop, (expert + 1) * block)
             lo, hi = within // y, (end - expert * block) // y
-            runs.append((at - start, end - start, (1, hi - lo, y), [held_idx[0][expert:expert + 1], dim1[lo:hi],
+            runs.append(Run(at - start, end - start, (1, hi - lo, y), [held_idx[0][expert:expert + 1], dim1[lo:hi],
                                                                       held_idx[2]]))
             at = end
     return tuple(runs)

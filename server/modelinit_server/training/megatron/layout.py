@@ -8,7 +8,8 @@ from typing import Any
 
 from ...core.tensors import ModelSpec
 from ..fill import Piece
-from ..stack import Layout, lacking, not_in_spec
+from ..dtensor import local_tensor
+from ..stack import Layout, Placed, Run, lacking, not_in_spec
 from .grouped import grouped_mlp_box, grouped_place, grouped_runs
 from .names import HF_LAYER, PADDED, hf_boxes, stacked
 from .reader import global_place, pieces_of, within
@@ -32,31 +33,30 @@ def megatron_layout(model, spec: ModelSpec, tensors: dict[str, Any], partial: bo
         raise ValueError(f"module: the Megatron model has {config.num_layers} layers (num_layers), the spec "
                          f"({spec.architecture}) has {layers}: the model does not match the spec")
     pieces: dict[str, list[Piece]] = {}
-    sets: dict[str, tuple[tuple[int, ...], list]] = {}
-    views: dict[str, tuple[int, ...]] = {}
-    runs: dict[str, tuple] = {}
+    placed: dict[str, Placed] = {}
     held: set[int] = set()
     for name, t in tensors.items():
         whole = stand_ins.get(id(t), t)  # a DTensor's whole (tensor-parallel local) parameter
         sharded = found.get(id(whole))
         if sharded is None:
             raise ValueError(f"module: Megatron's sharded_state_dict() does not save {name!r}; modelinit has no bytes for it")
+        local = local_tensor(t)
         grouped = grouped_place(name, whole, sharded)
-        if grouped is not None and whole is not t:
-            refuse_experts_sharded_across_experts(name, t, config)
-            runs[name] = grouped_runs(name, t, grouped)
         if grouped is None:
             key, lead, shape, held_idx = global_place(name, whole, sharded)
             key, lead = stacked(key, lead)
             if whole is not t and key.startswith("decoder.layers.mlp.experts."):
                 refuse_experts_sharded_across_experts(name, t, config)
-            sets[name] = (shape, within(held_idx, shape, t, name) if whole is not t else held_idx)
+            sets = within(held_idx, shape, t, name) if whole is not t else held_idx  # FSDP2's shard of the TP one
+            placed[name] = Placed(shape, (Run(0, local.numel(), tuple(local.shape), sets),))
             boxes = hf_boxes(key, lead, shape, config, gated, spec.family)
         else:  # GroupedMLP: each expert's tensor, transposed, in one tensor per layer
             key = grouped.key
-            sets[name] = (grouped.whole, grouped.held)
-            if name not in runs:
-                views[name] = grouped.view
+            if whole is not t:  # FSDP2's shard of it: runs of its memory
+                refuse_experts_sharded_across_experts(name, t, config)
+                placed[name] = Placed(grouped.whole, grouped_runs(name, t, grouped))
+            else:  # filled through the view its grouped GEMM takes
+                placed[name] = Placed(grouped.whole, (Run(0, local.numel(), grouped.view, grouped.held),))
             boxes = [(hf_name, grouped_mlp_box(g, box)) for g in grouped.experts
                      for hf_name, box in hf_boxes(key, (grouped.layer, g), grouped.expert_shape, config, gated, spec.family)]
         pieces[name] = []
@@ -83,7 +83,7 @@ def megatron_layout(model, spec: ModelSpec, tensors: dict[str, Any], partial: bo
         len(getattr(getattr(model, "decoder", None), "layers", ())) < config.num_layers or \
         (getattr(config, "expert_model_parallel_size", 1) or 1) > 1
     missing = lacking(spec, held, partial or stage, ": the model does not match the spec")
-    return Layout(spec, pieces, missing, sets, views=views, runs=runs)
+    return Layout(spec, pieces, missing, placed=placed)
 
 
 def _padded(ti: int, want: tuple[int, ...], length: tuple[int, ...]) -> list[Piece]:

@@ -2,7 +2,7 @@
 derived config, the layout."""
 from __future__ import annotations
 
-from ..stack import Layout
+from ..stack import Layout, StackBase
 from .config import own_config
 from .layout import megatron_layout
 from .refusals import check_modules
@@ -10,12 +10,12 @@ from .refusals import check_modules
 
 def is_megatron_model(module) -> bool:
     """Whether ``module`` is a Megatron-Core model (its class is defined in ``megatron.core``, or
-    Megatron-FSDP's, in the ``megatron_fsdp`` package: refused by name, :func:`.refusals.refuse_megatron_fsdp`)."""
-    inner = getattr(module, "_orig_mod", module)
-    return any(c.__module__.startswith(("megatron.core.", "megatron_fsdp.")) for c in type(inner).__mro__)
+    Megatron-FSDP's, in the ``megatron_fsdp`` package: refused by name, :func:`.refusals.refuse_megatron_fsdp`);
+    its wrappers removed (``modules.unwrap``)."""
+    return any(c.__module__.startswith(("megatron.core.", "megatron_fsdp.")) for c in type(module).__mro__)
 
 
-class MegatronStack:
+class MegatronStack(StackBase):
     """A Megatron-Core model, filled with the bytes of the Hugging Face model it corresponds to."""
 
     name = "Megatron-Core"
@@ -27,9 +27,6 @@ class MegatronStack:
     def own_config(self, module) -> dict | None:
         check_modules(module)  # what is refused is refused by name, before any of its fields
         return own_config(module)
-
-    def prepare(self, module) -> tuple[str, ...]:
-        return ()
 
     def layout(self, module, spec, named, real, partial) -> Layout:
         return megatron_layout(module, spec, dict(named), partial)
