@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import pathlib
 import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TypeGuard
+from typing import Any, Callable, Iterator
 
 import grpc
 from modelinit_wire.events import Begin, Data
@@ -31,6 +30,7 @@ from modelinit_host.usable_cores import usable_cores
 from .bucket import Bucket, is_bucket_url
 from .client import Client
 from .errors import ModelInitError
+from .file_checks import INDEX_FILE, MAX_HEADER, MAX_INDEX, check_header, check_index
 from .manifest import (
     MANIFEST_FILE,
     READ_SIZE,
@@ -45,18 +45,6 @@ from .manifest import (
 from .progress_bar import progress_bar
 from .sources.protocol import full_plan
 from .stream import StreamCheck
-
-INDEX_FILE = "model.safetensors.index.json"
-_MAX_HEADER = 100 << 20  # the safetensors format's own limit on the JSON header
-_MAX_INDEX = 100 << 20
-"""Most bytes of model.safetensors.index.json kept to check it (a real index is a few MB)."""
-_ITEMSIZE = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
-    "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
-    "U32": 4, "I32": 4, "F32": 4,
-    "U64": 8, "I64": 8, "F64": 8,
-}
-
 
 @dataclass(frozen=True)
 class FileCheck:
@@ -113,117 +101,17 @@ class Report:
         return d
 
 
-def _is_int(x: object) -> TypeGuard[int]:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _check_header(head: bytes, size: int, fingerprint: str) -> tuple[list[str], dict[str, int] | None]:
-    """Problems of a safetensors file's header, and its tensors' byte counts (None if unparsable).
-    ``head``: the file's first bytes, at least the 8-byte length and the header it announces
-    (what :class:`_Scan` keeps); ``size``: the file's size."""
-    if size < 8:
-        return [f"safetensors header: file has {size} bytes, too short for the 8-byte header length"], None
-    (n,) = struct.unpack("<Q", head[:8])
-    if n > size - 8 or n > _MAX_HEADER:
-        return [f"safetensors header: header length {n} does not fit in the {size}-byte file"], None
-    raw = head[8:8 + n]
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        return [f"safetensors header: not valid UTF-8 JSON ({e})"], None
-    if not isinstance(header, dict):
-        return ["safetensors header: not a JSON object"], None
-    problems: list[str] = []
-    meta = header.get("__metadata__", {})
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        problems.append("safetensors header: __metadata__ is not a string-to-string map")
-    elif "modelinit.fingerprint" in meta and meta["modelinit.fingerprint"] != fingerprint:
-        problems.append(f"safetensors header: fingerprint {meta['modelinit.fingerprint']}, manifest says {fingerprint}")
-    tensors: dict[str, int] = {}
-    spans: list[tuple[int, int, str]] = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(info, dict):
-            problems.append(f"tensor {name!r}: entry is not an object")
-            continue
-        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if dtype not in _ITEMSIZE:
-            problems.append(f"tensor {name!r}: unknown dtype {dtype!r}")
-            continue
-        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-            problems.append(f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
-            continue
-        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets)
-                or not 0 <= offsets[0] <= offsets[1]):
-            problems.append(f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end] with 0 <= begin <= end")
-            continue
-        count = 1
-        for d in shape:
-            count *= d
-        nbytes = count * _ITEMSIZE[dtype]
-        if offsets[1] - offsets[0] != nbytes:
-            problems.append(f"tensor {name!r}: {dtype} {shape} needs {nbytes} bytes, data_offsets span {offsets[1] - offsets[0]}")
-        tensors[name] = nbytes
-        spans.append((offsets[0], offsets[1], name))
-    data_size = size - 8 - n
-    pos = 0
-    for begin, end, name in sorted(spans):
-        if begin != pos:
-            what = "overlaps the previous tensor" if begin < pos else f"leaves a gap of {begin - pos} bytes before it"
-            problems.append(f"tensor {name!r}: data starts at {begin}, expected {pos} ({what})")
-        pos = max(pos, end)
-    if pos != data_size:
-        problems.append(f"safetensors header: tensor data ends at {pos}, the file's data section has {data_size} bytes")
-    return problems, (tensors if not problems else None)
-
-
-def _check_index(data: bytes, shards: dict[str, dict[str, int] | None], manifest_names: set[str],
-                 present: set[str]) -> list[str]:
-    """Problems of model.safetensors.index.json (its bytes) against the shards' headers (name ->
-    tensor bytes) and the files ``present`` in the folder."""
-    try:
-        index = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        return [f"not readable JSON ({e})"]
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        return ["weight_map: missing or not a tensor-to-file map"]
-    problems = []
-    for shard in sorted(set(weight_map.values())):
-        if shard not in manifest_names or not shard.endswith(".safetensors"):
-            problems.append(f"weight_map names {shard!r}, not a shard of this folder's manifest")
-        elif shard not in present:
-            problems.append(f"weight_map names {shard!r}, which does not exist")
-    readable = {shard: tensors for shard, tensors in shards.items() if tensors is not None}
-    if len(readable) == len(shards):  # only when every header could be read
-        found = {name: shard for shard, tensors in readable.items() for name in tensors}
-        for name in sorted(set(weight_map) - set(found)):
-            problems.append(f"weight_map lists tensor {name!r}, which no shard holds")
-        for name in sorted(set(found) - set(weight_map)):
-            problems.append(f"weight_map misses tensor {name!r} (in {found[name]})")
-        for name in sorted(set(found) & set(weight_map)):
-            if weight_map[name] != found[name]:
-                problems.append(f"weight_map puts tensor {name!r} in {weight_map[name]}, it is in {found[name]}")
-        meta = index.get("metadata")
-        total = meta.get("total_size") if isinstance(meta, dict) else None
-        expected = sum(n for tensors in readable.values() for n in tensors.values())
-        if total is not None and total != expected:
-            problems.append(f"metadata.total_size is {total}, the shards hold {expected} tensor bytes")
-    return problems
-
-
 class _Scan:
     """One pass over a file's bytes: SHA-256, size, and the first bytes the checks read (for a
     shard its 8-byte length and the header it announces; for the index all of it, up to
-    :data:`_MAX_INDEX`)."""
+    :data:`MAX_INDEX`)."""
 
     def __init__(self, name: str) -> None:
         self.sha256 = hashlib.sha256()
         self.size = 0
         self.head = bytearray()
         self._shard = name.endswith(".safetensors")
-        self._want = 8 if self._shard else (_MAX_INDEX + 1 if name == INDEX_FILE else 0)
+        self._want = 8 if self._shard else (MAX_INDEX + 1 if name == INDEX_FILE else 0)
 
     def feed(self, chunk: memoryview) -> None:
         self.sha256.update(chunk)
@@ -234,7 +122,7 @@ class _Scan:
             chunk = chunk[take:]
             if self._shard and self._want == 8 and len(self.head) == 8:
                 (n,) = struct.unpack("<Q", self.head)
-                self._want = 8 + n if n <= _MAX_HEADER else 8  # an oversized length is reported, not read
+                self._want = 8 + n if n <= MAX_HEADER else 8  # an oversized length is reported, not read
 
 
 class _Folder:
@@ -339,7 +227,7 @@ def _check_file(files: _Folder | _Prefix, e: dict, fingerprint: str, tick: Calla
         mine.append(f"SHA-256 {digest}, manifest says {e['sha256']}")
     header = None
     if name.endswith(".safetensors"):
-        header_problems, header = _check_header(bytes(scan.head), scan.size, fingerprint)
+        header_problems, header = check_header(bytes(scan.head), scan.size, fingerprint)
         mine.extend(header_problems)
     return size, digest, header, bytes(scan.head), mine
 
@@ -422,8 +310,8 @@ def verify_folder(
         if index is not None:
             present = {n for n, size in sizes.items() if size is not None}
             file_problems[INDEX_FILE].extend(
-                [f"larger than {_MAX_INDEX} bytes, not read"] if len(index) > _MAX_INDEX
-                else _check_index(index, headers, names, present))
+                [f"larger than {MAX_INDEX} bytes, not read"] if len(index) > MAX_INDEX
+                else check_index(index, headers, names, present))
 
         # 2. The folder: leftovers of an interrupted run, files of another run. Hidden names
         # (modelinit's own records: ``.modelinit.*``) are never a loader's.
