@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .families import header
+
 #: torchtitan's model families this derives a config for -> the function that does.
 FAMILIES = ("llama3", "qwen3", "deepseek_v3")
 
@@ -165,7 +167,7 @@ def _ffn(ffn, path: str) -> tuple[int, bool]:
 
 
 def _llama3(config) -> dict[str, Any]:
-    doc = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **_decoder(config)}
+    doc = {**header("llama"), **_decoder(config)}
     att = _gqa(config, qk_norm=False)
     ffns = [(f"layers[{i}].feed_forward", layer.feed_forward) for i, layer in enumerate(config.layers)]
     for i, layer in enumerate(config.layers):
@@ -226,11 +228,11 @@ def _qwen3(config) -> dict[str, Any]:
     if moes:
         experts, top_k, hidden, norm = _one(moes, "MoE (num_experts, num_experts_per_tok, moe_intermediate_size, "
                                                   "norm_topk_prob)")
-        doc = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **doc, "num_experts": experts,
+        doc = {**header("qwen3_moe"), **doc, "num_experts": experts,
                "num_experts_per_tok": top_k, "moe_intermediate_size": hidden, "norm_topk_prob": norm,
                "decoder_sparse_step": 1, "mlp_only_layers": [i for i, _ in dense]}
     else:
-        doc = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **doc}
+        doc = {**header("qwen3"), **doc}
     doc.update(_rope(config, lambda a: a.qkv_linear.head_dim, yarn=False))
     return doc
 
@@ -253,7 +255,7 @@ def _deepseek_v3(config) -> dict[str, Any]:
     dense = 0
     while dense < len(config.layers) and config.layers[dense].moe is None:
         dense += 1
-    doc = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", **base,
+    doc = {**header("deepseek_v3"), **base,
            "num_attention_heads": heads, "num_key_value_heads": heads, "q_lora_rank": q_lora, "kv_lora_rank": kv_lora,
            "qk_nope_head_dim": nope, "qk_rope_head_dim": rope_dim, "v_head_dim": v_dim,
            "first_k_dense_replace": dense, "attention_bias": False}

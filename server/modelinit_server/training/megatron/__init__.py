@@ -14,7 +14,7 @@ Two steps, the first read off Megatron's own code:
    the global per-layer tensor, holding the global indices :func:`.layout.megatron_layout` returns.
 2. Megatron-Core ships no Hugging Face conversion. Its checkpoint keys map to Hugging Face names by
    :data:`.names._NAMES` (the rows of Megatron-Bridge's Llama/Qwen mappings) and, for MoE layers, by the
-   spec family's names (:data:`.names.MOE_NAMES`: Mixtral's, Qwen2-MoE's shared expert and its gate);
+   spec family's names (:data:`~modelinit_server.training.families.FAMILIES`: Mixtral's, Qwen2-MoE's shared expert and its gate);
    the layouts that are not a block: the grouped QKV, :func:`.names.qkv_rows`, and GroupedMLP's weights
    (each expert's tensor transposed in the view its grouped GEMM takes), :func:`.grouped.grouped_mlp_box`.
    Multi-latent attention's tensors (:data:`.names._MLA_NAMES`, DeepSeek-V3's names) hold the Hugging

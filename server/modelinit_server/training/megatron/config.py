@@ -45,6 +45,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..families import header
+
 #: TransformerConfig fields that change the model and have no counterpart in any family derived,
 #: with the value that means "off" and what they are.
 _OFF: tuple[tuple[str, Any, str], ...] = (
@@ -215,7 +217,7 @@ def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
             if value != want:
                 raise _refuse(name, value, "with LayerNorm: Starcoder2 is the LayerNorm family derived (biases "
                               "on every linear, an MLP that is not gated, no q/k norms, dense)")
-        return {"architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2", **doc, "use_bias": True,
+        return {**header("starcoder2"), **doc, "use_bias": True,
                 "intermediate_size": config.ffn_hidden_size, "norm_epsilon": config.layernorm_epsilon}
     if norm != "RMSNorm":
         raise _refuse("normalization", norm, "a norm other than RMSNorm or LayerNorm")
@@ -228,12 +230,12 @@ def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
             if bias or qkv_bias:
                 raise _refuse("add_bias_linear" if bias else "add_qkv_bias", True, "biases with q/k norms: Qwen3's "
                               "attention_bias has no MLP bias and no q/k/v-only one")
-            return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **doc,
+            return {**header("qwen3"), **doc,
                     "intermediate_size": config.ffn_hidden_size, "attention_bias": False}
         if qkv_bias and not bias:
-            return {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", **doc,
+            return {**header("qwen2"), **doc,
                     "intermediate_size": config.ffn_hidden_size}
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **doc,
+        return {**header("llama"), **doc,
                 "intermediate_size": config.ffn_hidden_size, "attention_bias": bias, "mlp_bias": bias}
     return _moe(config, gpt, doc, qk_norm, bias, qkv_bias)
 
@@ -242,7 +244,7 @@ def _moe(config, gpt: GPTFields, doc: dict[str, Any], qk_norm: bool, bias: bool,
     if bias:
         raise _refuse("add_bias_linear", True, "biases on the experts' linears")
     if _deepseek_routing(config):  # GLM-4-MoE: DeepSeek's MoE over grouped-query attention
-        return {"architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", **doc,
+        return {**header("glm4_moe"), **doc,
                 "intermediate_size": config.ffn_hidden_size, "attention_bias": qkv_bias, "use_qk_norm": qk_norm,
                 "partial_rotary_factor": gpt.rotary_percent,
                 **_deepseek_moe(config, gpt, "over grouped-query attention (GLM-4-MoE)")}
@@ -259,7 +261,7 @@ def _moe(config, gpt: GPTFields, doc: dict[str, Any], qk_norm: bool, bias: bool,
                           "DeepSeek's and GLM-4's shared experts come with sigmoid scores and the expert bias")
         if qk_norm:
             raise _refuse("qk_layernorm", True, "q/k norms with a gated shared expert (Qwen2-MoE has none)")
-        return {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", **doc,
+        return {**header("qwen2_moe"), **doc,
                 "intermediate_size": config.ffn_hidden_size, "moe_intermediate_size": width,
                 "shared_expert_intermediate_size": shared, "num_experts": experts, "num_experts_per_tok": topk,
                 "norm_topk_prob": norm_topk, "decoder_sparse_step": 1, "mlp_only_layers": dense,
@@ -267,7 +269,7 @@ def _moe(config, gpt: GPTFields, doc: dict[str, Any], qk_norm: bool, bias: bool,
     if qkv_bias:
         raise _refuse("add_qkv_bias", True, "q/k/v biases in an MoE model without a shared expert")
     if qk_norm:
-        return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **doc,
+        return {**header("qwen3_moe"), **doc,
                 "intermediate_size": config.ffn_hidden_size, "moe_intermediate_size": width, "num_experts": experts,
                 "num_experts_per_tok": topk, "norm_topk_prob": norm_topk, "decoder_sparse_step": 1,
                 "mlp_only_layers": dense, "attention_bias": False}
@@ -276,7 +278,7 @@ def _moe(config, gpt: GPTFields, doc: dict[str, Any], qk_norm: bool, bias: bool,
                       "every layer MoE)")
     if not norm_topk:
         raise _refuse("moe_router_pre_softmax", True, "Mixtral renormalizes its top k")
-    return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", **doc, "intermediate_size": width,
+    return {**header("mixtral"), **doc, "intermediate_size": width,
             "num_local_experts": experts, "num_experts_per_tok": topk}
 
 
@@ -296,7 +298,7 @@ def _mla(config, gpt: GPTFields) -> dict[str, Any]:
     if rope_type not in ("rope", "yarn"):
         raise _refuse("rope_type", rope_type, "RoPE other than rope or yarn")
     doc: dict[str, Any] = {
-        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": config.hidden_size,
+        **header("deepseek_v3"), "hidden_size": config.hidden_size,
         "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_attention_heads,
         "num_key_value_heads": config.num_attention_heads, "intermediate_size": config.ffn_hidden_size,
         "q_lora_rank": config.q_lora_rank, "kv_lora_rank": config.kv_lora_rank, "qk_nope_head_dim": config.qk_head_dim,

@@ -6,10 +6,9 @@ turns one of Megatron's per-layer tensors into the boxes of the Hugging Face ten
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-
 import numpy as np
 
+from ..families import MoeNames, moe_names
 from ..fill import Box
 
 #: Megatron checkpoint key -> Hugging Face name (``{}``: the global layer index). The keys are those
@@ -130,7 +129,7 @@ def hf_boxes(key: str, lead: tuple[int, ...], shape: tuple[int, ...], config, ga
             box = (start, tuple(range(len(shape))), (0,) * len(shape), (idx.size, *shape[1:]))
             out.append((f"model.layers.{layer}.self_attn.{proj}_proj.{leaf}", box))
         return out
-    names = MOE_NAMES.get(family, MoeNames())
+    names = moe_names(family)
     mlp = _mlp_prefix(key, lead, names)
     if mlp is None:
         raise ValueError(f"module: Megatron's {key!r} has no Hugging Face counterpart modelinit knows; GPTModel with the "
@@ -172,28 +171,6 @@ def _mlp_prefix(key: str, lead: tuple[int, ...], names: "MoeNames") -> tuple[str
     if key.startswith("decoder.layers.mlp."):
         return "mlp.", key.removeprefix("decoder.layers.mlp.")
     return None
-
-
-@dataclass(frozen=True)
-class MoeNames:
-    """How a Hugging Face MoE family names what Megatron's MoELayer holds (after ``model.layers.N.``)."""
-
-    experts: str = "mlp.experts.{}."
-    expert_mlp: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
-    router: str = "mlp.gate.weight"
-    expert_bias: str = "mlp.gate.e_score_correction_bias"
-    """The router's expert bias (Megatron's ``moe_router_enable_expert_bias``; DeepSeek-V3, GLM-4-MoE)."""
-    shared: str = "mlp.shared_experts."
-    shared_gate: str | None = None
-    """The shared expert's sigmoid gate (Megatron's ``moe_shared_expert_gate``)."""
-
-
-#: The MoE families whose names are not DeepSeek's/Qwen3-MoE's (the default above).
-MOE_NAMES = {
-    "mixtral": MoeNames(experts="block_sparse_moe.experts.{}.", expert_mlp=("w1", "w3", "w2"),
-                         router="block_sparse_moe.gate.weight"),
-    "qwen2_moe": MoeNames(shared="mlp.shared_expert.", shared_gate="mlp.shared_expert_gate.weight"),
-}
 
 
 def stacked(key: str, lead: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
