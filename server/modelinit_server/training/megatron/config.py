@@ -41,6 +41,7 @@ megatron is not imported here: the fields are read off the objects given.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,9 +199,6 @@ def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
     heads, layers = config.num_attention_heads, config.num_layers
     groups = config.num_query_groups or heads
     head_dim = config.kv_channels or config.hidden_size // heads
-    norm, gated = config.normalization, bool(config.gated_linear_unit)
-    bias, qkv_bias = bool(config.add_bias_linear), bool(config.add_bias_linear or config.add_qkv_bias)
-    qk_norm = bool(config.qk_layernorm)
     doc: dict[str, Any] = {
         "hidden_size": config.hidden_size, "num_hidden_layers": layers, "num_attention_heads": heads,
         "num_key_value_heads": groups, "head_dim": head_dim, "hidden_act": _activation(config),
@@ -211,75 +209,114 @@ def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
     if gpt.rope_scaling:
         rotary = int(head_dim * gpt.rotary_percent) if gpt.rotary_percent < 1 else head_dim  # as RotaryEmbedding's dim
         doc["rope_scaling"] = _llama3_scaling(gpt, rotary)
-    if norm == "LayerNorm":  # Starcoder2: LayerNorm, biases on every linear, an MLP that is not gated
-        for name, value, want in (("gated_linear_unit", gated, False), ("add_bias_linear", bias, True),
-                                  ("qk_layernorm", qk_norm, False), ("num_moe_experts", config.num_moe_experts, None)):
-            if value != want:
-                raise _refuse(name, value, "with LayerNorm: Starcoder2 is the LayerNorm family derived (biases "
-                              "on every linear, an MLP that is not gated, no q/k norms, dense)")
-        return {**header("starcoder2"), **doc, "use_bias": True,
-                "intermediate_size": config.ffn_hidden_size, "norm_epsilon": config.layernorm_epsilon}
-    if norm != "RMSNorm":
-        raise _refuse("normalization", norm, "a norm other than RMSNorm or LayerNorm")
-    if not gated:
-        raise _refuse("gated_linear_unit", gated, "an MLP that is not gated, with RMSNorm")
-    doc["rms_norm_eps"] = config.layernorm_epsilon
-    experts = config.num_moe_experts
-    if not experts:
-        if qk_norm:
-            if bias or qkv_bias:
-                raise _refuse("add_bias_linear" if bias else "add_qkv_bias", True, "biases with q/k norms: Qwen3's "
-                              "attention_bias has no MLP bias and no q/k/v-only one")
-            return {**header("qwen3"), **doc,
-                    "intermediate_size": config.ffn_hidden_size, "attention_bias": False}
-        if qkv_bias and not bias:
-            return {**header("qwen2"), **doc,
-                    "intermediate_size": config.ffn_hidden_size}
-        return {**header("llama"), **doc,
-                "intermediate_size": config.ffn_hidden_size, "attention_bias": bias, "mlp_bias": bias}
-    return _moe(config, gpt, doc, qk_norm, bias, qkv_bias)
+    shape = _Shape(config, gpt)
+    if shape.norm == "RMSNorm":
+        doc["rms_norm_eps"] = config.layernorm_epsilon
+    family = _derive(shape)
+    return {**header(family), **doc, **_FIELDS[family](config, gpt, shape)}
 
 
-def _moe(config, gpt: GPTFields, doc: dict[str, Any], qk_norm: bool, bias: bool, qkv_bias: bool) -> dict[str, Any]:
-    if bias:
-        raise _refuse("add_bias_linear", True, "biases on the experts' linears")
-    if _deepseek_routing(config):  # GLM-4-MoE: DeepSeek's MoE over grouped-query attention
-        return {**header("glm4_moe"), **doc,
-                "intermediate_size": config.ffn_hidden_size, "attention_bias": qkv_bias, "use_qk_norm": qk_norm,
-                "partial_rotary_factor": gpt.rotary_percent,
-                **_deepseek_moe(config, gpt, "over grouped-query attention (GLM-4-MoE)")}
-    pattern = _moe_pattern(config, gpt)
-    dense = [i for i, moe in enumerate(pattern) if not moe]
-    experts, topk = config.num_moe_experts, config.moe_router_topk
-    width = config.moe_ffn_hidden_size or config.ffn_hidden_size
-    shared = getattr(config, "moe_shared_expert_intermediate_size", None)
-    gate = bool(getattr(config, "moe_shared_expert_gate", False))
-    norm_topk = not bool(config.moe_router_pre_softmax)  # softmax over the top k == the top k renormalized
-    if shared:
-        if not gate:
-            raise _refuse("moe_shared_expert_gate", False, "a shared expert without its gate under a softmax router: "
-                          "DeepSeek's and GLM-4's shared experts come with sigmoid scores and the expert bias")
-        if qk_norm:
-            raise _refuse("qk_layernorm", True, "q/k norms with a gated shared expert (Qwen2-MoE has none)")
-        return {**header("qwen2_moe"), **doc,
-                "intermediate_size": config.ffn_hidden_size, "moe_intermediate_size": width,
-                "shared_expert_intermediate_size": shared, "num_experts": experts, "num_experts_per_tok": topk,
-                "norm_topk_prob": norm_topk, "decoder_sparse_step": 1, "mlp_only_layers": dense,
-                "qkv_bias": qkv_bias}
-    if qkv_bias:
-        raise _refuse("add_qkv_bias", True, "q/k/v biases in an MoE model without a shared expert")
-    if qk_norm:
-        return {**header("qwen3_moe"), **doc,
-                "intermediate_size": config.ffn_hidden_size, "moe_intermediate_size": width, "num_experts": experts,
-                "num_experts_per_tok": topk, "norm_topk_prob": norm_topk, "decoder_sparse_step": 1,
-                "mlp_only_layers": dense, "attention_bias": False}
-    if dense:
-        raise _refuse("moe_layer_freq", config.moe_layer_freq, "dense layers in a Mixtral-style model (no q/k norms, "
-                      "every layer MoE)")
-    if not norm_topk:
-        raise _refuse("moe_router_pre_softmax", True, "Mixtral renormalizes its top k")
-    return {**header("mixtral"), **doc, "intermediate_size": width,
-            "num_local_experts": experts, "num_experts_per_tok": topk}
+class _Shape:
+    """What decides the family of a GPTModel without multi-latent attention, read off its config:
+    the rules of :data:`_RULES` ask it. ``dense`` (the layers without experts) is read only when a
+    rule asks (it refuses a ``moe_layer_freq`` the model's layers contradict)."""
+
+    def __init__(self, config, gpt: GPTFields) -> None:
+        self.config, self.gpt = config, gpt
+        self.norm, self.gated = config.normalization, bool(config.gated_linear_unit)
+        self.bias, self.qkv_bias = bool(config.add_bias_linear), bool(config.add_bias_linear or config.add_qkv_bias)
+        self.qk_norm, self.experts = bool(config.qk_layernorm), config.num_moe_experts
+        self.routing = _deepseek_routing(config)
+        self.shared = getattr(config, "moe_shared_expert_intermediate_size", None)
+        self.gate = bool(getattr(config, "moe_shared_expert_gate", False))
+        self.norm_topk = not bool(getattr(config, "moe_router_pre_softmax", False))  # softmax over the top k == renormalized
+
+    @functools.cached_property
+    def dense(self) -> list[int]:
+        return [i for i, moe in enumerate(_moe_pattern(self.config, self.gpt)) if not moe]
+
+
+#: The families a GPTModel without multi-latent attention is derived as, asked in order: a rule
+#: whose ``when`` holds decides, and each of its requirements ``(field, value, holds, what)`` must
+#: then hold, or the field is refused by name; ``None`` as a family: no family (the last holds).
+#: Starcoder2 is the LayerNorm family; the RMSNorm ones have a gated MLP; dense Qwen3 has q/k norms,
+#: Qwen2 q/k/v biases only; MoE: GLM-4-MoE routes as DeepSeek's MoE does, Qwen2-MoE has a gated
+#: shared expert, Qwen3-MoE q/k norms, Mixtral neither (every layer MoE, its top k renormalized).
+_LAYERNORM = ("with LayerNorm: Starcoder2 is the LayerNorm family derived (biases on every linear, an MLP that "
+              "is not gated, no q/k norms, dense)")
+_RULES: tuple[tuple[str | None, Any, tuple], ...] = (
+    ("starcoder2", lambda s: s.norm == "LayerNorm", (
+        ("gated_linear_unit", lambda s: s.gated, lambda s: not s.gated, _LAYERNORM),
+        ("add_bias_linear", lambda s: s.bias, lambda s: s.bias, _LAYERNORM),
+        ("qk_layernorm", lambda s: s.qk_norm, lambda s: not s.qk_norm, _LAYERNORM),
+        ("num_moe_experts", lambda s: s.experts, lambda s: s.experts is None, _LAYERNORM))),
+    (None, lambda s: s.norm != "RMSNorm", (
+        ("normalization", lambda s: s.norm, lambda s: False, "a norm other than RMSNorm or LayerNorm"),)),
+    (None, lambda s: not s.gated, (
+        ("gated_linear_unit", lambda s: s.gated, lambda s: False, "an MLP that is not gated, with RMSNorm"),)),
+    ("qwen3", lambda s: not s.experts and s.qk_norm, (
+        ("add_bias_linear", lambda s: True, lambda s: not s.bias, "biases with q/k norms: Qwen3's attention_bias has "
+         "no MLP bias and no q/k/v-only one"),
+        ("add_qkv_bias", lambda s: True, lambda s: not s.qkv_bias, "biases with q/k norms: Qwen3's attention_bias has "
+         "no MLP bias and no q/k/v-only one"))),
+    ("qwen2", lambda s: not s.experts and s.qkv_bias and not s.bias, ()),
+    ("llama", lambda s: not s.experts, ()),
+    (None, lambda s: s.bias, (
+        ("add_bias_linear", lambda s: True, lambda s: False, "biases on the experts' linears"),)),
+    ("glm4_moe", lambda s: s.routing, ()),
+    (None, lambda s: s.dense is None, ()),  # never holds: reads the MoE layers' pattern first, refusing a contradicted one
+    ("qwen2_moe", lambda s: s.shared, (
+        ("moe_shared_expert_gate", lambda s: False, lambda s: s.gate, "a shared expert without its gate under a "
+         "softmax router: DeepSeek's and GLM-4's shared experts come with sigmoid scores and the expert bias"),
+        ("qk_layernorm", lambda s: True, lambda s: not s.qk_norm, "q/k norms with a gated shared expert (Qwen2-MoE "
+         "has none)"))),
+    (None, lambda s: s.qkv_bias, (
+        ("add_qkv_bias", lambda s: True, lambda s: False, "q/k/v biases in an MoE model without a shared expert"),)),
+    ("qwen3_moe", lambda s: s.qk_norm, ()),
+    ("mixtral", lambda s: True, (
+        ("moe_layer_freq", lambda s: s.config.moe_layer_freq, lambda s: not s.dense, "dense layers in a Mixtral-style "
+         "model (no q/k norms, every layer MoE)"),
+        ("moe_router_pre_softmax", lambda s: True, lambda s: s.norm_topk, "Mixtral renormalizes its top k"))),
+)
+
+
+def _derive(shape: _Shape) -> str:
+    """The family of :data:`_RULES` the model is, or the field that has no counterpart, refused."""
+    for family, when, requires in _RULES:
+        if not when(shape):
+            continue
+        for name, value, holds, what in requires:
+            if not holds(shape):
+                raise _refuse(name, value(shape), what)
+        if family is not None:
+            return family
+    raise AssertionError("the last rule holds for every model")  # pragma: no cover - mixtral's when is True
+
+
+def _width(config) -> int:
+    return config.moe_ffn_hidden_size or config.ffn_hidden_size
+
+
+#: Each family's fields beyond the ones every family has (``hf_config``'s ``doc``).
+_FIELDS = {
+    "starcoder2": lambda c, g, s: {"use_bias": True, "intermediate_size": c.ffn_hidden_size, "norm_epsilon": c.layernorm_epsilon},
+    "qwen3": lambda c, g, s: {"intermediate_size": c.ffn_hidden_size, "attention_bias": False},
+    "qwen2": lambda c, g, s: {"intermediate_size": c.ffn_hidden_size},
+    "llama": lambda c, g, s: {"intermediate_size": c.ffn_hidden_size, "attention_bias": s.bias, "mlp_bias": s.bias},
+    "glm4_moe": lambda c, g, s: {"intermediate_size": c.ffn_hidden_size, "attention_bias": s.qkv_bias, "use_qk_norm": s.qk_norm,
+                                 "partial_rotary_factor": g.rotary_percent,
+                                 **_deepseek_moe(c, g, "over grouped-query attention (GLM-4-MoE)")},
+    "qwen2_moe": lambda c, g, s: {"intermediate_size": c.ffn_hidden_size, "moe_intermediate_size": _width(c),
+                                  "shared_expert_intermediate_size": s.shared, "num_experts": c.num_moe_experts,
+                                  "num_experts_per_tok": c.moe_router_topk, "norm_topk_prob": s.norm_topk,
+                                  "decoder_sparse_step": 1, "mlp_only_layers": s.dense, "qkv_bias": s.qkv_bias},
+    "qwen3_moe": lambda c, g, s: {"intermediate_size": c.ffn_hidden_size, "moe_intermediate_size": _width(c),
+                                  "num_experts": c.num_moe_experts, "num_experts_per_tok": c.moe_router_topk,
+                                  "norm_topk_prob": s.norm_topk, "decoder_sparse_step": 1, "mlp_only_layers": s.dense,
+                                  "attention_bias": False},
+    "mixtral": lambda c, g, s: {"intermediate_size": _width(c), "num_local_experts": c.num_moe_experts,
+                                "num_experts_per_tok": c.moe_router_topk},
+}
 
 
 def _mla(config, gpt: GPTFields) -> dict[str, Any]:
