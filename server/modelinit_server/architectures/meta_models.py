@@ -4,7 +4,7 @@ Every module that needs a transformers model goes through here: :mod:`.hf` (a sp
 model's own init), :mod:`.computed` (the replay of computed tensors), the probe (a real model to
 run) and ``init_module_``'s layouts (where a class stores its tensors). A model is built on the
 meta device (no memory, milliseconds), with transformers' warnings silenced and what its
-constructor writes recorded (:func:`~.recorder.constructor_records`, read by the recording).
+constructor writes recorded (:func:`~.constructor.constructor_records`, read by the recording).
 Bad input (an unknown model type, a config the class refuses) is a ``ValueError`` naming the
 field.
 
@@ -20,7 +20,8 @@ import warnings
 from typing import Any
 
 from ._fields import DROPPED_KEYS, decode_special_floats, invalid
-from .recorder import clear_init_flags, constructor_records
+from .constructor import constructor_records
+from .recorder import clear_init_flags
 
 __all__ = ["DEFAULT_CLASS_MAPPINGS", "build_meta", "classes_for", "clear_init_flags", "config_of", "default_class",
            "load_transformers", "meta_model", "model_class", "one_line", "quiet", "transformers_version"]

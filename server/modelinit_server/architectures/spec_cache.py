@@ -26,7 +26,7 @@ from .computed import replay_of
 #: Bump when the stored layout changes.
 FORMAT = 2
 #: Files whose code decides a generic spec.
-_SOURCES = ("hf.py", "meta_models.py", "recorder.py", "init_laws.py", "computed.py", "roles.py", "spec_cache.py", "_fields.py",
+_SOURCES = ("hf.py", "meta_models.py", "recorder.py", "constructor.py", "init_laws.py", "computed.py", "roles.py", "spec_cache.py", "_fields.py",
             "../core/tensors.py", "../core/variance_scaling.py")
 
 

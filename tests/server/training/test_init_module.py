@@ -249,7 +249,7 @@ def test_constructor_records_follow_what_the_constructor_writes():
     is a refusal naming what computed it."""
     import math
 
-    from modelinit_server.architectures.recorder import constructor_records
+    from modelinit_server.architectures.constructor import constructor_records
 
     class M(torch.nn.Module):
         def __init__(self):
