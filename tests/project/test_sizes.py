@@ -24,7 +24,6 @@ PENDING_FILES: dict[str, int] = {}
 PENDING_FUNCTIONS = {
     ("server/modelinit_server/architectures/computed.py", "_replaying"): 145,
     ("server/modelinit_server/architectures/constructor.py", "constructor_records"): 92,
-    ("server/modelinit_server/probe/run.py", "measure"): 98,
 }
 
 

@@ -189,13 +189,40 @@ def branch_modules(model, spec, blocks) -> dict[tuple[str, int], dict[str, Any]]
 
 
 def measure(model, batch: Batch, spec=None) -> ModelMeasures:
-    import torch
-
+    """One forward and backward pass of ``model`` on ``batch``, measured per layer of its stacks."""
     blocks = stacks(model)
     if not blocks:
         raise ValueError(f"probe: {type(model).__name__} has no stack of layers the probe recognises (a ModuleList of "
                          "*Layer or *Block modules)")
     seen: dict[tuple[str, int], dict[str, Any]] = {}
+    branches: dict[tuple[str, int, str], float] = {}
+    handles = _watch(model, blocks, spec, seen, branches)
+    try:
+        out, loss, logits = _forward_backward(model, batch, blocks, seen)
+    finally:
+        for h in handles:
+            h.remove()
+    layers = _layer_measures(model, blocks, seen, branches, _attentions(out, blocks))
+    first = seen.get((blocks[0][0], 0), {}).get("in")
+    nonfinite = first_nonfinite(
+        [("loss", loss), ("logits", logits)]
+        + [(f"{_label(p, blocks)} layer {i} output", seen.get((p, i), {}).get("out")) for p, s in blocks for i in range(len(s))]
+    )
+    return ModelMeasures(
+        loss=float(loss.detach()),
+        reference_loss=batch.reference_loss,
+        logit_std=tensor_std(logits) if logits is not None else None,
+        embedding_std=tensor_std(first) if first is not None else float("nan"),
+        layers=tuple(layers),
+        nonfinite=tuple(nonfinite),
+    )
+
+
+def _watch(model, blocks, spec, seen: dict, branches: dict) -> list:
+    """Hooks that keep each block's input and output (``seen``, the output's gradient retained) and
+    each attention and MLP branch's output std (``branches``); returns their handles."""
+    import torch
+
     handles = []
 
     def hooks(path: str, i: int, block):
@@ -217,7 +244,6 @@ def measure(model, batch: Batch, spec=None) -> ModelMeasures:
     for path, stack in blocks:
         for i, block in enumerate(stack):
             hooks(path, i, block)
-    branches: dict[tuple[str, int, str], float] = {}
 
     def branch_hook(key: tuple[str, int, str]):
         def hook(module, args, output):
@@ -230,27 +256,33 @@ def measure(model, batch: Batch, spec=None) -> ModelMeasures:
     for (path, i), found in (branch_modules(model, spec, blocks) if spec is not None else {}).items():
         for which, module in found.items():
             handles.append(module.register_forward_hook(branch_hook((path, i, which))))
-    try:
-        kwargs: dict[str, Any] = dict(batch.inputs, output_attentions=True)
-        if batch.labels is not None:
-            kwargs["labels"] = batch.labels
-        with meta_models.quiet():
-            out = model(**kwargs)
-        logits = getattr(out, "logits", None)
-        if batch.labels is not None and getattr(out, "loss", None) is not None:
-            loss = out.loss
-        else:
-            last = getattr(out, "last_hidden_state", None)
-            if last is None:
-                last = logits if logits is not None else seen[(blocks[-1][0], len(blocks[-1][1]) - 1)]["out"]
-            loss = 0.5 * last.float().pow(2).mean()
-        model.zero_grad(set_to_none=True)
-        loss.backward()
-    finally:
-        for h in handles:
-            h.remove()
+    return handles
 
-    attentions = _attentions(out, blocks)
+
+def _forward_backward(model, batch: Batch, blocks, seen: dict):
+    """The forward pass (attentions out) and the backward pass of its loss: the model's own with
+    labels, else half the mean square of its last hidden state. Returns (output, loss, logits)."""
+    kwargs: dict[str, Any] = dict(batch.inputs, output_attentions=True)
+    if batch.labels is not None:
+        kwargs["labels"] = batch.labels
+    with meta_models.quiet():
+        out = model(**kwargs)
+    logits = getattr(out, "logits", None)
+    if batch.labels is not None and getattr(out, "loss", None) is not None:
+        loss = out.loss
+    else:
+        last = getattr(out, "last_hidden_state", None)
+        if last is None:
+            last = logits if logits is not None else seen[(blocks[-1][0], len(blocks[-1][1]) - 1)]["out"]
+        loss = 0.5 * last.float().pow(2).mean()
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return out, loss, logits
+
+
+def _layer_measures(model, blocks, seen: dict, branches: dict, attentions: dict) -> list[LayerMeasures]:
+    """Each block's measures from what the hooks kept: its residual std and update ratio, its branches
+    against its input, its parameters' gradient norm and its output's gradient, its attention."""
     layers = []
     named = dict(model.named_parameters())
     for path, stack in blocks:
@@ -273,19 +305,7 @@ def measure(model, batch: Batch, spec=None) -> ModelMeasures:
             hgrad = tensor_std(h_out.grad) if h_out is not None and h_out.grad is not None else 0.0
             attn = attention_stats(probs[i]) if probs is not None and i < len(probs) and probs[i] is not None else (None,) * 3
             layers.append(LayerMeasures(label, i, res, ratio, gnorm, hgrad, *attn, attn_branch=attn_b, mlp_branch=mlp_b))
-    first = seen.get((blocks[0][0], 0), {}).get("in")
-    nonfinite = first_nonfinite(
-        [("loss", loss), ("logits", logits)]
-        + [(f"{_label(p, blocks)} layer {i} output", seen.get((p, i), {}).get("out")) for p, s in blocks for i in range(len(s))]
-    )
-    return ModelMeasures(
-        loss=float(loss.detach()),
-        reference_loss=batch.reference_loss,
-        logit_std=tensor_std(logits) if logits is not None else None,
-        embedding_std=tensor_std(first) if first is not None else float("nan"),
-        layers=tuple(layers),
-        nonfinite=tuple(nonfinite),
-    )
+    return layers
 
 
 def _label(path: str, blocks) -> str:
