@@ -227,34 +227,62 @@ def _trunc(mean: float, std: float, a: float, b: float) -> Sampler:
 
 @contextlib.contextmanager
 def _replaying(model, targets: dict[str, Any], keyer: Keyer):
-    import torch
+    """While inside, the model's own initialization runs with every draw taken from the engine
+    (``transformers.initialization``'s functions and torch's random factories and in-place draws on
+    the tensors the replay computes), in float64 where the code makes float tensors, each draw keyed
+    by the module whose ``_initialize_weights`` runs."""
     import transformers.initialization as init_module
-    from torch.overrides import TorchFunctionMode
 
     from .recorder import RECORDED
 
     streams = _Streams(keyer)
+    originals = {name: getattr(init_module, name) for name in RECORDED}
+    active = [0]  # inside a replaced init function: torch calls pass through untouched
+    wrapped = _track_modules(model, streams)
+    try:
+        for name, fn in _replacements(streams, originals).items():
+            setattr(init_module, name, _guarded(fn, active))
+        with _replay_mode(streams, active):
+            yield
+    finally:
+        for name, fn in originals.items():
+            setattr(init_module, name, fn)
+        for m in wrapped:
+            del m._initialize_weights
 
-    def ours(t) -> bool:
-        """A tensor the replay computes: a target or a temporary on the CPU (everything else is on meta)."""
-        return isinstance(t, torch.Tensor) and t.device.type != "meta"
 
-    def draw(t, sampler: Sampler):
-        with torch.no_grad():
-            t.copy_(streams.tensor(t.shape, sampler).to(t.dtype))
-        return t
+def _ours(t) -> bool:
+    """A tensor the replay computes: a target or a temporary on the CPU (everything else is on meta)."""
+    import torch
+
+    return isinstance(t, torch.Tensor) and t.device.type != "meta"
+
+
+def _draw(streams: _Streams, t, sampler: Sampler):
+    import torch
+
+    with torch.no_grad():
+        t.copy_(streams.tensor(t.shape, sampler).to(t.dtype))
+    return t
+
+
+def _replacements(streams: _Streams, originals: dict[str, Callable]) -> dict[str, Callable]:
+    """What each function of ``transformers.initialization`` becomes: a draw of its law from the
+    engine, torch's orthogonal construction over engine draws, the real function for the constant
+    ones, a refusal for ``sparse_``; any of them leaves a tensor the replay does not compute alone."""
+    import torch
 
     def drawing(fname: str):
         law = DRAWN[fname]  # the one table: the same law the recorder puts in the plan (init_laws)
 
         def call(tensor, *args, **kwargs):
-            return draw(tensor, _sampler_of(law(tensor, *args, **kwargs))) if ours(tensor) else tensor
+            return _draw(streams, tensor, _sampler_of(law(tensor, *args, **kwargs))) if _ours(tensor) else tensor
 
         return call
 
     def orthogonal_(tensor, gain=1.0, generator=None):
         """torch's construction (QR of a normal matrix, signs from R's diagonal), in float64 with numpy."""
-        if not ours(tensor):
+        if not _ours(tensor):
             return tensor
         rows = tensor.shape[0]
         cols = tensor.numel() // rows
@@ -269,13 +297,11 @@ def _replaying(model, targets: dict[str, Any], keyer: Keyer):
             tensor.copy_(torch.from_numpy(np.ascontiguousarray(q * gain)).reshape(tensor.shape))
         return tensor
 
-    originals = {name: getattr(init_module, name) for name in RECORDED}
-
     def passthrough(name: str):
         real = originals[name]
 
         def call(tensor, *args, **kwargs):
-            if not ours(tensor):
+            if not _ours(tensor):
                 return tensor
             return real(tensor, *args, **kwargs)
 
@@ -283,29 +309,40 @@ def _replaying(model, targets: dict[str, Any], keyer: Keyer):
 
     def refused(name: str):
         def call(tensor, *args, **kwargs):
-            if ours(tensor):
+            if _ours(tensor):
                 raise ValueError(f"spec: init.{name} draws a random pattern the engine cannot reproduce; not supported")
             return tensor
 
         return call
 
-    replacements = dict(
+    return dict(
         {fname: drawing(fname) for fname in DRAWN}, orthogonal_=orthogonal_, sparse_=refused("sparse_"),
         constant_=passthrough("constant_"), ones_=passthrough("ones_"), zeros_=passthrough("zeros_"),
         eye_=passthrough("eye_"), dirac_=passthrough("dirac_"), copy_=passthrough("copy_"),
     )
-    active = [0]
 
-    def guarded(fn):
-        def call(*args, **kwargs):
-            active[0] += 1
-            try:
-                with torch.no_grad():
-                    return fn(*args, **kwargs)
-            finally:
-                active[0] -= 1
 
-        return call
+def _guarded(fn: Callable, active: list[int]) -> Callable:
+    """``fn`` under no_grad, with ``active`` counting the calls in progress."""
+    import torch
+
+    def call(*args, **kwargs):
+        active[0] += 1
+        try:
+            with torch.no_grad():
+                return fn(*args, **kwargs)
+        finally:
+            active[0] -= 1
+
+    return call
+
+
+def _replay_mode(streams: _Streams, active: list[int]):
+    """A torch function mode for the model's own code outside the replaced functions: float tensors
+    made in float64, torch's random factories and in-place ``uniform_``/``normal_`` drawn from the
+    engine, the random functions the engine cannot reproduce refused."""
+    import torch
+    from torch.overrides import TorchFunctionMode
 
     f64 = torch.float64
     narrow = (torch.float32, torch.float16, torch.bfloat16)
@@ -336,15 +373,21 @@ def _replaying(model, targets: dict[str, Any], keyer: Keyer):
                 if name == "uniform_":
                     lo = float(rest[0]) if rest else float(kwargs.get("from", 0.0))
                     hi = float(rest[1]) if len(rest) > 1 else float(kwargs.get("to", 1.0))
-                    return draw(t, Sampler("uniform", low=lo, high=hi))
+                    return _draw(streams, t, Sampler("uniform", low=lo, high=hi))
                 mean = float(rest[0]) if rest else float(kwargs.get("mean", 0.0))
                 std = float(rest[1]) if len(rest) > 1 else float(kwargs.get("std", 1.0))
-                return draw(t, _normal(mean, std))
+                return _draw(streams, t, _normal(mean, std))
             if name in _UNSUPPORTED_RANDOM and not _all_meta(args, kwargs):
                 raise ValueError(f"spec: the model's initialization draws with torch's {name}, which modelinit cannot take "
                                  "from the engine; not supported")
             return func(*args, **kwargs)
 
+    return Replaying()
+
+
+def _track_modules(model, streams: _Streams) -> list:
+    """Each module's ``_initialize_weights`` wrapped so that ``streams.module`` names the module whose
+    init runs (its draws are keyed by it); returns the wrapped modules."""
     module_names = {id(m): n for n, m in model.named_modules()}
     wrapped = []
     for m in model.modules():
@@ -361,16 +404,7 @@ def _replaying(model, targets: dict[str, Any], keyer: Keyer):
 
             m._initialize_weights = tracked
             wrapped.append(m)
-    try:
-        for name, fn in replacements.items():
-            setattr(init_module, name, guarded(fn))
-        with Replaying():
-            yield
-    finally:
-        for name, fn in originals.items():
-            setattr(init_module, name, fn)
-        for m in wrapped:
-            del m._initialize_weights
+    return wrapped
 
 
 def _all_meta(args, kwargs) -> bool:
