@@ -95,29 +95,6 @@ def constructor_records():
     rec = _StorageRecorder()
     functions = _functions(rec)  # the same numbers as transformers.initialization's, keyed by storage
 
-    def constant_of(r: Record | None) -> float | None:
-        return r.init.value if r is not None and r.init is not None and r.init.kind == "constant" else None
-
-    def evaluate(func, args, kwargs) -> float | None:
-        """``func`` on one-element CPU stand-ins of constant tensors: the constant it gives, or None."""
-        def stand_in(a):
-            if isinstance(a, torch.Tensor):
-                v = constant_of(rec.get(a))
-                return torch.tensor(v, dtype=a.dtype, device="cpu") if v is not None else None
-            return a
-
-        new = [stand_in(a) for a in args]
-        if any(n is None for n in new) or any(isinstance(v, torch.Tensor) for v in kwargs.values()):
-            return None
-        try:
-            out = func(*new, **kwargs)
-        except Exception:  # noqa: BLE001 - not a function of scalars after all
-            return None
-        if not isinstance(out, torch.Tensor) or out.numel() != 1:
-            return None
-        v = float(out.item())
-        return v if math.isfinite(v) else None
-
     class Watch(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -134,49 +111,90 @@ def constructor_records():
                 finally:
                     rec.active -= 1
             out = func(*args, **kwargs)
-            if target is not None and name == "__setitem__" and target.is_floating_point():
-                rec.set(target, Record(None, "the constructor computes it (tensor[...] = ...)"))
+            if target is not None and target.is_floating_point() and (
+                    name == "__setitem__" or (name.endswith("_") and not name.startswith("_"))):
+                _written(rec, name, target, args, kwargs)
                 return out
-            if target is not None and name.endswith("_") and not name.startswith("_") and target.is_floating_point():
-                previous = rec.get(target)
-                x = args[1] if len(args) > 1 else kwargs.get("other")
-                if name in _ARITHMETIC and _is_number(x) and previous is not None and previous.init is not None:
-                    new = scaled(previous.init, name, float(x))
-                    rec.set(target, Record(new) if new is not None else Record(None, f"the constructor computes it (tensor.{name})"))
-                else:
-                    record = _direct_record(name, args[1:], kwargs)
-                    rec.write(target, record.init, record.refusal)
-                return out
-            if not isinstance(out, torch.Tensor) or not out.is_floating_point():
-                return out
-            record = None
-            if func in (torch.tensor, torch.ones, torch.zeros, torch.full) and name in _FILLS:
-                v = _FILLS[name](args, kwargs)
-                if _is_number(v):
-                    record = Record(HfInit("constant", value=float(v), source=f"constructor: {_g(v)}"))
-            elif name in ("randn", "randn_like"):
-                record = Record(HfInit("normal", mean=0.0, std=1.0, source=f"constructor: torch.{name}"))
-            elif name in ("rand", "rand_like"):
-                record = Record(HfInit("uniform", low=0.0, high=1.0, source=f"constructor: torch.{name}"))
-            elif name in _SAME_VALUES and target is not None and rec.get(target) is not None and out.is_floating_point():
-                record = rec.get(target) if name not in ("__getitem__",) or constant_of(rec.get(target)) is not None else None
-            elif name in _ELEMENTWISE and out.is_floating_point():
-                tensors = [a for a in args if isinstance(a, torch.Tensor)]
-                scalars = [a for a in args if not isinstance(a, torch.Tensor)]
-                if tensors and all(constant_of(rec.get(t)) is not None for t in tensors):
-                    v = evaluate(func, args, kwargs)
-                    if v is not None:
-                        record = Record(HfInit("constant", value=v, source=f"constructor: {_g(v)}"))
-                elif len(tensors) == 1 and len(scalars) == 1 and _is_number(scalars[0]) and rec.get(tensors[0]) is not None:
-                    prev = rec.get(tensors[0]).init
-                    op = {"mul": "mul_", "__mul__": "mul_", "__rmul__": "mul_", "div": "div_", "__truediv__": "div_",
-                          "true_divide": "div_", "add": "add_", "__add__": "add_", "__radd__": "add_", "sub": "sub_",
-                          "__sub__": "sub_"}.get(name)
-                    new = scaled(prev, op, float(scalars[0])) if prev is not None and op else None
-                    record = Record(new) if new is not None else None
-            if record is not None:
-                rec.set(out, record)
+            if isinstance(out, torch.Tensor) and out.is_floating_point():
+                record = _made(rec, func, name, args, kwargs, target)
+                if record is not None:
+                    rec.set(out, record)
             return out
 
     with Watch():
         yield rec.records
+
+
+def _constant_of(r: Record | None) -> float | None:
+    return r.init.value if r is not None and r.init is not None and r.init.kind == "constant" else None
+
+
+def _written(rec: _StorageRecorder, name: str, target, args: tuple, kwargs: dict) -> None:
+    """An in-place write into a float tensor the constructor made: ``tensor[...] = ...`` (computed), a
+    number's scaling of the law it holds, or a draw or fill (:func:`~.recorder._direct_record`)."""
+    if name == "__setitem__":
+        rec.set(target, Record(None, "the constructor computes it (tensor[...] = ...)"))
+        return
+    previous = rec.get(target)
+    x = args[1] if len(args) > 1 else kwargs.get("other")
+    if name in _ARITHMETIC and _is_number(x) and previous is not None and previous.init is not None:
+        new = scaled(previous.init, name, float(x))
+        rec.set(target, Record(new) if new is not None else Record(None, f"the constructor computes it (tensor.{name})"))
+    else:
+        record = _direct_record(name, args[1:], kwargs)
+        rec.write(target, record.init, record.refusal)
+
+
+def _made(rec: _StorageRecorder, func, name: str, args: tuple, kwargs: dict, target) -> Record | None:
+    """The record of a new float tensor: a factory with one value, torch's random factories, a view or
+    copy of a recorded tensor, an elementwise function of constants or a number's scaling of a law;
+    None for anything else."""
+    import torch
+
+    if func in (torch.tensor, torch.ones, torch.zeros, torch.full) and name in _FILLS:
+        v = _FILLS[name](args, kwargs)
+        return Record(HfInit("constant", value=float(v), source=f"constructor: {_g(v)}")) if _is_number(v) else None
+    if name in ("randn", "randn_like"):
+        return Record(HfInit("normal", mean=0.0, std=1.0, source=f"constructor: torch.{name}"))
+    if name in ("rand", "rand_like"):
+        return Record(HfInit("uniform", low=0.0, high=1.0, source=f"constructor: torch.{name}"))
+    if name in _SAME_VALUES and target is not None and rec.get(target) is not None:
+        return rec.get(target) if name not in ("__getitem__",) or _constant_of(rec.get(target)) is not None else None
+    if name not in _ELEMENTWISE:
+        return None
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    scalars = [a for a in args if not isinstance(a, torch.Tensor)]
+    if tensors and all(_constant_of(rec.get(t)) is not None for t in tensors):
+        v = _evaluate(rec, func, args, kwargs)
+        return Record(HfInit("constant", value=v, source=f"constructor: {_g(v)}")) if v is not None else None
+    if len(tensors) == 1 and len(scalars) == 1 and _is_number(scalars[0]) and rec.get(tensors[0]) is not None:
+        prev = rec.get(tensors[0]).init
+        op = {"mul": "mul_", "__mul__": "mul_", "__rmul__": "mul_", "div": "div_", "__truediv__": "div_",
+              "true_divide": "div_", "add": "add_", "__add__": "add_", "__radd__": "add_", "sub": "sub_",
+              "__sub__": "sub_"}.get(name)
+        new = scaled(prev, op, float(scalars[0])) if prev is not None and op else None
+        return Record(new) if new is not None else None
+    return None
+
+
+def _evaluate(rec: _StorageRecorder, func, args: tuple, kwargs: dict) -> float | None:
+    """``func`` on one-element CPU stand-ins of constant tensors: the constant it gives, or None."""
+    import torch
+
+    def stand_in(a):
+        if isinstance(a, torch.Tensor):
+            v = _constant_of(rec.get(a))
+            return torch.tensor(v, dtype=a.dtype, device="cpu") if v is not None else None
+        return a
+
+    new = [stand_in(a) for a in args]
+    if any(n is None for n in new) or any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+        return None
+    try:
+        out = func(*new, **kwargs)
+    except Exception:  # noqa: BLE001 - not a function of scalars after all
+        return None
+    if not isinstance(out, torch.Tensor) or out.numel() != 1:
+        return None
+    v = float(out.item())
+    return v if math.isfinite(v) else None
