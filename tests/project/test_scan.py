@@ -56,8 +56,6 @@ DELIBERATE = (
                "the image is --image's (default: the release tag): pass a digest reference to pin it"),
     Deliberate("CKV_K8S_35", "Job.training.modelinit-init-deepseek-v3-b3936b4a", (PRINTED_JOB,),
                "--secret's store keys: the same reason as the init Job's (the token is a mounted file)"),
-    Deliberate("CKV_K8S_14", "Deployment.modelinit.modelinit", ("k8s/base",),
-               "the base is never applied alone: each overlay's `images:` entry sets the tag"),
     Deliberate("CKV_K8S_35", "Job.training.modelinit-init-deepseek-v3", ("k8s/init-job",),
                "static S3 and Azure keys reach obstore through env only (no file setting for them); workload identity "
                "needs no Secret, and its token files are mounted by the cloud's webhook"),
