@@ -54,6 +54,13 @@ def load_transformers():
         raise ValueError(
             f"spec: this architecture needs transformers on the server ({e}); install modelinit with the 'server' extra (docs/install.md)"
         ) from None
+    from transformers.utils import is_torch_available
+
+    if not is_torch_available():  # transformers 5 builds no torch model below its torch floor (2.6): say so, by version
+        raise ValueError(
+            f"spec: transformers {transformers.__version__} builds no model with torch {torch.__version__} (it disables "
+            "PyTorch below 2.6); install torch >= 2.6 on the server (docs/install.md)"
+        )
     return transformers
 
 

@@ -21,6 +21,7 @@ import copy
 import json
 import math
 import pathlib
+import re
 import struct
 
 import grpc
@@ -539,3 +540,19 @@ def test_head_classes_are_generic():
         assert spec.base_model_prefix == prefix
         assert (spec.transformers_version != "") == (cls not in FAMILIES[model_type].architectures)
 
+
+
+def test_a_torch_below_transformers_floor_is_one_line_naming_both(monkeypatch):
+    """transformers 5 disables its torch models below torch 2.6; a generic architecture then used to fail
+    with "... is not a transformers class of model_type 'gemma2'; use one of:" and an empty list. Now
+    one line says which transformers, which torch, and the torch it needs."""
+    import transformers.utils
+
+    from modelinit_server.architectures import meta_models
+
+    monkeypatch.setattr(transformers.utils, "is_torch_available", lambda: False)
+    for call in (meta_models.load_transformers, lambda: meta_models.config_of({"model_type": "gemma2"})):
+        with pytest.raises(ValueError, match=rf"^spec: transformers {re.escape(transformers.__version__)} builds no model "
+                                             rf"with torch {re.escape(torch.__version__)} \(it disables PyTorch below 2\.6\); "
+                                             r"install torch >= 2\.6"):
+            call()
