@@ -92,3 +92,23 @@ def test_the_console_script_waits_for_a_thread_still_running():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert "thread finished" in out.stderr and "exit handler ran" in out.stderr
+
+
+def test_versions_reports_what_decides_the_bytes_without_importing_it(capsys):
+    """``modelinit versions`` (a bug report's first lines): every distribution that decides the bytes or
+    is a mapped stack, with its installed version or ``-``, read from metadata: nothing heavy imported."""
+    from importlib.metadata import version
+
+    from modelinit.cli import commands, main
+
+    assert main(["versions", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert list(report["packages"]) == list(commands.VERSIONED)
+    assert report["packages"]["torch"] == version("torch") and report["packages"]["modelinit"] == version("modelinit")
+    assert report["python"] == sys.version.split()[0]
+    code = ("import sys; from modelinit.cli import main; main(['versions']); "
+            "print(sorted(m for m in ('torch', 'numpy', 'numba', 'transformers', 'triton') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert "numba" in out.stdout and "transformers" in out.stdout

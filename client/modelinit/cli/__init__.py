@@ -1,4 +1,4 @@
-"""The `modelinit` command line: serve, init, finalize, plan, explain, job, probe, verify.
+"""The `modelinit` command line: serve, init, finalize, plan, explain, job, probe, verify, versions.
 
     serve      run the gRPC server (needs the server extra)
     init       write a model's initialized weights into a folder or an object-store prefix
@@ -11,6 +11,7 @@
                with --widths, the coordinate check over widths and steps (needs the server and probe extras)
     verify     check a finished folder or prefix against its modelinit.json (and, unless told
                not to, regenerate its bytes)
+    versions   the installed versions that decide the bytes and the stacks found (for a bug report)
 
 Without --server, init, finalize, plan, explain and verify run embedded: an in-process server on
 the same code path.

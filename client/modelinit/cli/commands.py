@@ -288,3 +288,31 @@ def verify(args: argparse.Namespace) -> int:
     print(f"BAD: {len(report.problems)} problem(s) in {report.path} ({len(bad_files)} of {len(report.files)} files bad)")
     return 1
 
+
+#: What ``modelinit versions`` reports: the distributions that decide the bytes (the kernels' compilers
+#: and numerics, transformers' architectures) or the stacks init_module_ maps, then the transport.
+VERSIONED = ("modelinit", "numpy", "numba", "llvmlite", "triton", "torch", "transformers", "safetensors",
+             "megatron-core", "torchtitan", "grpcio", "protobuf", "crc32c", "obstore", "ray")
+
+
+def versions(args: argparse.Namespace) -> int:
+    """``modelinit versions``: each distribution's installed version (``-``: not installed), the
+    Python and the platform, for a bug report; read from the installed metadata, nothing imported."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in VERSIONED:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    report = {"python": platform.python_version(), "platform": platform.platform(), "machine": platform.machine(),
+              "packages": found}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"python {report['python']} on {report['platform']} ({report['machine']})")
+    for name, v in found.items():
+        print(f"{name:14s} {v or '-'}")
+    return 0

@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction, help="print the version and the algorithm versions, and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    for add in (_add_serve, _add_init, _add_finalize, _add_plan, _add_explain, _add_job, _add_probe, _add_verify):
+    for add in (_add_serve, _add_init, _add_finalize, _add_plan, _add_explain, _add_job, _add_probe, _add_verify,
+                _add_versions):
         add(sub)
     return parser
 
@@ -263,3 +264,11 @@ def _add_verify(sub) -> None:
                         help="only check the files against the manifest; do not regenerate the bytes")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     _add_connection_args(verify)
+
+
+def _add_versions(sub) -> None:
+    """``versions``: what is installed, for a bug report."""
+    versions = sub.add_parser("versions", help="print the installed versions that decide the bytes (numpy, numba, "
+                                               "triton, torch, transformers, ...) and the stacks found, for a bug report")
+    versions.set_defaults(func=commands.versions)
+    versions.add_argument("--json", action="store_true", help="print them as JSON")
