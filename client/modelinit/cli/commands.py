@@ -301,7 +301,7 @@ def versions(args: argparse.Namespace) -> int:
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
-    found = {}
+    found: dict[str, str | None] = {}
     for name in VERSIONED:
         try:
             found[name] = version(name)
