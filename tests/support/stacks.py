@@ -60,7 +60,7 @@ def names_torch(error: ImportError) -> bool:
 
 
 def install_torchtitan_files() -> None:
-    """torchtitan's files in tests/.stacks (pip, once, under a file lock), not imported: what the run's
+    """torchtitan's files in tests/.stacks (uv or pip, once, under a file lock), not imported: what the run's
     background install makes (tests/support/installs.py)."""
     pytest.importorskip("triton", reason="torchtitan imports triton (the test extra holds it on Linux)")
     pytest.importorskip("tyro", reason="torchtitan's config imports tyro (the test extra holds it)")

@@ -224,7 +224,7 @@ def finalize(args: argparse.Namespace) -> int:
     """``modelinit finalize URL``: 0 complete, 3 parts still missing (nothing written; rerun it
     later), 2 bad input, 1 the environment."""
     try:
-        with (connect(args) if args.server else Client(device=args.device)) as client:
+        with connect(args) as client:  # embedded without --server
             result = client.finalize(args.url)
     except ModelInitError as e:
         return _fail(e.details, 2 if e.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION) else 1)
