@@ -25,6 +25,7 @@ from typing import Any, Iterable, Iterator, NoReturn
 
 import grpc
 
+from . import store_secrets
 from .errors import ModelInitError
 
 log = logging.getLogger("modelinit.client")
@@ -215,15 +216,25 @@ class Bucket:
         # A per-part checksum the store verifies as it stores (S3), off when it refuses them: CRC64NVME,
         # which S3 also combines into a full-object checksum, at a fraction of a SHA-256 pass's CPU.
         self.checksums = self.scheme == "s3" and os.environ.get("MODELINIT_STORE_CHECKSUMS", "1") != "0"
+        self._secrets = store_secrets.read(self.scheme)
+        """This store's settings from the files of MODELINIT_STORE_SECRETS (over the environment's)."""
         self.store = self._open()
 
     def _open(self) -> Any:
-        options = {"checksum_algorithm": "crc64nvme"} if self.checksums else {}
+        options: dict[str, Any] = {"checksum_algorithm": "crc64nvme"} if self.checksums else {}
+        options.update(store_secrets.obstore_options(self._secrets))
         try:
             return self._obstore.store.from_url(self.url, retry_config=self._retry, **options)
-        except Exception as e:  # a malformed URL or configuration (obstore raises its own types)
-            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"{self.field}: cannot use {self.url}: {' '.join(str(e).split())[:200]}") from None
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # a malformed URL or configuration (obstore's own types; a Rust panic is a BaseException)
+            unknown = re.search(r"Configuration key: '(\w+)' is not valid", str(e))
+            if unknown and unknown.group(1).upper() in self._secrets:
+                raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT,
+                                     f"{store_secrets.ENV}: {unknown.group(1).upper()} is no setting of the {self.scheme}:// "
+                                     "store (obstore does not know it): check its name") from None
+            text = store_secrets.redact(" ".join(str(e).split()), self._secrets)[:200]
+            raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, f"{self.field}: cannot use {self.url}: {text}") from None
 
     def __str__(self) -> str:
         return self.url
@@ -235,6 +246,9 @@ class Bucket:
         code = _code(e)
         where = f"{self.url}: {doing}"
         settings = store_settings(self.scheme)
+        if self._secrets:  # say where the settings in use came from
+            files = f"{', '.join(self._secrets)} from the files of {store_secrets.ENV}={os.environ.get(store_secrets.ENV)}"
+            settings = StoreSettings(settings.container, f"{settings.credentials}; {files}", f"{settings.endpoint}; {files}")
         if code in _MISSING_CONTAINER:
             return ModelInitError(grpc.StatusCode.NOT_FOUND,
                                   f"{where}: {settings.container} {self.bucket!r} does not exist (create it, or fix the URL)")
@@ -290,12 +304,22 @@ class Bucket:
         result = self._call("listing the prefix", self._obstore.list_with_delimiter)
         return {m["path"]: ObjectInfo(m["path"], m["size"], e_tag_of(m.get("e_tag"))) for m in result["objects"]}
 
-    def read(self, name: str) -> bytes | None:
-        """The whole object (small ones: records, the manifest), None when it is not there."""
+    def read(self, name: str, limit: int | None = None) -> bytes | None:
+        """The whole object (small ones: records, the manifest), None when it is not there.
+        ``limit``: an object of more bytes is refused unread (FAILED_PRECONDITION)."""
         try:
-            return bytes(self._call(f"reading {name}", self._obstore.get, name).bytes())
+            result = self._call(f"reading {name}", self._obstore.get, name)
         except FileNotFoundError:
             return None
+        size = result.meta["size"]
+        if limit is not None and size > limit:
+            raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"{self.url}/{name}: {size} bytes, larger than the {limit} it may be; not read "
+                                 "(damaged, or not modelinit's)")
+        try:
+            return bytes(result.bytes())
+        except Exception as e:  # the body is read here, after the request
+            raise self.error(e, f"reading {name}") from None
 
     def chunks(self, name: str) -> Iterator[memoryview]:
         """The object's bytes, streamed (verify, rehash)."""
@@ -384,5 +408,5 @@ class Bucket:
         # Only the checksums the store requires: S3-compatible stores reject the newer default ones.
         config = Config(request_checksum_calculation="when_required", response_checksum_validation="when_required",
                         retries={"max_attempts": 3, "mode": "standard"})
-        self._admin = boto3.client("s3", config=config)
+        self._admin = boto3.client("s3", config=config, **store_secrets.boto3_arguments(self._secrets))
         return self._admin

@@ -24,6 +24,7 @@ from .errors import ModelInitError, ModelInitWarning
 from .handoff import FileResult
 from .manifest import (  # noqa: F401 - MANIFEST_FILE, PROGRESS_FILE, check_file_name, loader_file: also the client's API
     MANIFEST_FILE,
+    MAX_RECORD_BYTES,
     parse_manifest,
     PROGRESS_FILE,
     check_file_name,
@@ -356,7 +357,7 @@ class Client:
         try:
             request, count = recorded_request(prefix)
         except ModelInitError:
-            recorded = prefix.read(MANIFEST_FILE)
+            recorded = prefix.read(MANIFEST_FILE, limit=MAX_RECORD_BYTES)
             if recorded is None:
                 raise
             doc = parse_manifest(recorded, f"{PrefixWriter(prefix).where}/{MANIFEST_FILE}")

@@ -24,6 +24,12 @@ def _is_int(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _show(value: object, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters: a damaged header's values can be megabytes."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def check_header(head: bytes, size: int, fingerprint: str) -> tuple[list[str], dict[str, int] | None]:
     """Problems of a safetensors file's header, and its tensors' byte counts (None if unparsable).
     ``head``: the file's first bytes, at least the 8-byte length and the header it announces
@@ -52,18 +58,18 @@ def check_header(head: bytes, size: int, fingerprint: str) -> tuple[list[str], d
         if name == "__metadata__":
             continue
         if not isinstance(info, dict):
-            problems.append(f"tensor {name!r}: entry is not an object")
+            problems.append(f"tensor {_show(name)}: entry is not an object")
             continue
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if dtype not in _ITEMSIZE:
-            problems.append(f"tensor {name!r}: unknown dtype {dtype!r}")
+        if not isinstance(dtype, str) or dtype not in _ITEMSIZE:  # a list or an object is no dtype either
+            problems.append(f"tensor {_show(name)}: unknown dtype {_show(dtype)}")
             continue
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-            problems.append(f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
+            problems.append(f"tensor {_show(name)}: shape {_show(shape)} is not a list of non-negative integers")
             continue
         if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets)
                 or not 0 <= offsets[0] <= offsets[1]):
-            problems.append(f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end] with 0 <= begin <= end")
+            problems.append(f"tensor {_show(name)}: data_offsets {_show(offsets)} is not [begin, end] with 0 <= begin <= end")
             continue
         count = 1
         for d in shape:

@@ -25,6 +25,7 @@ import grpc
 from modelinit_wire.constants import ALGORITHM_VERSIONS, DTYPES
 from modelinit_wire.sizes import UNIT_NAMES, size_in_bytes, split_size
 
+from . import store_secrets
 from .bucket import SCHEMES, url_scheme
 from .errors import ModelInitError
 from .parts import MAX_PARTS, idle_note, split_shards
@@ -41,7 +42,10 @@ NAMESPACE = "training"
 QUEUE = "training-queue"
 """The LocalQueue of deploy/examples/kueue-queues.yaml."""
 SECRET = "modelinit-store"
-"""The store-credentials Secret deploy/k8s/init-job reads (AWS_ACCESS_KEY_ID, ... as env vars)."""
+"""The store-credentials Secret deploy/k8s/init-job mounts (keys AWS_ACCESS_KEY_ID, ..., one file each)."""
+STORE_DIR = "/var/run/modelinit-store"
+"""Where the pods mount that Secret; ``MODELINIT_STORE_SECRETS`` names it (modelinit.store_secrets), so
+the keys are files, never env vars' values (not beside the token's mount: a Secret volume is read-only)."""
 TOKEN_SECRET = "modelinit-token"
 """The token Secret of docs/deploy.md (key ``token``), mounted as a file with ``--server``."""
 TOKEN_DIR = "/var/run/modelinit"
@@ -241,6 +245,8 @@ def _container(image: str, args: list[str], resources: dict[str, Any], secret: s
     ]
     if server is not None:
         env.append({"name": "MODELINIT_TOKEN", "value": f"@{TOKEN_DIR}/token"})
+    if secret is not None:
+        env.append({"name": store_secrets.ENV, "value": STORE_DIR})
     c: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
@@ -257,9 +263,7 @@ def _container(image: str, args: list[str], resources: dict[str, Any], secret: s
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
     if secret is not None:
-        # Optional: a missing Secret fails the pods with the store's credential error, instead
-        # of leaving them in CreateContainerConfigError holding the queue's quota.
-        c["envFrom"] = [{"secretRef": {"name": secret, "optional": True}}]
+        c["volumeMounts"].append({"name": "store", "mountPath": STORE_DIR, "readOnly": True})
     if server is not None:
         c["volumeMounts"].append({"name": "token", "mountPath": TOKEN_DIR, "readOnly": True})
     if mount is not None:
@@ -276,8 +280,8 @@ def job_manifest(spec: str, *, parts: int, out: str, seed: int | None = None, po
     """The Indexed Job (a dict, ``yaml.safe_dump`` ready) whose ``parts`` pods write one
     checkpoint of ``spec`` to ``out``; INVALID_ARGUMENT naming the flag for bad input.
 
-    ``queue`` None or "": no Kueue (not suspended). ``secret``: a Secret whose keys become env
-    vars (AWS_ACCESS_KEY_ID, ...); ``service_account``: one bound to a cloud identity (IRSA, GKE
+    ``queue`` None or "": no Kueue (not suspended). ``secret``: a Secret of store settings
+    (AWS_ACCESS_KEY_ID, ...) mounted as files at :data:`STORE_DIR`; ``service_account``: one bound to a cloud identity (IRSA, GKE
     Workload Identity). ``server``: the pods fetch from modelinit servers instead of generating.
     """
     check_parts(parts)
@@ -314,6 +318,10 @@ def job_manifest(spec: str, *, parts: int, out: str, seed: int | None = None, po
         # ContainerCreating on the queue's quota. 0440: readable by the pods' group (fsGroup).
         + ([{"name": "token", "secret": {"secretName": TOKEN_SECRET, "optional": True, "defaultMode": 0o440,
                                          "items": [{"key": "token", "path": "token"}]}}] if server is not None else [])
+        # Optional too: without it the folder is empty and the store's own credential chain applies
+        # (workload identity), or its credential error stops the pods, not a pod held in ContainerCreating.
+        + ([{"name": "store", "secret": {"secretName": secret, "optional": True, "defaultMode": 0o440}}]
+           if secret is not None else [])
         + ([{"name": "checkpoint", "persistentVolumeClaim": {"claimName": pvc}}] if mount is not None else []),
     })
     # Not app.kubernetes.io/name: modelinit, which the server's Service and PDB select.
@@ -364,7 +372,7 @@ def add_job_parser(sub) -> argparse.ArgumentParser:
     k8s.add_argument("--namespace", default=NAMESPACE, help=f"namespace (default {NAMESPACE})")
     k8s.add_argument("--queue", default=QUEUE, metavar="Q", help=f"Kueue LocalQueue (default {QUEUE}; '' for no Kueue)")
     k8s.add_argument("--image", default=None, metavar="IMG", help=f"image with `modelinit init` (default {IMAGE}-cpu / -cuda)")
-    k8s.add_argument("--secret", default=None, metavar="NAME", help="Secret of store credentials as env vars (AWS_ACCESS_KEY_ID, ...)")
+    k8s.add_argument("--secret", default=None, metavar="NAME", help=f"Secret of store credentials (keys AWS_ACCESS_KEY_ID, ...), mounted as files at {STORE_DIR}")
     k8s.add_argument("--service-account", default=None, metavar="SA", help="ServiceAccount bound to a cloud identity (IRSA, GKE Workload Identity)")
     k8s.add_argument("--pvc", default=None, metavar="CLAIM", help="ReadWriteMany claim mounted at --out (a path, not a bucket)")
     k8s.add_argument("--gpus", type=int, default=0, metavar="K", help="GPUs per pod (default 0)")

@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import re
+import stat
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeGuard
 
@@ -35,6 +36,10 @@ PROGRESS_FILE = ".modelinit.progress.json"
 into place with their SHA-256 (a rerun of the same weights keeps those that still match), and
 the files of an earlier run still to be deleted. Removed once ``modelinit.json`` is written."""
 MAX_NAME_BYTES = 200
+MAX_RECORD_BYTES = 64 << 20
+"""Largest ``modelinit.json`` or progress record read (one listing 270 shards, with its spec and
+policy, is well under 1 MiB): a larger one is refused unread, so a damaged or planted file cannot
+take the client's memory."""
 """Longest file name taken from a server, in UTF-8 bytes: filesystems allow 255, and the temp
 file ``.NAME.partial`` adds 9."""
 #: What a loader (transformers, safetensors, torch) may read from a model folder: weights, their
@@ -123,10 +128,31 @@ class Record:
     """Files of an earlier run a progress record's run was deleting."""
 
 
+class _NotSmallFile(OSError):
+    """Not a regular file of at most :data:`MAX_RECORD_BYTES`."""
+
+
+def read_small_file(path: pathlib.Path, limit: int = MAX_RECORD_BYTES) -> bytes:
+    """The bytes of the regular file ``path`` (a link to one is followed); an OSError for anything
+    else: a folder, a FIFO or device (opened without blocking, never read), a file over ``limit``
+    bytes (not read past it), a link loop."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _NotSmallFile("not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise _NotSmallFile(f"larger than {limit} bytes, not read")
+    return data
+
+
 def read_record(path: pathlib.Path) -> "Record | None":
     """The record at ``path``; None when it cannot be read as one."""
     try:
-        data = path.read_bytes()
+        data = read_small_file(path)
     except OSError:
         return None
     return parse_record(data)
@@ -233,14 +259,18 @@ def read_manifest(path: str | os.PathLike, field: str = "manifest") -> dict:
     else:
         file = folder / MANIFEST_FILE
     try:
-        text = file.read_text(encoding="utf-8")
+        text = read_small_file(file).decode("utf-8")
     except FileNotFoundError:
         raise ModelInitError(
             grpc.StatusCode.FAILED_PRECONDITION,
             f"{folder} has no {MANIFEST_FILE}: not a complete modelinit folder (an interrupted run leaves none)",
         ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise _bad_manifest(str(file), f"cannot read it: {e}") from None
+    except _NotSmallFile as e:
+        raise _bad_manifest(str(file), str(e)) from None
+    except OSError as e:
+        raise _bad_manifest(str(file), f"cannot read it: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise _bad_manifest(str(file), f"not UTF-8 ({e.reason} at byte {e.start})") from None
     return parse_manifest(text, str(file))
 
 
@@ -258,7 +288,7 @@ def read_bucket_manifest(bucket: "Bucket") -> dict:
     it is written last), when it is malformed, or when the bucket does not exist; other store
     errors as :meth:`Bucket.error <modelinit.bucket.Bucket.error>` makes them."""
     try:
-        data = bucket.read(MANIFEST_FILE)
+        data = bucket.read(MANIFEST_FILE, limit=MAX_RECORD_BYTES)
     except ModelInitError as e:
         if e.code != grpc.StatusCode.NOT_FOUND:
             raise

@@ -214,6 +214,8 @@ def _check_file(files: _Folder | _Prefix, e: dict, fingerprint: str, tick: Calla
         size = files.size(name)
     except FileNotFoundError:
         return None, None, None, None, [f"missing (manifest lists {e['size']} bytes)"]
+    except OSError as err:  # a link loop, a name too long for the filesystem, a lost permission
+        return None, None, None, None, [f"cannot read: {err.strerror or err}"]
     if size is None:
         return None, None, None, None, ["not a regular file"]
     if size != e["size"]:

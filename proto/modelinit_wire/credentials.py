@@ -75,7 +75,7 @@ def load_token(value: str | None) -> str | None:
         try:
             with open(path, encoding="utf-8") as f:
                 token = f.read()
-        except (OSError, UnicodeDecodeError) as e:
+        except (OSError, UnicodeDecodeError, ValueError) as e:  # ValueError: a NUL in the path
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             raise ValueError(f"token: cannot read token file {path!r} ({reason}); pass @<path to a file holding the token>") from None
         if not token.strip():

@@ -72,7 +72,7 @@ def load(path: str | pathlib.Path) -> pb.Policy:
             raise ValueError(f"policy: {_show(str(path))} is larger than {MAX_FILE_BYTES:,} bytes (1 MiB), the limit for "
                              "a policy file; a policy is a few rules")
         text = data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # ValueError: a NUL in the path
         raise ValueError(f"policy: cannot read policy file {_show(str(path))}: {_text(e, 200)}") from None
     name = _text(path.name, EXCERPT)
     if path.suffix == ".json":

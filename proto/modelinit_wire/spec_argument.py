@@ -13,6 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
+from .constants import DEFAULT_MAX_REQUEST_BYTES
+
+#: Largest config.json read: what a server takes in one request by default (a config is kilobytes).
+MAX_CONFIG_BYTES = DEFAULT_MAX_REQUEST_BYTES
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -37,11 +42,23 @@ def read_spec_argument(spec: Any) -> Preset | Config:
     if not isinstance(spec, (str, os.PathLike)):
         raise ValueError(f"spec: give a preset name, a config.json path or a config dict, got {type(spec).__name__}")
     path = pathlib.Path(spec)
-    if isinstance(spec, os.PathLike) or path.suffix == ".json" or path.exists():
+    if isinstance(spec, os.PathLike) or path.suffix == ".json" or _exists(path):
         if path.is_dir():
             path = path / "config.json"
         try:
-            return Config(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as e:
+            with open(path, "rb") as fh:  # no more than the cap: /dev/zero, a huge file
+                data = fh.read(MAX_CONFIG_BYTES + 1)
+            if len(data) > MAX_CONFIG_BYTES:
+                raise ValueError(f"larger than {MAX_CONFIG_BYTES >> 20} MiB; a config.json is kilobytes")
+            return Config(data.decode("utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as e:  # ValueError: a NUL in the path, or the cap
             raise ValueError(f"spec: cannot read config file {str(path)!r}: {e}") from None
     return Preset(str(spec))
+
+
+def _exists(path: pathlib.Path) -> bool:
+    """Whether ``path`` names something on disk; False for a name no file can have (too long)."""
+    try:
+        return path.exists()
+    except OSError:
+        return False

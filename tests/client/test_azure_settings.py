@@ -34,6 +34,23 @@ def account(azure_server, monkeypatch):
     return azure_server
 
 
+@pytest.mark.slow
+def test_an_account_key_from_a_file(account, spec, expected, monkeypatch, tmp_path):
+    """The key as a mounted Secret gives it, a file of MODELINIT_STORE_SECRETS (modelinit.store_secrets),
+    over a wrong one in the environment."""
+    import base64
+
+    container = account.new_container()
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", base64.b64encode(b"not the account's key").decode())
+    assert main(["init", spec, *ARGS, "--out", f"az://{container}/m"]) == 1  # the control: the env's key is refused
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "AZURE_STORAGE_ACCOUNT_KEY").write_text(KEY + "\n")
+    monkeypatch.setenv("MODELINIT_STORE_SECRETS", str(store))
+    assert main(["init", spec, *ARGS, "--out", f"az://{container}/m"]) == 0
+    assert _written(account, container) == expected
+
+
 def _sas(container: str, expires_in: timedelta, **permissions: bool) -> str:
     from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 

@@ -148,6 +148,17 @@ def test_init_job_validates_against_kubernetes_schema(rendered, version):
         validate_strict(obj, version)
 
 
+def check_store_secret(job, name: str) -> None:
+    """The store's Secret ``name`` is an optional volume of files named by MODELINIT_STORE_SECRETS, never
+    env vars' values (checkov's CKV_K8S_35: secrets as files)."""
+    c = the_container(job)
+    assert "envFrom" not in c and not any("secretKeyRef" in e.get("valueFrom", {}) for e in c["env"])
+    assert {"name": "MODELINIT_STORE_SECRETS", "value": mjob.STORE_DIR} in c["env"]
+    assert {"name": "store", "mountPath": mjob.STORE_DIR, "readOnly": True} in c["volumeMounts"]
+    vol = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "store")
+    assert vol["secret"] == {"secretName": name, "optional": True, "defaultMode": 0o440}
+
+
 def test_init_job_base(rendered):
     job = one(rendered, "Job")
     args = check_indexed_job(job)
@@ -157,7 +168,7 @@ def test_init_job_base(rendered):
     pod = job["spec"]["template"]["spec"]
     sa = one(rendered, "ServiceAccount")
     assert pod["serviceAccountName"] == sa["metadata"]["name"] and sa["metadata"]["namespace"] == job["metadata"]["namespace"]
-    assert the_container(job)["envFrom"] == [{"secretRef": {"name": mjob.SECRET, "optional": True}}]
+    check_store_secret(job, mjob.SECRET)
     # The server images of the overlays, where `modelinit init` runs embedded.
     overlay = (K8S / "overlays" / "cpu" / "kustomization.yaml").read_text()
     (img,) = yaml.safe_load(overlay)["images"]
@@ -206,7 +217,7 @@ def test_modelinit_job_prints_a_valid_indexed_job(variant, capsys):
         assert tvol["secret"]["secretName"] == mjob.TOKEN_SECRET
         assert tvol["secret"]["items"] == [{"key": "token", "path": "token"}]
         assert args.server.startswith("dns:///") and job["metadata"]["name"] == "gpt2-init"
-        assert c["envFrom"] == [{"secretRef": {"name": "store", "optional": True}}]
+        check_store_secret(job, "store")
     if variant == "pvc":
         (mount,) = [m for m in c["volumeMounts"] if m["name"] == "checkpoint"]
         assert mount["mountPath"] == "/ckpt/bert"

@@ -257,7 +257,11 @@ def test_runtime_model_initializer_runs_modelinit_init(runtime):
     assert pod["restartPolicy"] == "Never" and fails_job_on_bad_input(job, MODEL_INITIALIZER)
     # It writes into the shared volume; store credentials are optional (needed only for a bucket).
     assert mount_at(c, args.out)["name"] == SHARED_VOLUME and not mount_at(c, args.out).get("readOnly")
-    assert c["envFrom"] == [{"secretRef": {"name": "modelinit-store", "optional": True}}]
+    # ... as files of the optional modelinit-store Secret, never env vars' values (checkov's CKV_K8S_35)
+    assert "envFrom" not in c and {"name": "MODELINIT_STORE_SECRETS", "value": "/var/run/modelinit-store"} in c["env"]
+    assert {"name": "store", "mountPath": "/var/run/modelinit-store", "readOnly": True} in c["volumeMounts"]
+    vol = next(v for v in pod["volumes"] if v["name"] == "store")
+    assert vol["secret"] == {"secretName": "modelinit-store", "optional": True, "defaultMode": 0o440}
 
 
 def test_trainjob_changes_the_request_through_env(runtime, trainjob):

@@ -54,11 +54,6 @@ DELIBERATE = (
                "placeholder images (the user's client build and trainer): pinned by whoever fills them in"),
     Deliberate("CKV_K8S_43", "Job.training.modelinit-init-deepseek-v3-b3936b4a", (PRINTED_JOB,),
                "the image is --image's (default: the release tag): pass a digest reference to pin it"),
-    Deliberate("CKV_K8S_35", "Job.training.modelinit-init-deepseek-v3-b3936b4a", (PRINTED_JOB,),
-               "--secret's store keys: the same reason as the init Job's (the token is a mounted file)"),
-    Deliberate("CKV_K8S_35", "Job.training.modelinit-init-deepseek-v3", ("k8s/init-job",),
-               "static S3 and Azure keys reach obstore through env only (no file setting for them); workload identity "
-               "needs no Secret, and its token files are mounted by the cloud's webhook"),
 )
 
 

@@ -126,6 +126,14 @@ def prepare(out: pathlib.Path, plan: pb.PlanResponse, overwrite: bool, fsync: bo
                              f"(overwrite=True) to delete them")
     stale = sorted((ours & entries.keys()) - keep) + foreign
     temps = sorted(n for n in entries if n.startswith(".") and n.endswith(".partial"))
+    # A folder where a file of ours is deleted or written would fail the run half-way: refused first.
+    blocked = sorted(n for n in {*planned, *stale, *temps, MANIFEST_FILE, PROGRESS_FILE} & entries.keys()
+                     if entries[n].is_dir(follow_symlinks=False))
+    if blocked:
+        raise ModelInitError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"{out / blocked[0]} is a folder where modelinit writes a file"
+                             + (f" (and {len(blocked) - 1} more)" if len(blocked) > 1 else "")
+                             + "; move it away and run again (nothing was changed)")
     complete = (manifest is not None and manifest.fingerprint == plan.fingerprint
                 and manifest.algorithm_version == plan.algorithm_version and len(kept) == len(plan.files)
                 and sorted(manifest.files, key=lambda f: f.name) == sorted(kept.values(), key=lambda f: f.name))

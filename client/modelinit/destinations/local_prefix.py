@@ -19,11 +19,16 @@ OS errors become one ModelInitError naming the folder (:func:`~modelinit.destina
 """
 from __future__ import annotations
 
+import errno
 import os
 import pathlib
 from typing import Any, Iterable, Iterator
 
+import grpc
+
 from ..bucket import ObjectInfo
+from ..errors import ModelInitError
+from ..manifest import read_small_file
 from .direct_file import DirectFile
 from .local_io import atomic_write, discard, os_error
 
@@ -72,14 +77,18 @@ class LocalPrefix:
             raise os_error(e, self.folder) from e
         return out
 
-    def read(self, name: str) -> bytes | None:
-        """The whole file (records, the manifest), None when it is not there."""
+    def read(self, name: str, limit: int | None = None) -> bytes | None:
+        """The whole file (records, the manifest), None when it is not there. ``limit``: a larger
+        file (or one that is not a regular file) is refused unread (FAILED_PRECONDITION)."""
         try:
-            return self._path(name).read_bytes()
+            if limit is None:
+                return self._path(name).read_bytes()
+            return read_small_file(self._path(name), limit)
         except FileNotFoundError:
             return None
-        except OSError as e:
-            raise os_error(e, self.folder, name) from e
+        except OSError as e:  # a folder, a link loop, a file too large: damaged, or not modelinit's
+            code = grpc.StatusCode.PERMISSION_DENIED if e.errno in (errno.EACCES, errno.EPERM) else grpc.StatusCode.FAILED_PRECONDITION
+            raise ModelInitError(code, f"{self._path(name)}: cannot read it: {e.strerror or e}") from None
 
     def chunks(self, name: str) -> Iterator[memoryview]:
         try:

@@ -39,6 +39,7 @@ from ..errors import ModelInitError
 from ..handoff import Events, FileResult
 from ..manifest import (
     MANIFEST_FILE,
+    MAX_RECORD_BYTES,
     PROGRESS_FILE,
     loader_file,
     manifest_bytes,
@@ -152,7 +153,7 @@ def prepare(bucket: Prefix, plan: pb.PlanResponse, part: Part, overwrite: bool) 
     planned = {f.name: i for i, f in enumerate(plan.files)}
     records = sorted(n for n in objects if _is_record(n))
     # Each record and the manifest read once (small objects; N parts mean N records).
-    raw = {n: bucket.read(n) for n in [*records, *([MANIFEST_FILE] if MANIFEST_FILE in objects else [])]}
+    raw = {n: bucket.read(n, limit=MAX_RECORD_BYTES) for n in [*records, *([MANIFEST_FILE] if MANIFEST_FILE in objects else [])]}
     complete = _complete_manifest(bucket, plan, objects, raw.get(MANIFEST_FILE))
     if complete is not None and all(sha256_object(bucket, complete[i].name) == complete[i].sha256 for i in mine):
         return complete
@@ -257,7 +258,7 @@ def _create_once(bucket: Prefix, name: str, data: bytes) -> bool:
             bucket.put(name, data, create=True)
             return True
         except FileExistsError:
-            if bucket.read(name) == data:
+            if bucket.read(name, limit=MAX_RECORD_BYTES) == data:
                 return False
             if attempt < 4:  # or another writer's create is under way (412/409 before its object shows)
                 time.sleep(0.2 * 2**attempt)
@@ -291,7 +292,7 @@ def finalize(bucket: Prefix, plan: pb.PlanResponse, count: int, small: list[tupl
     uploaded: dict[str, FileResult] = {}  # name -> a recorded file whose object is there as recorded
     for k in range(count):
         name = record_name(Part(k, count))
-        record = _record_of(bucket.read(name), plan) if name in objects else None
+        record = _record_of(bucket.read(name, limit=MAX_RECORD_BYTES), plan) if name in objects else None
         for result, tag in (record or {}).values():
             got = objects.get(result.name)
             if got is not None and got.size == result.size and got.e_tag == tag:
@@ -335,12 +336,12 @@ def recorded_request(bucket: Prefix) -> tuple[pb.ModelRequest, int]:
     for name in sorted(bucket.list()):
         if not _is_record(name):
             continue
-        data = bucket.read(name)
+        data = bucket.read(name, limit=MAX_RECORD_BYTES)
         try:
             doc = json.loads(data or b"")
             part = doc.get("part", [0, 1])
             request = manifest_request(doc)
-        except (ValueError, AttributeError, TypeError):
+        except (ValueError, AttributeError, TypeError, RecursionError):  # not a record: damaged, or not ours
             continue
         count = part[1] if isinstance(part, list) and len(part) == 2 and isinstance(part[1], int) else 1
         found[(request.SerializeToString(deterministic=True).hex(), count)] = {"request": request, "count": count}
