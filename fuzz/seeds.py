@@ -114,7 +114,9 @@ REGRESSIONS: dict[str, dict[str, bytes]] = {
     # a NUL in the token file's path: open's ValueError escaped load_token without naming the field
     "token": {"nul-in-path": b"\x02tok\x00en"},
     # a name longer than the filesystem takes: Path.exists() raised OSError (ENAMETOOLONG) out of read_spec_argument
-    "spec_argument": {"name-too-long": b"\x03" + b"\xff" * 300},
+    "spec_argument": {"name-too-long": b"\x03" + b"\xff" * 300,
+                      # and one ending in .json, taken as a file: Path.is_dir() raised the same
+                      "json-name-too-long": b"\x03" + b"\xff" * 195 + b".json"},
     # finalize over a folder whose progress record nests 3,000 deep: a RecursionError escaped
     # (destinations.prefix.recorded_request), shown as "input nested too deeply" without a file.
     "folder": {"progress-record-bomb": bytes([0, 11, 1]) + struct.pack("<H", 6011) + b'{"part": ' + b"[" * 3000

@@ -43,9 +43,9 @@ def read_spec_argument(spec: Any) -> Preset | Config:
         raise ValueError(f"spec: give a preset name, a config.json path or a config dict, got {type(spec).__name__}")
     path = pathlib.Path(spec)
     if isinstance(spec, os.PathLike) or path.suffix == ".json" or _exists(path):
-        if path.is_dir():
-            path = path / "config.json"
         try:
+            if path.is_dir():
+                path = path / "config.json"
             with open(path, "rb") as fh:  # no more than the cap: /dev/zero, a huge file
                 data = fh.read(MAX_CONFIG_BYTES + 1)
             if len(data) > MAX_CONFIG_BYTES:
