@@ -19,6 +19,31 @@ import modelinit
 from tests.support.distributed import exit_rank, spawn
 from tests.support.megatron_rules import gated_mlp, qkv_per_group, tp_whole
 
+def no_legacy_grouped_mlp() -> str | None:
+    """Why this Megatron-Core has no non-Transformer-Engine ``GroupedMLP`` (None where it has one):
+    Megatron-LM PR #3410 removed it with ``grouped_gemm_util`` (first absent in 0.17.0); grouped
+    experts are then ``TEGroupedMLP`` only, which needs Transformer Engine (a GPU machine's run)."""
+    import megatron.core
+
+    try:
+        from megatron.core.transformer.moe import grouped_gemm_util  # noqa: F401
+    except ImportError:
+        return (f"Megatron-Core {megatron.core.__version__} has no non-Transformer-Engine GroupedMLP (removed in "
+                f"0.17, Megatron-LM PR #3410; its grouped experts are TEGroupedMLP, which needs Transformer Engine)")
+    return None
+
+
+def local_mla_without_q_lora() -> bool:
+    """Whether this Megatron-Core builds the local MLA spec without a q LoRA: 0.19's
+    ``QKNormConfigResolver`` refuses it ("q_layernorm ... is non-trivial, but q_lora_rank is None"), the
+    local backend having no fused norm+linear (Megatron-LM PR #4452)."""
+    try:
+        from megatron.core.transformer import mla_qk_norm_config  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
 #: The seed every test of a model of this module fills with.
 SEED = 11
 VOCAB, PADDED = 1000, 1024

@@ -25,7 +25,7 @@ import modelinit  # noqa: E402
 
 from tests.support.distributed import exit_rank, no_collectives, same_bytes, spawn  # noqa: E402
 from tests.support.megatron_models import (HF, MOE, PADDED, SEED, files_of, folder_in_megatrons_layout,  # noqa: E402
-                                           init_group, megatron_gpt, put_together)
+                                           init_group, megatron_gpt, no_legacy_grouped_mlp, put_together)
 from tests.support.megatron_rules import gated_mlp, qkv_per_group  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning"),  # Megatron warns that Apex/TE are absent
@@ -81,23 +81,54 @@ def _fill_shares(rank: int, world: int, init_file: str, out: str) -> None:
 
     init_group(rank, world, init_file)
     ps.initialize_model_parallel(tensor_model_parallel_size=world)
-    from megatron.core.transformer.moe import grouped_gemm_util
-
-    current, available = torch.cuda.current_device, grouped_gemm_util.assert_grouped_gemm_is_available
+    current = torch.cuda.current_device
     torch.cuda.current_device = lambda: "cpu"  # the router makes its expert-bias buffers on CUDA's current device
-    grouped_gemm_util.assert_grouped_gemm_is_available = lambda: None  # building needs no kernel, nor does filling
     try:
         qwen2 = megatron_gpt(world, dtype="bfloat16", moe=True, **QWEN2_MOE_FIELDS)
         glm4 = megatron_gpt(world, moe=True, **GLM4_MOE_FIELDS)
         glm4_own = megatron_gpt(world, moe=True, **GLM4_MOE_FIELDS)
+    finally:
+        torch.cuda.current_device = current
+    with no_collectives():
+        derived = modelinit.init_module_(qwen2, seed=SEED)  # no spec: Qwen2-MoE, derived
+        given = modelinit.init_module_(glm4, seed=SEED, spec=GLM4_MOE)
+        own = modelinit.init_module_(glm4_own, seed=SEED)  # no spec: GLM-4-MoE, derived (DeepSeek's routing)
+    if not no_legacy_grouped_mlp():
+        _fill_grouped(world, rank, out)
+    assert derived.derived_config["model_type"] == "qwen2_moe" and given.derived_config is None
+    differ = {k: (v, own.derived_config.get(k)) for k, v in GLM4_MOE.items() if own.derived_config.get(k) != v}
+    assert differ == {}, differ
+    assert own.derived_config["partial_rotary_factor"] == 1.0 and own.derived_config["routed_scaling_factor"] == 1.0
+    mine = dict(glm4.named_parameters())
+    assert [n for n, t in glm4_own.named_parameters() if not same_bytes(t, mine[n])] == []
+    assert given.dtypes == ("float32",) and derived.dtypes == ("bfloat16", "float32")  # norms stay float32
+    tp = ps.get_tensor_model_parallel_rank()
+    for name, model, summary in (("qwen2", qwen2, derived), ("glm4", glm4, given)):
+        assert summary.missing == 0 and summary.elements < summary.global_elements
+        state = {n: t.detach().clone() for n, t in model.state_dict().items() if t is not None and t.is_floating_point()
+                 and not n.endswith("_extra_state")}
+        assert summary.elements == sum(t.numel() for t in state.values())
+        os.makedirs(f"{out}/{name}", exist_ok=True)
+        torch.save({"tp": tp, "ep": 0, "first": 0, "state": state, "derived": summary.derived_config},
+                   f"{out}/{name}/rank{rank}.pt")
+    exit_rank()
+
+
+def _fill_grouped(world: int, rank: int, out: str) -> None:
+    """Megatron-Core 0.16's GroupedMLP (local, grouped GEMM) filled without a spec, its experts saved as
+    SequentialMLP's would be."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.moe import grouped_gemm_util
+
+    current, available = torch.cuda.current_device, grouped_gemm_util.assert_grouped_gemm_is_available
+    torch.cuda.current_device = lambda: "cpu"
+    grouped_gemm_util.assert_grouped_gemm_is_available = lambda: None  # building needs no kernel, nor does filling
+    try:
         grouped = megatron_gpt(world, moe=True, moe_grouped_gemm=True)
     finally:
         torch.cuda.current_device, grouped_gemm_util.assert_grouped_gemm_is_available = current, available
     assert type(grouped.decoder.layers[0].mlp.experts).__name__ == "GroupedMLP"
     with no_collectives():
-        derived = modelinit.init_module_(qwen2, seed=SEED)  # no spec: Qwen2-MoE, derived
-        given = modelinit.init_module_(glm4, seed=SEED, spec=GLM4_MOE)
-        own = modelinit.init_module_(glm4_own, seed=SEED)  # no spec: GLM-4-MoE, derived (DeepSeek's routing)
         in_groups = modelinit.init_module_(grouped, seed=SEED)  # no spec: Qwen3-MoE, derived
     assert in_groups.derived_config["model_type"] == "qwen3_moe"
     # GroupedMLP's weights as SequentialMLP's experts, by Megatron's own rule (its grouped GEMM's view, its
@@ -120,36 +151,24 @@ def _fill_shares(rank: int, world: int, init_file: str, out: str) -> None:
     torch.save({"tp": ps.get_tensor_model_parallel_rank(), "ep": 0, "first": 0, "state": state,
                 "derived": in_groups.derived_config}, f"{out}/grouped/rank{rank}.pt")
     assert in_groups.elements == sum(t.numel() for t in state.values()) < in_groups.global_elements
-    assert derived.derived_config["model_type"] == "qwen2_moe" and given.derived_config is None
-    differ = {k: (v, own.derived_config.get(k)) for k, v in GLM4_MOE.items() if own.derived_config.get(k) != v}
-    assert differ == {}, differ
-    assert own.derived_config["partial_rotary_factor"] == 1.0 and own.derived_config["routed_scaling_factor"] == 1.0
-    mine = dict(glm4.named_parameters())
-    assert [n for n, t in glm4_own.named_parameters() if not same_bytes(t, mine[n])] == []
-    assert given.dtypes == ("float32",) and derived.dtypes == ("bfloat16", "float32")  # norms stay float32
-    tp = ps.get_tensor_model_parallel_rank()
-    for name, model, summary in (("qwen2", qwen2, derived), ("glm4", glm4, given)):
-        assert summary.missing == 0 and summary.elements < summary.global_elements
-        state = {n: t.detach().clone() for n, t in model.state_dict().items() if t is not None and t.is_floating_point()
-                 and not n.endswith("_extra_state")}
-        assert summary.elements == sum(t.numel() for t in state.values())
-        os.makedirs(f"{out}/{name}", exist_ok=True)
-        torch.save({"tp": tp, "ep": 0, "first": 0, "state": state, "derived": summary.derived_config},
-                   f"{out}/{name}/rank{rank}.pt")
-    exit_rank()
 
 
-def test_shared_experts_the_expert_bias_and_grouped_experts_at_tp2_are_the_folders(tmp_path):
+@pytest.fixture(scope="module")
+def shares(tmp_path_factory) -> pathlib.Path:
+    """Every rank's share of the TP=2 models (one world of two ranks for the module's tests)."""
+    tmp = tmp_path_factory.mktemp("moe-tp2")
+    spawn(_fill_shares, (2, str(tmp / "pg"), str(tmp / "shares")), 2)
+    return tmp / "shares"
+
+
+@pytest.mark.xdist_group("megatron-moe-tp2")  # one world of ranks for both (the shares fixture)
+def test_shared_experts_and_the_expert_bias_at_tp2_are_the_folders(tmp_path, shares):
     """At TP=2 each rank fills its half of the shared expert (column-parallel [gate_r; up_r],
     row-parallel down), the shared expert's gate and the router and its expert bias whole; put
     together, every tensor is the folder's: Qwen2-MoE's ``mlp.shared_expert.*`` and
     ``mlp.shared_expert_gate`` (config derived, bfloat16, float32 norms), GLM-4-MoE's
-    ``mlp.shared_experts.*`` and ``mlp.gate.e_score_correction_bias`` (float32). And a GroupedMLP
-    model (grouped-GEMM experts: one ``weight1``/``weight2`` per layer, each expert's tensor
-    transposed in it; config derived): its experts, read out by Megatron's own view and transpose,
-    are the Qwen3-MoE folder's."""
-    out = tmp_path / "shares"
-    spawn(_fill_shares, (2, str(tmp_path / "pg"), str(out)), 2)
+    ``mlp.shared_experts.*`` and ``mlp.gate.e_score_correction_bias`` (float32)."""
+    out = shares
     derived = torch.load(out / "qwen2" / "rank0.pt")["derived"]
     assert {k: derived[k] for k in QWEN2_MOE if k in derived} == {k: v for k, v in QWEN2_MOE.items() if k in derived}
     for name, config, dtypes, shared, gate in (
@@ -166,8 +185,17 @@ def test_shared_experts_the_expert_bias_and_grouped_experts_at_tp2_are_the_folde
                if len(ts) != 1 or not same_bytes(ts[0], refs[str(ts[0].dtype).removeprefix("torch.")][n])]
         assert bad == [], name
     assert torch.equal(whole["decoder.layers.0.mlp.router.expert_bias"][0], torch.zeros(4))  # hf-default: zeros
-    # GroupedMLP (config derived: Qwen3-MoE of the padded vocabulary) is the Qwen3-MoE folder (the tokenizer's
-    # vocabulary, the padded rows from the padded folder): SequentialMLP's test's reference
+
+
+@pytest.mark.xdist_group("megatron-moe-tp2")  # one world of ranks for both (the shares fixture)
+def test_grouped_experts_at_tp2_are_the_folder(tmp_path, shares):
+    """A GroupedMLP model (Megatron-Core 0.16's grouped-GEMM experts: one ``weight1``/``weight2`` per
+    layer, each expert's tensor transposed in it; config derived: Qwen3-MoE of the padded vocabulary):
+    its experts, read out by Megatron's own view and transpose, are the Qwen3-MoE folder's (the
+    tokenizer's vocabulary, the padded rows from the padded folder: SequentialMLP's test's reference)."""
+    if why := no_legacy_grouped_mlp():
+        pytest.skip(why)
+    out = shares
     ref = folder_in_megatrons_layout(tmp_path, moe=True)
     whole = put_together(pathlib.Path(out / "grouped"), 2, 1)
     assert sorted(whole) == sorted(ref)
