@@ -28,6 +28,7 @@ INSTALLS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "torchtitan": ("tests.support.stacks", "install_torchtitan_files",
                    ("tests/server/training/test_torchtitan", "tests/server/training/test_stacks_cuda.py",
                     "tests/project/test_benchmarks.py", "tests/project/test_docs_run.py")),
+    "megatron-newest": ("tests.support.stacks", "install_newest_megatron", ("tests/server/training/test_megatron_releases.py",)),
     "mup": ("tests.support.stacks", "install_mup",
             ("tests/server/core/test_literature_presets.py", "tests/server/probe/test_coord_check.py")),
     "azurite": ("tests.support.azure_server", "install_azurite", ("tests/client/",)),

@@ -75,6 +75,28 @@ def install_torchtitan_files() -> None:
 
 
 
+MEGATRON_NEWEST = "megatron-core==0.19.2"
+"""The newest Megatron-Core, which the Megatron tests also run against (test_megatron_releases.py) beside
+the test extra's pinned 0.16.1. 0.17 and later declare Python >= 3.12; their code is pure Python and
+runs on 3.11, so it is installed from its sdist with pip's --ignore-requires-python (uv has no such
+switch), without dependencies, into a folder of its own that only that run puts first on the path."""
+MEGATRON_NEWEST_HERE = HERE.parent / ".stacks-megatron"
+
+
+def install_newest_megatron() -> pathlib.Path:
+    """The folder holding :data:`MEGATRON_NEWEST` (installed with pip once, under a file lock)."""
+    MEGATRON_NEWEST_HERE.mkdir(exist_ok=True)
+    with open(MEGATRON_NEWEST_HERE / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (MEGATRON_NEWEST_HERE / "megatron" / "core").is_dir():
+            done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+                                   "--ignore-requires-python", "--target", str(MEGATRON_NEWEST_HERE), MEGATRON_NEWEST],
+                                  capture_output=True, text=True, timeout=900)
+            if done.returncode != 0:
+                pytest.skip(f"cannot install {MEGATRON_NEWEST}: {(done.stdout + done.stderr)[-500:]}")
+    return MEGATRON_NEWEST_HERE
+
+
 MUP = ("mup==1.0.0", "pandas==3.1.1", "pytz==2026.6", "tzdata==2026.6")
 """microsoft/mup, the µP reference the mup preset and the coordinate check are compared with, and
 what its ``coord_check`` imports (pandas): pinned. mup is an sdist whose declared dependencies
