@@ -170,7 +170,7 @@ def test_policy_with_a_list_where_a_name_belongs(tmp_path, text, field):
     ("deep.json", "[" * 100_000 + "]" * 100_000),
     ("deep.yaml", "a: " + "[" * 100_000 + "]" * 100_000 + "\n"),
     ("deep-map.yaml", "a: " + "{a: " * 5_000 + "1" + "}" * 5_000 + "\n"),
-])
+], ids=["deep-json", "deep-yaml", "deep-map-yaml"])  # not the texts: a test's id reaches its subprocesses' environment
 def test_deeply_nested_policy_is_bad_input(tmp_path, name, text):
     r = run("plan", "gpt2", "--no-tensors", "--policy", write_policy(tmp_path, name, text))
     one_line_error(r, 2, "policy", "nests too deeply")
