@@ -44,6 +44,11 @@ def refuse_experts_sharded_across_experts(name: str, t, config) -> None:
             "(parallel_state.get_expert_data_parallel_group())")
 
 
+#: Megatron-Core's models whose layers a pattern string gives (0.19 logs "GPTModel IS DEPRECATED ... use
+#: HybridModel"): their layer indices are the pattern's symbols, not the Hugging Face layers, and none is mapped yet.
+_PATTERN_MODELS = frozenset({"HybridModel", "MambaModel"})
+
+
 def check_config(model) -> Any:
     check_modules(model)
     config = getattr(model, "config", None)
@@ -67,6 +72,10 @@ def check_modules(model) -> None:
     parameters and the Transformer Engine layer spec (each one line naming the module or parameter
     and the fix)."""
     refuse_megatron_fsdp(model)
+    if type(model).__name__ in _PATTERN_MODELS:
+        raise ValueError(f"module: Megatron-Core's {type(model).__name__} (layers by a pattern string: attention, MLP, MoE, "
+                         "Mamba) is not supported yet; GPTModel is (the local layer spec, or "
+                         "get_gpt_decoder_block_spec(config, use_transformer_engine=False)), on Megatron-Core 0.16 to 0.19")
     if TE_LAYER_SPEC_VERIFIED:
         return
     for path, m in model.named_modules():
