@@ -111,6 +111,9 @@ def _header_of(header: dict) -> bytes:
 REGRESSIONS: dict[str, dict[str, bytes]] = {
     # a dtype that is a list: TypeError (unhashable) in file_checks.check_header, out of verify
     "safetensors_header": {"dtype-list": _header_of({"a": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}})},
+    # a config 100,000 layers deep: transformers constructs every layer (about 10 ms each), so planning it ran for
+    # a quarter of an hour; the first campaign's timeouts were BART at 226 layers on a loaded machine
+    "config": {"depth-100000": b"\x01" + b'{"model_type": "bart", "num_hidden_layers": 100000}'},
     # a NUL in the token file's path: open's ValueError escaped load_token without naming the field
     "token": {"nul-in-path": b"\x02tok\x00en"},
     # a name longer than the filesystem takes: Path.exists() raised OSError (ENAMETOOLONG) out of read_spec_argument

@@ -23,8 +23,8 @@ from fuzz.targets import TARGETS
 #: Mutations per corpus file in the smoke (the folder target is about 50 ms an input, the others under 10).
 MUTATIONS = {"folder": 12, "request": 40, "config": 40}
 DEFAULT_MUTATIONS = 150
-#: Seconds one input may take before it counts as a hang (the campaign's libFuzzer -timeout).
-DEADLINE = 10
+#: Seconds one input may take before it counts as a hang (the first input of a model type imports its module).
+DEADLINE = 30
 
 
 def _mutations(data: bytes, rng: random.Random, n: int):

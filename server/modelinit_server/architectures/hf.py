@@ -59,11 +59,31 @@ def convert(converter, target: str, model) -> dict[str, Any]:
     return {name: (t[0] if isinstance(t, list) else t) for name, t in outputs.items()}
 
 
+#: Most layers a config may ask for in any one stack (the deepest published models have about 130):
+#: transformers constructs every layer to be read, about 10 ms each on the meta device, so the cap is
+#: what bounds one request's planning time (found by the ``config`` fuzz target: fuzz/README.md).
+MAX_LAYERS = 1024
+_DEPTH_FIELDS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
+                 "num_encoder_layers", "num_decoder_layers", "encoder_num_layers", "decoder_num_layers")
+
+
+def _check_depth(doc: dict[str, Any], where: str = "") -> None:
+    """ValueError naming the field when a stack of ``doc`` (a config's dict, sub-configs included) is
+    deeper than :data:`MAX_LAYERS`, before anything is built."""
+    for key, value in doc.items():
+        if isinstance(value, dict):
+            _check_depth(value, f"{where}{key}.")
+        elif key in _DEPTH_FIELDS and isinstance(value, int) and not isinstance(value, bool) and value > MAX_LAYERS:
+            raise invalid(f"{where}{key}", f"{value} layers is more than the {MAX_LAYERS} modelinit builds (the deepest "
+                          "published models have about 130)", "give the model's real depth")
+
+
 def build(document: dict[str, Any], architecture: str = "") -> ModelSpec:
     """The spec of ``document`` (a config.json object) as class ``architecture`` (empty: the
     config's ``architectures[0]``, else the family's usual head)."""
     tf = load_transformers()
     config = config_of(document)
+    _check_depth(config.to_dict())
     override = bool(architecture)
     if not architecture:
         names = document.get("architectures")

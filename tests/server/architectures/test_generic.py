@@ -556,3 +556,18 @@ def test_a_torch_below_transformers_floor_is_one_line_naming_both(monkeypatch):
                                              rf"with torch {re.escape(torch.__version__)} \(it disables PyTorch below 2\.6\); "
                                              r"install torch >= 2\.6"):
             call()
+
+
+@pytest.mark.parametrize("document, field", [
+    ({"model_type": "bart", "num_hidden_layers": 100_000}, "encoder_layers"),  # BART's alias for its encoder's depth
+    ({"model_type": "bart", "decoder_layers": 5_000}, "decoder_layers"),
+    ({"model_type": "llava", "text_config": {"model_type": "llama", "num_hidden_layers": 2_000}}, "text_config.num_hidden_layers"),
+])
+def test_a_config_deeper_than_any_model_is_refused_before_it_is_built(document, field):
+    """transformers constructs every layer to be read (about 10 ms each on the meta device), so a depth
+    past MAX_LAYERS is refused before anything is built: a request's planning time stays bounded (a
+    ``config`` fuzz target's timeout: fuzz/README.md)."""
+    from modelinit_server.architectures.hf import MAX_LAYERS
+
+    with pytest.raises(ValueError, match=rf"^spec\.config\.{re.escape(field)}: \d+ layers is more than the {MAX_LAYERS}"):
+        from_config(document)
