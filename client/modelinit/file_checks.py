@@ -7,6 +7,8 @@ import json
 import struct
 from typing import TypeGuard
 
+from modelinit_wire.quoting import quote
+
 INDEX_FILE = "model.safetensors.index.json"
 MAX_HEADER = 100 << 20  # the safetensors format's own limit on the JSON header
 MAX_INDEX = 100 << 20
@@ -22,12 +24,6 @@ _ITEMSIZE = {
 
 def _is_int(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _show(value: object, limit: int = 80) -> str:
-    """``repr(value)``, cut to ``limit`` characters: a damaged header's values can be megabytes."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def check_header(head: bytes, size: int, fingerprint: str) -> tuple[list[str], dict[str, int] | None]:
@@ -58,18 +54,18 @@ def check_header(head: bytes, size: int, fingerprint: str) -> tuple[list[str], d
         if name == "__metadata__":
             continue
         if not isinstance(info, dict):
-            problems.append(f"tensor {_show(name)}: entry is not an object")
+            problems.append(f"tensor {quote(name)}: entry is not an object")
             continue
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
         if not isinstance(dtype, str) or dtype not in _ITEMSIZE:  # a list or an object is no dtype either
-            problems.append(f"tensor {_show(name)}: unknown dtype {_show(dtype)}")
+            problems.append(f"tensor {quote(name)}: unknown dtype {quote(dtype)}")
             continue
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-            problems.append(f"tensor {_show(name)}: shape {_show(shape)} is not a list of non-negative integers")
+            problems.append(f"tensor {quote(name)}: shape {quote(shape)} is not a list of non-negative integers")
             continue
         if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets)
                 or not 0 <= offsets[0] <= offsets[1]):
-            problems.append(f"tensor {_show(name)}: data_offsets {_show(offsets)} is not [begin, end] with 0 <= begin <= end")
+            problems.append(f"tensor {quote(name)}: data_offsets {quote(offsets)} is not [begin, end] with 0 <= begin <= end")
             continue
         count = 1
         for d in shape:

@@ -36,12 +36,12 @@ PROGRESS_FILE = ".modelinit.progress.json"
 into place with their SHA-256 (a rerun of the same weights keeps those that still match), and
 the files of an earlier run still to be deleted. Removed once ``modelinit.json`` is written."""
 MAX_NAME_BYTES = 200
+"""Longest file name taken from a server, in UTF-8 bytes: filesystems allow 255, and the temp
+file ``.NAME.partial`` adds 9."""
 MAX_RECORD_BYTES = 64 << 20
 """Largest ``modelinit.json`` or progress record read (one listing 270 shards, with its spec and
 policy, is well under 1 MiB): a larger one is refused unread, so a damaged or planted file cannot
 take the client's memory."""
-"""Longest file name taken from a server, in UTF-8 bytes: filesystems allow 255, and the temp
-file ``.NAME.partial`` adds 9."""
 #: What a loader (transformers, safetensors, torch) may read from a model folder: weights, their
 #: indexes, the model config. Such a file that no modelinit run recorded is "foreign": init_model
 #: refuses to write beside it unless ``overwrite``. Anything else (tokenizer files, README, other

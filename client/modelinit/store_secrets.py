@@ -1,6 +1,6 @@
 """Object-store credentials read from files: a Kubernetes Secret mounted as a folder.
 
-``MODELINIT_STORE_SECRETS=/var/run/modelinit/store`` names a folder with one file per setting, each
+``MODELINIT_STORE_SECRETS=/var/run/modelinit-store`` names a folder with one file per setting, each
 named as the setting's environment variable (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_REGION``, ``AZURE_STORAGE_ACCOUNT_KEY``, ``GOOGLE_SERVICE_ACCOUNT_KEY``, ...) and holding its
 value: what ``kubectl create secret generic --from-literal=NAME=VALUE`` gives when the Secret is
