@@ -13,11 +13,14 @@ import os
 import pathlib
 import shutil
 import tempfile
+from typing import Any
 
 from .base import Reader, Target
 
 FINGERPRINT = "cf21203f29fa1151"
-_FOLDER: dict[str, pathlib.Path] = {}
+_FOLDER: dict[str, Any] = {}
+"""The finished folder (``base``), its parent (``root``), the request's config (``config``) and the
+embedded client every input reuses (``client``), made once per process by :func:`_finished`."""
 
 
 def safetensors_header(data: bytes) -> None:
@@ -69,9 +72,10 @@ def _finished() -> pathlib.Path:
         root = pathlib.Path(tempfile.mkdtemp(prefix="modelinit-fuzz-folder-"))
         doc = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 64, "n_embd": 16, "n_layer": 1,
                "n_head": 2, "n_positions": 32}
-        with Client(device="reference") as client:
-            client.init_model(doc, seed=3, out_dir=root / "base", max_shard_size="4KB")
-        _FOLDER["base"], _FOLDER["root"] = root / "base", root
+        client = Client(device="reference")  # kept open for the process: every input's finalize and init
+        client.init_model(doc, seed=3, out_dir=root / "base", max_shard_size="4KB")
+        _FOLDER.update(base=root / "base", root=root, client=client,
+                       config=json.loads((root / "base" / "config.json").read_text()))
     return _FOLDER["base"]
 
 
@@ -120,7 +124,7 @@ def _state(folder: pathlib.Path) -> dict[str, tuple[int, int, int]]:
 
 
 def folder(data: bytes) -> None:
-    from modelinit import Client, ModelInitError
+    from modelinit import ModelInitError
     from modelinit.verify import is_complete, verify_folder
 
     base = _finished()
@@ -134,16 +138,16 @@ def folder(data: bytes) -> None:
     except ModelInitError:
         pass
     is_complete(work, FINGERPRINT, 2, [])
-    with Client(device="reference") as client:
-        try:
-            client.finalize(work)
-        except ModelInitError:
-            pass
-        assert _state(work) == before, "verify or finalize changed the folder"
-        try:  # init's survey and resume: repairs what its record lists, or refuses with one error
-            client.init_model(json.loads((base / "config.json").read_text()), seed=3, out_dir=work, max_shard_size="4KB")
-        except ModelInitError:
-            pass
+    client = _FOLDER["client"]
+    try:
+        client.finalize(work)
+    except ModelInitError:
+        pass
+    assert _state(work) == before, "verify or finalize changed the folder"
+    try:  # init's survey and resume: repairs what its record lists, or refuses with one error
+        client.init_model(_FOLDER["config"], seed=3, out_dir=work, max_shard_size="4KB")
+    except ModelInitError:
+        pass
 
 
 def _setup() -> None:
