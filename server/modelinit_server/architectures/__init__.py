@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from modelinit_wire.quoting import quote
+
 from ..core.tensors import ModelSpec
 from . import bert, gpt2, llama
 from ._family import Family
@@ -37,7 +39,7 @@ def from_preset(name: str, architecture: str = "") -> ModelSpec:
     """The spec of a preset architecture; an unknown name is a ``ValueError`` listing the presets.
     ``architecture`` (a class name) overrides the preset's class."""
     if not isinstance(name, str) or name not in PRESETS:
-        raise ValueError(f"spec.preset: unknown preset {name!r}; use one of: {', '.join(PRESETS)}")
+        raise ValueError(f"spec.preset: unknown preset {quote(name)}; use one of: {', '.join(PRESETS)}")
     spec = from_config(PRESETS[name], architecture)  # from_config works on a copy
     if architecture:
         return spec  # exactly the class asked for

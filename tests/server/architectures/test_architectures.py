@@ -152,6 +152,11 @@ def test_unknown_preset_lists_choices():
         from_preset("foo")
 
 
+def test_a_long_unknown_preset_is_quoted_as_an_excerpt():
+    with pytest.raises(ValueError) as e:
+        from_preset("x" * 100_000)
+    assert "xxx..." in str(e.value) and len(str(e.value)) < 1000
+
 def test_presets_are_not_mutated():
     spec = from_preset("gpt2")
     spec.config["n_embd"] = 1
