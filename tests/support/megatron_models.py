@@ -101,6 +101,85 @@ def megatron_gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = 
                         vp_stage=vp_stage)
 
 
+def has_hybrid_model() -> bool:
+    """Whether this Megatron-Core has ``HybridModel`` (0.17 and later: ``megatron.core.models.hybrid``)."""
+    try:
+        from megatron.core.models.hybrid.hybrid_model import HybridModel  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def local_hybrid_stack_spec(config):
+    """A hybrid stack spec of Megatron's local modules (Megatron ships only a Transformer Engine one,
+    ``hybrid_layer_specs.hybrid_stack_spec``): its ``*`` layer is the local GPT layer's attention half
+    (input norm, SelfAttention of ColumnParallelLinear/DotProductAttention/RowParallelLinear, q/k
+    norms), its ``-`` an MLPLayer of the local GPT layer's MLP half (pre-MLP norm, MLP), its ``E`` the
+    local MoE layer's (SequentialMLP experts). No ``sharded_state_dict_keys_map``: the norms keep their
+    own names, as a layer spec written for a HybridModel has them."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_submodules
+    from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
+    from megatron.core.ssm.mlp_layer import MLPLayer
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_layer import (MoETransformerLayer, TransformerLayer,
+                                                             TransformerLayerSubmodules)
+
+    dense = get_gpt_layer_local_submodules(qk_layernorm=config.qk_layernorm, normalization=config.normalization)
+    moe = get_gpt_layer_local_submodules(num_experts=config.num_moe_experts or 4, qk_layernorm=config.qk_layernorm,
+                                         normalization=config.normalization)
+    attention = TransformerLayerSubmodules(input_layernorm=dense.input_layernorm, self_attention=dense.self_attention,
+                                           self_attn_bda=dense.self_attn_bda)
+
+    def mlp_half(of):
+        return TransformerLayerSubmodules(pre_mlp_layernorm=of.pre_mlp_layernorm, mlp=of.mlp, mlp_bda=of.mlp_bda)
+
+    return ModuleSpec(module=HybridStack, submodules=HybridStackSubmodules(
+        attention_layer=ModuleSpec(module=TransformerLayer, submodules=attention),
+        mlp_layer=ModuleSpec(module=MLPLayer, submodules=mlp_half(dense)),
+        moe_layer=ModuleSpec(module=MoETransformerLayer, submodules=mlp_half(moe))))
+
+
+#: The hybrid pattern of HF's 4 layers (as MOE's with experts in layers 1 and 3), and split into 2 stages.
+HYBRID_PATTERN, HYBRID_PP2 = "*-*E*-*E", "*-*E|*-*E"
+#: HF as the Qwen3-MoE a hybrid pattern of ``*-`` and ``*E`` layers is: layers 0 and 2 dense.
+HYBRID_MOE = {**MOE, "intermediate_size": 96, "mlp_only_layers": [0, 2]}
+
+
+def megatron_hybrid(tp: int = 1, pp: int = 1, ep: int = 1, pattern: str = HYBRID_PATTERN, dtype: str = "float32",
+                    vocab: int = PADDED, vp_stage: int | None = None, **over):
+    """A HybridModel of ``pattern`` with HYBRID_MOE's layers (``*-*E``: attention, dense MLP,
+    attention, MoE), local modules (:func:`local_hybrid_stack_spec`), on this rank of a (tp, pp, ep)
+    layout; HybridStack's final norm, Transformer Engine's TENorm whatever the spec, is the local
+    RMSNorm while it is built (the one way to build a HybridModel without Transformer Engine)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.hybrid import hybrid_block
+    from megatron.core.models.hybrid.hybrid_model import HybridModel
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    dt = getattr(torch, dtype)
+    fields = dict(num_layers=len(pattern.replace("|", "")), hidden_size=64, num_attention_heads=8, num_query_groups=2,
+                  kv_channels=8, ffn_hidden_size=96, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                  expert_model_parallel_size=ep, use_cpu_initialization=True, perform_initialization=False,
+                  gated_linear_unit=True, activation_func=torch.nn.functional.silu, normalization="RMSNorm",
+                  add_bias_linear=False, qk_layernorm=True, params_dtype=dt, pipeline_dtype=dt,
+                  bf16=dtype == "bfloat16", layernorm_epsilon=1e-6, **MOE_FIELDS)
+    fields.update(over)
+    config = TransformerConfig(**fields)
+    te_norm = hybrid_block.TENorm
+    hybrid_block.TENorm = WrappedTorchNorm
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return HybridModel(config, local_hybrid_stack_spec(config), vocab_size=vocab, max_sequence_length=128,
+                               hybrid_layer_pattern=pattern, position_embedding_type="rope", rotary_base=10000,
+                               pre_process=ps.is_pipeline_first_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
+                               post_process=ps.is_pipeline_last_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
+                               vp_stage=vp_stage)
+    finally:
+        hybrid_block.TENorm = te_norm
+
+
 def files_of(out: pathlib.Path) -> dict:
     files = {}
     for f in out.glob("*.safetensors"):
@@ -154,6 +233,42 @@ def folder_in_megatrons_layout(tmp_path: pathlib.Path, dtype: str = "float32", t
             mlps = {f"mlp.experts.local_experts.{e}.": f"{hf_layer}mlp.experts.{e}." for e in range(MOE["num_experts"])}
         for mine, theirs in mlps.items():
             ref.update({layer + mine + k: t for k, t in gated_mlp(files, theirs).items()})
+    return ref
+
+
+def folder_in_hybrid_layout(tmp_path: pathlib.Path, pattern: str = HYBRID_PATTERN, dtype: str = "float32") -> dict:
+    """The Hugging Face folder of (HYBRID_MOE, SEED) in a one-process HybridModel's layout, by
+    position as Megatron's migration from GPTModel pairs the weights: layer ``i``'s attention (its
+    input norm, q/k/v per query group, q/k norms, o_proj) at the pattern's ``i``-th ``*``, its MLP
+    (the post-attention norm as the pre-MLP norm, [gate; up], down; or the router and experts) at the
+    symbol after it; the final norm as ``final_norm``; the padded vocabulary's rows from the folder of
+    the padded vocabulary."""
+    out, padded = tmp_path / f"hybrid-{dtype}", tmp_path / f"hybrid-padded-{dtype}"
+    with modelinit.Client() as c:
+        c.init_model(HYBRID_MOE, seed=SEED, out_dir=out, dtype=dtype)
+        c.init_model({**HYBRID_MOE, "vocab_size": PADDED}, seed=SEED, out_dir=padded, dtype=dtype)
+    files, more = files_of(out), files_of(padded)
+    ref = {"embedding.word_embeddings.weight": torch.cat([files["model.embed_tokens.weight"],
+                                                          more["model.embed_tokens.weight"][VOCAB:]]),
+           "output_layer.weight": torch.cat([files["lm_head.weight"], more["lm_head.weight"][VOCAB:]]),
+           "decoder.final_norm.weight": files["model.norm.weight"]}
+    symbols = pattern.replace("|", "")
+    attention = [k for k, s in enumerate(symbols) if s == "*"]
+    for i, k in enumerate(attention):
+        hf, at, mlp = f"model.layers.{i}.", f"decoder.layers.{k}.", f"decoder.layers.{k + 1}."
+        ref[at + "input_layernorm.weight"] = files[hf + "input_layernorm.weight"]
+        ref[at + "self_attention.linear_qkv.weight"] = qkv_per_group(
+            *(files[f"{hf}self_attn.{p}_proj.weight"] for p in "qkv"), HF["num_key_value_heads"], HF["head_dim"])
+        ref[at + "self_attention.linear_proj.weight"] = files[hf + "self_attn.o_proj.weight"]
+        ref[at + "self_attention.q_layernorm.weight"] = files[hf + "self_attn.q_norm.weight"]
+        ref[at + "self_attention.k_layernorm.weight"] = files[hf + "self_attn.k_norm.weight"]
+        ref[mlp + "pre_mlp_layernorm.weight"] = files[hf + "post_attention_layernorm.weight"]
+        mlps = {"mlp.": hf + "mlp."}
+        if symbols[k + 1] == "E":
+            ref[mlp + "mlp.router.weight"] = files[hf + "mlp.gate.weight"]
+            mlps = {f"mlp.experts.local_experts.{e}.": f"{hf}mlp.experts.{e}." for e in range(MOE["num_experts"])}
+        for mine, theirs in mlps.items():
+            ref.update({mlp + mine + name: t for name, t in gated_mlp(files, theirs).items()})
     return ref
 
 

@@ -333,15 +333,46 @@ def test_a_model_filled_without_a_spec_is_the_folder_of_its_derived_config(tmp_p
                           files[f"model.layers.{i}.self_attn.o_proj.weight"])
 
 
-@pytest.mark.parametrize("name", ["HybridModel", "MambaModel"])
-def test_a_pattern_model_is_refused_by_name_before_anything_is_written(name):
-    """Megatron-Core's HybridModel (0.19's successor to GPTModel: a layer per pattern symbol) and MambaModel
-    are not mapped yet: refused in one line naming the class and what is supported, its parameters untouched."""
+@pytest.mark.parametrize("pattern, message", [
+    ("*-M-", r"layer 2 is 'M', a Mamba layer \(MambaLayer needs mamba_ssm and CUDA.*modelinit maps attention \('\*'\), "
+             r"MLP \('-'\) and MoE \('E'\) layers"),
+    ("*-*G", r"layer 3 is 'G', a gated delta net layer"),
+    ("+-+-", r"layer 0 is '\+', a multi-latent attention layer"),
+    ("**--", r"layer 1 is '\*' where an MLP \('-' or 'E'\) goes.*attention then MLP"),
+    ("*-*", r"last layer \(2, '\*'\) has no MLP after it"),
+    ("*-*E/*-", r"hybrid_layer_pattern '\*-\*E/\*-' has multi-token prediction layers \('/\*-'\)"),
+    ("", r"hybrid_layer_pattern is ''"),
+], ids=["mamba", "gated-delta-net", "mla", "two-attentions", "no-last-mlp", "mtp", "empty"])
+def test_a_hybrid_pattern_without_a_hugging_face_counterpart_is_refused_by_name(pattern, message):
+    """A HybridModel's layers map to Hugging Face layers by position, attention then MLP: a symbol with
+    no counterpart (Mamba, gated delta net, MLA, DSA), a pattern that does not pair, MTP layers: each
+    refused in one line naming the layer, before anything is written (the parameters untouched)."""
     import torch
 
-    model = type(name, (torch.nn.Module,), {"__module__": "megatron.core.models.hybrid.hybrid_model"})()
+    model = type("HybridModel", (torch.nn.Module,), {"__module__": "megatron.core.models.hybrid.hybrid_model"})()
+    model.hybrid_layer_pattern = pattern
     model.weight = torch.nn.Parameter(torch.full((2, 2), 7.0))
-    with pytest.raises(ValueError, match=rf"^module: Megatron-Core's {name} \(layers by a pattern string.*"
-                                         r"is not supported yet; GPTModel is"):
+    with pytest.raises(ValueError, match=rf"^module: the HybridModel's {message}"):
+        modelinit.init_module_(model, seed=SEED)
+    assert torch.equal(model.weight, torch.full((2, 2), 7.0))
+
+
+def test_a_hybrid_pattern_pairs_its_layers_by_position():
+    """Symbol k of ``*-*E|*-*E`` (stages joined) is Hugging Face layer k // 2; the MoE layers are the ``E`` ones."""
+    from modelinit_server.training.megatron.hybrid import parse
+
+    pattern = parse("*-*E|*-*E")
+    assert pattern.symbols == "*-*E*-*E" and pattern.hf_layers == (0, 0, 1, 1, 2, 2, 3, 3)
+    assert pattern.layers == 4 and pattern.moe == [False, True, False, True]
+
+
+def test_an_old_mamba_model_is_refused_by_name():
+    """Megatron-Core before 0.17 has a MambaModel that is no HybridModel: refused in one line, untouched."""
+    import torch
+
+    model = type("MambaModel", (torch.nn.Module,), {"__module__": "megatron.core.models.mamba.mamba_model"})()
+    model.weight = torch.nn.Parameter(torch.full((2, 2), 7.0))
+    with pytest.raises(ValueError, match=r"^module: this Megatron-Core's MambaModel .* is not supported; Megatron-Core "
+                                         r"0.19's HybridModel of attention, MLP and MoE layers is"):
         modelinit.init_module_(model, seed=SEED)
     assert torch.equal(model.weight, torch.full((2, 2), 7.0))

@@ -1,4 +1,4 @@
-"""A Megatron-Core ``GPTModel``: where each tensor of the Hugging Face spec it corresponds to sits
+"""A Megatron-Core ``GPTModel`` (or ``HybridModel`` of attention and MLP layers, :mod:`.hybrid`): where each tensor of the Hugging Face spec it corresponds to sits
 in the rank's local (tensor- and pipeline-parallel) parameters.
 
 Two steps, the first read off Megatron's own code:
@@ -32,7 +32,8 @@ megatron is imported only here, only when such a model is passed.
 
 The package: ``stack`` (the Stack) over ``layout`` (the pieces) over ``grouped`` (GroupedMLP's
 experts), ``reader`` (sharded_state_dict), ``names`` (the tables), ``refusals`` and ``config``
-(the derived Hugging Face config).
+(the derived Hugging Face config), over ``hybrid`` (HybridModel's pattern: which Hugging Face layer
+each symbol is, by position as Megatron's migration from GPTModel pairs them).
 """
 from __future__ import annotations
 

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..families import header
+from .hybrid import Pattern, is_hybrid_model, pattern_of
 
 #: TransformerConfig fields that change the model and have no counterpart in any family derived,
 #: with the value that means "off" and what they are.
@@ -125,13 +126,64 @@ def _frequencies(rope) -> tuple[float, ...]:
 
 
 def own_config(model) -> dict[str, Any]:
-    """The Hugging Face config ``model`` (a GPTModel) corresponds to: :func:`hf_config` of its fields."""
+    """The Hugging Face config ``model`` (a GPTModel, or a HybridModel of attention-then-MLP pairs:
+    the GPTModel of the same layers, :class:`_PatternConfig`) corresponds to: :func:`hf_config` of its fields."""
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "num_attention_heads") or not hasattr(model, "vocab_size"):
         raise ValueError(f"spec: {type(model).__name__} is not a Megatron-Core GPTModel (no TransformerConfig, no "
                          "vocab_size), whose Hugging Face config modelinit derives; give the config it corresponds "
                          "to: init_module_(model, spec=...)")
+    if is_hybrid_model(model):
+        return hf_config(_PatternConfig(config, pattern_of(model)), hybrid_fields(model))
     return hf_config(config, gpt_fields(model))
+
+
+class _PatternConfig:
+    """A HybridModel's ``TransformerConfig`` as the GPTModel of the same layers has it: its layers
+    the Hugging Face ones (the pattern's ``*``: ``num_layers`` counts every symbol), its MoE layers
+    those whose MLP is an ``E`` (``moe_layer_freq`` as one 0/1 per layer; the config's own does not
+    apply to a HybridModel). Every other field is the config's."""
+
+    def __init__(self, config, pattern: Pattern) -> None:
+        self._config = config
+        self.num_layers = pattern.layers
+        self.moe_layer_freq = [int(m) for m in pattern.moe]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+
+def hybrid_fields(model) -> GPTFields:
+    """A ``HybridModel``'s fields as :class:`GPTFields`. It keeps neither ``rotary_base`` nor
+    ``rotary_percent``: both are read off the frequencies its ``rotary_pos_emb`` holds
+    (:func:`_rotary_of`)."""
+    rope = getattr(model, "rotary_pos_emb", None)
+    base, percent = _rotary_of(model.config, rope) if rope is not None else (10000.0, 1.0)
+    return GPTFields(
+        vocab_size=int(model.vocab_size), max_sequence_length=int(model.max_sequence_length),
+        tied=bool(model.share_embeddings_and_output_weights),
+        position_embedding_type=str(getattr(model, "position_embedding_type", "none")),
+        rotary_percent=percent, rotary_base=base,
+        seq_len_interpolation_factor=getattr(rope, "seq_len_interpolation_factor", None),
+        mtp=bool(getattr(model, "mtp_process", False)))
+
+
+def _rotary_of(config, rope) -> tuple[float, float]:
+    """``(rotary_base, rotary_percent)`` of a RotaryEmbedding, from the frequencies it holds:
+    Megatron's ``1 / base ** (2i / dim)`` for ``i < dim / 2``, ``dim`` the head dim times the percent.
+    The base is solved from the lowest frequency, rounded to 6 significant digits, and checked on
+    every one (relative 1e-5: Megatron computes them in float32)."""
+    held = _frequencies(rope)
+    what = "HybridModel keeps no rotary_base; it is read off rotary_pos_emb.inv_freq"
+    if len(held) < 2 or not all(math.isfinite(f) and f > 0 for f in held):
+        raise _refuse("rotary_base", None, f"{what}, which holds {len(held)} usable frequencies (on the meta "
+                      "device: none)")
+    dim = 2 * len(held)
+    head_dim = config.kv_channels or config.hidden_size // config.num_attention_heads
+    base = float(f"{held[-1] ** (-dim / (2 * (len(held) - 1))):.6g}")
+    if any(abs(base ** (-2 * i / dim) - f) > 1e-5 * f for i, f in enumerate(held)):
+        raise _refuse("rotary_base", base, f"{what}, whose frequencies no base gives as Megatron computes them")
+    return base, (1.0 if dim == head_dim else dim / head_dim)
 
 
 def _refuse(name: str, value: Any, what: str) -> ValueError:

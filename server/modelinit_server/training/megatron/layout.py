@@ -11,12 +11,13 @@ from ..fill import Piece
 from ..dtensor import local_tensor
 from ..stack import Layout, Placed, Run, lacking, not_in_spec
 from .grouped import grouped_mlp_box, grouped_place, grouped_runs
+from .hybrid import hf_layer_of, is_hybrid_model, pattern_of
 from .names import HF_LAYER, PADDED, hf_boxes, stacked
 from .reader import global_place, pieces_of, within
 from .refusals import check_config, refuse_experts_sharded_across_experts
 
 def megatron_layout(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool = False) -> Layout:
-    """Where each of ``model``'s local tensors (``tensors``: name -> tensor) gets its bytes from,
+    """A ``GPTModel`` or ``HybridModel`` (whose layers' indices are its pattern's symbols', :mod:`.hybrid`): where each of ``model``'s local tensors (``tensors``: name -> tensor) gets its bytes from,
     as pieces of ``spec``'s tensors in Megatron's global per-layer tensor; that tensor's shape and
     the global indices the local tensor holds per dim (its shard of it); and how many of the spec's tensors the
     model lacks; and the views a fused tensor is filled through (GroupedMLP's weights, as its
@@ -27,10 +28,13 @@ def megatron_layout(model, spec: ModelSpec, tensors: dict[str, Any], partial: bo
     config = check_config(model)
     by_name = {t.name: i for i, t in enumerate(spec.tensors)}
     gated = bool(getattr(config, "gated_linear_unit", False))
+    pattern = pattern_of(model) if is_hybrid_model(model) else None
     found, stand_ins = pieces_of(model)
     layers = sum(1 for t in spec.tensors if t.name.endswith(".input_layernorm.weight") and HF_LAYER.match(t.name))
-    if layers and layers != config.num_layers:
-        raise ValueError(f"module: the Megatron model has {config.num_layers} layers (num_layers), the spec "
+    own = pattern.layers if pattern else config.num_layers
+    if layers and layers != own:
+        raise ValueError(f"module: the Megatron model has {own} layers ("
+                         f"{'attention layers of its hybrid_layer_pattern' if pattern else 'num_layers'}), the spec "
                          f"({spec.architecture}) has {layers}: the model does not match the spec")
     pieces: dict[str, list[Piece]] = {}
     placed: dict[str, Placed] = {}
@@ -45,6 +49,8 @@ def megatron_layout(model, spec: ModelSpec, tensors: dict[str, Any], partial: bo
         if grouped is None:
             key, lead, shape, held_idx = global_place(name, whole, sharded)
             key, lead = stacked(key, lead)
+            if pattern is not None and key.startswith("decoder.layers."):  # a pattern symbol's index: its HF layer's
+                lead = (hf_layer_of(pattern, key, lead[0]), *lead[1:])
             if whole is not t and key.startswith("decoder.layers.mlp.experts."):
                 refuse_experts_sharded_across_experts(name, t, config)
             sets = within(held_idx, shape, t, name) if whole is not t else held_idx  # FSDP2's shard of the TP one

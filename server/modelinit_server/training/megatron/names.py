@@ -18,6 +18,13 @@ _NAMES = {
     "embedding.word_embeddings.weight": "model.embed_tokens.weight",
     "decoder.final_layernorm.weight": "model.norm.weight",
     "decoder.final_layernorm.bias": "model.norm.bias",
+    "decoder.final_norm.weight": "model.norm.weight",  # HybridModel's name for it
+    "decoder.final_norm.bias": "model.norm.bias",
+    # a layer spec without GPT's sharded_state_dict_keys_map (a HybridModel's local layers) keeps its norms' names
+    "decoder.layers.input_layernorm.weight": "model.layers.{}.input_layernorm.weight",
+    "decoder.layers.input_layernorm.bias": "model.layers.{}.input_layernorm.bias",
+    "decoder.layers.pre_mlp_layernorm.weight": "model.layers.{}.post_attention_layernorm.weight",
+    "decoder.layers.pre_mlp_layernorm.bias": "model.layers.{}.post_attention_layernorm.bias",
     "output_layer.weight": "lm_head.weight",
     "decoder.layers.self_attention.linear_qkv.layer_norm_weight": "model.layers.{}.input_layernorm.weight",
     "decoder.layers.self_attention.linear_qkv.layer_norm_bias": "model.layers.{}.input_layernorm.bias",

@@ -1,6 +1,6 @@
 """What the Megatron-Core stack refuses, before anything is written, each with one line naming the
-module or parameter and the fix: a model that is not a GPTModel or has what is not mapped
-(interleaved RoPE, a multi-token prediction block), the Transformer Engine layer spec (mapped, not
+module or parameter and the fix: a model that is not a GPTModel or HybridModel or has what is not
+mapped (interleaved RoPE, a multi-token prediction block, a hybrid pattern's Mamba layers: :mod:`.hybrid`), the Transformer Engine layer spec (mapped, not
 verified on a GPU run: Transformer Engine cannot be built here), Megatron-FSDP's uneven pieces of
 flat buffers, and an expert's weight that FSDP2 shards over ranks holding other experts."""
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..dtensor import is_dtensor
+from .hybrid import is_hybrid_model, pattern_of
 
 #: Transformer Engine's modules as Megatron-Core names them (its wrappers in
 #: ``megatron.core.extensions.transformer_engine``, and the grouped-GEMM experts ``TEGroupedMLP``);
@@ -44,11 +45,6 @@ def refuse_experts_sharded_across_experts(name: str, t, config) -> None:
             "(parallel_state.get_expert_data_parallel_group())")
 
 
-#: Megatron-Core's models whose layers a pattern string gives (0.19 logs "GPTModel IS DEPRECATED ... use
-#: HybridModel"): their layer indices are the pattern's symbols, not the Hugging Face layers, and none is mapped yet.
-_PATTERN_MODELS = frozenset({"HybridModel", "MambaModel"})
-
-
 def check_config(model) -> Any:
     check_modules(model)
     config = getattr(model, "config", None)
@@ -72,20 +68,26 @@ def check_modules(model) -> None:
     parameters and the Transformer Engine layer spec (each one line naming the module or parameter
     and the fix)."""
     refuse_megatron_fsdp(model)
-    if type(model).__name__ in _PATTERN_MODELS:
-        raise ValueError(f"module: Megatron-Core's {type(model).__name__} (layers by a pattern string: attention, MLP, MoE, "
-                         "Mamba) is not supported yet; GPTModel is (the local layer spec, or "
-                         "get_gpt_decoder_block_spec(config, use_transformer_engine=False)), on Megatron-Core 0.16 to 0.19")
+    hybrid = is_hybrid_model(model)
+    if not hybrid and type(model).__name__ == "MambaModel":
+        raise ValueError("module: this Megatron-Core's MambaModel (layers by hybrid_override_pattern) is not supported; "
+                         "Megatron-Core 0.19's HybridModel of attention, MLP and MoE layers is")
+    if hybrid:
+        pattern_of(model)  # a layer symbol without a Hugging Face counterpart, by name
     if TE_LAYER_SPEC_VERIFIED:
         return
     for path, m in model.named_modules():
         te = next((c.__name__ for c in type(m).__mro__ if c.__name__ in _TE_CLASSES
                    or c.__module__.startswith(("transformer_engine", "megatron.core.extensions.transformer_engine"))), None)
         if te is not None:
+            fix = ("Megatron-Core ships only a Transformer Engine hybrid stack spec (HybridStack's final norm is "
+                   "TENorm whatever the spec); build the HybridModel from local modules (ColumnParallelLinear, "
+                   "RowParallelLinear, a local norm) with its final norm replaced, or fill it once a GPU run has "
+                   "verified the Transformer Engine layers") if hybrid else (
+                "build the GPTModel with the local spec: get_gpt_layer_local_spec (GroupedMLP or SequentialMLP "
+                "experts), or get_gpt_decoder_block_spec(config, use_transformer_engine=False)")
             raise ValueError(f"module: {path or type(model).__name__!r} is Transformer Engine's {te} (the Transformer "
-                             "Engine layer spec), which has not been verified on a GPU run yet; build the GPTModel with "
-                             "the local spec: get_gpt_layer_local_spec (GroupedMLP or SequentialMLP experts), or "
-                             "get_gpt_decoder_block_spec(config, use_transformer_engine=False)")
+                             f"Engine layer spec), which has not been verified on a GPU run yet; {fix}")
 
 
 def refuse_megatron_fsdp(model) -> None:
