@@ -2,7 +2,7 @@
 DEPRECATED ... use HybridModel"): a pattern of attention (``*``), MLP (``-``) and MoE (``E``) layers,
 filled with the bytes of the Hugging Face folder of the model it corresponds to, by position (layer
 ``i``'s attention at the ``i``-th ``*``, its MLP right after), with and without a spec, at TP=2 x
-PP=2 (the pattern's ``|`` stages) and EP=2.
+PP=2 (the pattern's ``|`` stages), EP=2 and PP=2 x VP=2.
 
 These run where the Megatron-Core found has HybridModel: in CI, the newest release's run
 (server/training/test_megatron_releases.py); the test extra's 0.16.1 has none. The model is built
@@ -24,8 +24,8 @@ import modelinit  # noqa: E402
 
 from tests.support.distributed import exit_rank, no_collectives, same_bytes, spawn  # noqa: E402
 from tests.support.megatron_models import (HYBRID_MOE, HYBRID_PATTERN, HYBRID_PP2, PADDED, SEED,  # noqa: E402
-                                           folder_in_hybrid_layout, has_hybrid_model, in_one_process, init_group,
-                                           megatron_hybrid, put_together)
+                                           folder_in_hybrid_layout, global_name, has_hybrid_model, in_one_process,
+                                           init_group, megatron_hybrid, put_together)
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.slow,
               pytest.mark.skipif(not has_hybrid_model(), reason="this Megatron-Core has no HybridModel (0.17 and "
@@ -99,3 +99,52 @@ def test_parallel_layouts_equal_the_folder(tmp_path, tp, pp, ep):
     whole = put_together(out, world, ep)
     assert sorted(whole) == sorted(ref)
     assert [n for n, ts in whole.items() if len(ts) != 1 or not same_bytes(ts[0], ref[n])] == []
+
+
+#: Four segments: at PP=2 x VP=2, rank r's chunk v is segment v * 2 + r (Megatron's select_pipeline_segment).
+HYBRID_VP = "*-|*E|*-|*E"
+
+
+def _fill_chunks(rank: int, world: int, init_file: str, out: str) -> None:
+    """This rank's 2 chunks of a PP=2 x VP=2 HybridModel (each with its ``vp_stage``), filled in one
+    call without a spec (the rank's list of chunks, as Megatron's ``get_model`` returns it), then each
+    by its own call with the spec; saved with the global symbol index of its first layer."""
+    from megatron.core import parallel_state as ps
+
+    init_group(rank, world, init_file)
+    ps.initialize_model_parallel(pipeline_model_parallel_size=world, virtual_pipeline_model_parallel_size=2)
+    over = dict(pattern=HYBRID_VP, virtual_pipeline_model_parallel_size=2)
+    chunks = [megatron_hybrid(pp=world, vp_stage=stage, **over) for stage in range(2)]
+    with no_collectives():
+        together = modelinit.init_module_(chunks, seed=SEED)
+    assert len(together.parts) == 2 and all(p.derived_config["mlp_only_layers"] == [0, 2] for p in together.parts)
+    for stage, derived in enumerate(chunks):
+        model = megatron_hybrid(pp=world, vp_stage=stage, **over)
+        with no_collectives():
+            summary = modelinit.init_module_(model, seed=SEED, spec=HYBRID_MOE)
+        assert summary.missing > 0
+        got, again = dict(derived.named_parameters()), dict(model.named_parameters())
+        assert sorted(got) == sorted(again) and all(same_bytes(got[n], again[n]) for n in got)
+        torch.save({"first": model.decoder.layers[0].layer_number - 1,
+                    "state": {n: p.detach().clone() for n, p in model.named_parameters()}}, f"{out}/rank{rank}-chunk{stage}.pt")
+    exit_rank()
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo is not available")
+def test_virtual_pipeline_chunks_hold_the_folder_each_tensor_once(tmp_path):
+    """PP=2 x VP=2 over ``*-|*E|*-|*E``: rank 0 holds segments 0 and 2 (symbols 0-1, 4-5), rank 1
+    segments 1 and 3; over all ranks' chunks every stored tensor is in exactly one chunk, with the
+    folder's bytes, with the spec and without it (each chunk derives the whole model's config)."""
+    ref, out = folder_in_hybrid_layout(tmp_path, HYBRID_VP), tmp_path / "chunks"
+    out.mkdir()
+    spawn(_fill_chunks, (2, str(tmp_path / "pg"), str(out)), 2)
+    held: dict[str, list] = {}
+    for f in sorted(out.glob("rank*-chunk*.pt")):
+        share = torch.load(f)
+        for name, t in share["state"].items():
+            held.setdefault(global_name(name, share["first"], 0, 1), []).append((f.stem, t))
+    assert {n: [c for c, _ in ts] for n, ts in held.items() if len(ts) != 1} == {}
+    assert sorted(held) == sorted(ref)
+    assert [n for n, ts in held.items() if not same_bytes(ts[0][1], ref[n])] == []
+    assert [c for c, _ in held["decoder.layers.4.input_layernorm.weight"]] == ["rank0-chunk1"]
+    assert [c for c, _ in held["decoder.layers.3.mlp.router.weight"]] == ["rank1-chunk0"]
