@@ -1,5 +1,6 @@
 """What the fork server of :func:`tests.support.distributed.spawn` imports once, before it forks
-any rank: torch, transformers, the stacks and the modules the ranks' bodies use.
+any rank: torch, transformers, the stacks and the modules the ranks' bodies use, and the numba
+kernels' machine code (compiled or loaded from numba's cache, never run: ``engine.cpu.load_serial``).
 
 A module that cannot be imported here, for whatever reason (not installed, or a stack's release
 that raises on import), is left for the rank that needs it to import, which then fails with the
@@ -23,3 +24,10 @@ with warnings.catch_warnings():
             importlib.import_module(_name)
         except Exception:  # noqa: BLE001, S112 - see the module's docstring
             continue
+    try:  # the numba kernels' machine code, inherited by every rank instead of loaded by each (~0.5 s apiece)
+        from modelinit_server.engine import cpu
+
+        if cpu.available():
+            cpu.load_serial()
+    except Exception:  # noqa: BLE001, S110 - a rank that fills loads them itself
+        pass

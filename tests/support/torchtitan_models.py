@@ -102,3 +102,35 @@ def flavor_model(flavor: str, built: bool = True):
         return config
     with torch.device("meta"):
         return config.build()
+
+
+#: torchtitan's own parallelize function and sharding-config setter per model family.
+TITAN = {"llama3": ("parallelize_llama", "set_llama3_sharding_config"),
+         "qwen3": ("parallelize_qwen3", "set_qwen3_sharding_config"),
+         "deepseek_v3": ("parallelize_deepseekv3", "set_deepseek_v3_sharding_config")}
+
+
+def titan_parallelized(config, world: int, backend: str = "partial_dtensor", **degrees):
+    """A model of ``config`` built on meta and parallelized by its family's own parallelize function,
+    as torchtitan's trainer does: ``degrees`` are ParallelismConfig's (tensor_parallel_degree=2, ...).
+    The trainer first calls ``config.update_from_config``, which sets each module's sharding config
+    (without one, ``Module.parallelize`` shards nothing: no TP, no EP); that method imports torchtitan's
+    Trainer (torchdata, not installed here), so the two calls it makes are made here."""
+    import importlib
+
+    import torchtitan.distributed.parallel_dims as parallel_dims
+    from torchtitan.config.configs import CompileConfig, ParallelismConfig, TrainingConfig
+
+    family = ".".join(type(config).__module__.split(".")[:3])  # torchtitan.models.<family>
+    parallelize, set_sharding = TITAN[family.rpartition(".")[2]]
+    par = ParallelismConfig(data_parallel_shard_degree=-1, spmd_backend=backend, **degrees)
+    ep = {} if family.endswith("llama3") else {"enable_ep": par.expert_parallel_degree > 1}
+    getattr(importlib.import_module(f"{family}.sharding"), set_sharding)(
+        config, enable_sp=par.enable_sequence_parallel, **ep)
+    with torch.device("meta"):
+        model = config.build()
+    parallel_dims.device_type = "cpu"  # it takes the machine's accelerator otherwise
+    getattr(importlib.import_module(family), parallelize)(
+        model, parallel_dims=parallel_dims.ParallelDims.from_config(par, world), training=TrainingConfig(),
+        parallelism=par, compile_config=CompileConfig(), ac_config=None, dump_folder="")
+    return model

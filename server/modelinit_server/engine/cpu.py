@@ -739,6 +739,16 @@ def threads() -> int:
     return _numba.get_num_threads()
 
 
+def _first_calls() -> tuple[tuple, tuple, tuple, tuple]:
+    """The arguments of one call of each kernel (serial, serial runs, parallel, parallel runs), of the
+    types every later call has: one machine-code specialization each."""
+    out = np.empty(32, dtype=np.uint8)
+    tail = _kernel_args(Sampler("normal"), (0, 0), "float32")
+    one = np.zeros(1, dtype=np.int64)
+    runs = (out, one, one + 8, one, np.array([0, 1], dtype=np.int64), 4)
+    return (out, 8, 0, *tail, 1), (*runs, *tail, 1), (out, 8, 0, *tail, 1), (*runs, *tail, 1)
+
+
 def warmup() -> None:
     """Compile, or load from numba's on-disk cache, every kernel, so that no request waits for it.
 
@@ -748,12 +758,21 @@ def warmup() -> None:
     under a second from the cache.
     """
     _require()
-    out = np.empty(32, dtype=np.uint8)
-    tail = _kernel_args(Sampler("normal"), (0, 0), "float32")
-    one = np.zeros(1, dtype=np.int64)
-    runs = (out, one, one + 8, one, np.array([0, 1], dtype=np.int64), 4)
-    _launch(_kernel_ser, out, 8, 0, *tail, 1)
-    _launch(_kernel_runs_ser, *runs, *tail, 1)
+    ser, runs_ser, par, runs_par = _first_calls()
+    _launch(_kernel_ser, *ser)
+    _launch(_kernel_runs_ser, *runs_ser)
     with _launch_lock:
-        _launch(_kernel_par, out, 8, 0, *tail, 1)
-        _launch(_kernel_runs_par, *runs, *tail, 1)
+        _launch(_kernel_par, *par)
+        _launch(_kernel_runs_par, *runs_par)
+
+
+def load_serial() -> None:
+    """Compile, or load from numba's on-disk cache, the serial kernels without running one: for a
+    process that forks workers, which inherit the machine code instead of each loading it (about half
+    a second apiece). Not the parallel ones: compiling those starts numba's threading layer, and a
+    child forked after GNU OpenMP has started aborts when it uses it ("fork() called from a process
+    already using GNU OpenMP")."""
+    _require()
+    ser, runs_ser, _, _ = _first_calls()
+    for kern, call in ((_kernel_ser, ser), (_kernel_runs_ser, runs_ser)):
+        kern.compile(tuple(_numba.typeof(a) for a in call))

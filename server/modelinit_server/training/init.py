@@ -41,7 +41,7 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     version = ALGORITHM_VERSION if algorithm_version in (None, 0) else algorithm_version
     if dtype is not None and dtype not in TORCH_DTYPES:
         raise ValueError(f"dtype: {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
-    core_policy = _core_policy(policy)
+    core_policy = policy_of(policy)
     parts = model_parts(module)
     if parts is None:
         return fill(prepare(module, seed, core_policy, dtype, version, partial, spec, Shared()), device)
@@ -61,7 +61,7 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
                        tuple(n for s in summaries for n in s.stack_buffers), summaries[0].derived_config, summaries)
 
 
-def _core_policy(policy: Any) -> Policy:
+def policy_of(policy: Any) -> Policy:
     """The core Policy of what callers give: a core Policy, or anything ``policy_file.from_arg``
     takes (None for hf-default, a preset name, a policy dict, a file path, the message)."""
     if isinstance(policy, Policy):

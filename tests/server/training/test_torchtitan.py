@@ -27,7 +27,7 @@ import modelinit  # noqa: E402
 from tests.support.distributed import exit_rank, no_collectives, same_bytes, spawn  # noqa: E402
 from tests.support.stacks import install_torchtitan  # noqa: E402
 from tests.support.torchtitan_models import (DEEPSEEK_V3, HF, QWEN3, QWEN3_MOE, SEED, flavor_model,  # noqa: E402
-                                             folder_as_loaded, meta_model, titan_config)
+                                             folder_as_loaded, meta_model, titan_config, titan_parallelized)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -106,38 +106,6 @@ def test_one_device_equals_the_hugging_face_folder_as_torchtitan_loads_it(tmp_pa
     assert all(torch.equal(b, dict(fresh.named_buffers())[n]) for n, b in model.named_buffers())
 
 
-#: torchtitan's own parallelize function and sharding-config setter per model family.
-TITAN = {"llama3": ("parallelize_llama", "set_llama3_sharding_config"),
-         "qwen3": ("parallelize_qwen3", "set_qwen3_sharding_config"),
-         "deepseek_v3": ("parallelize_deepseekv3", "set_deepseek_v3_sharding_config")}
-
-
-def _titan_parallelized(config, world: int, backend: str = "partial_dtensor", **degrees):
-    """A model of ``config`` built on meta and parallelized by its family's own parallelize function,
-    as torchtitan's trainer does: ``degrees`` are ParallelismConfig's (tensor_parallel_degree=2, ...).
-    The trainer first calls ``config.update_from_config``, which sets each module's sharding config
-    (without one, ``Module.parallelize`` shards nothing: no TP, no EP); that method imports torchtitan's
-    Trainer (torchdata, not installed here), so the two calls it makes are made here."""
-    import importlib
-
-    import torchtitan.distributed.parallel_dims as parallel_dims
-    from torchtitan.config.configs import CompileConfig, ParallelismConfig, TrainingConfig
-
-    family = ".".join(type(config).__module__.split(".")[:3])  # torchtitan.models.<family>
-    parallelize, set_sharding = TITAN[family.rpartition(".")[2]]
-    par = ParallelismConfig(data_parallel_shard_degree=-1, spmd_backend=backend, **degrees)
-    ep = {} if family.endswith("llama3") else {"enable_ep": par.expert_parallel_degree > 1}
-    getattr(importlib.import_module(f"{family}.sharding"), set_sharding)(
-        config, enable_sp=par.enable_sequence_parallel, **ep)
-    with torch.device("meta"):
-        model = config.build()
-    parallel_dims.device_type = "cpu"  # it takes the machine's accelerator otherwise
-    getattr(importlib.import_module(family), parallelize)(
-        model, parallel_dims=parallel_dims.ParallelDims.from_config(par, world), training=TrainingConfig(),
-        parallelism=par, compile_config=CompileConfig(), ac_config=None, dump_folder="")
-    return model
-
-
 def _build(layout: str, world: int):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -150,7 +118,7 @@ def _build(layout: str, world: int):
     if layout in titan:  # torchtitan's own parallelize function, as its trainer calls it
         moe = {"titan_ep_qwen3_moe": "debugmodel_moe", "titan_ep_deepseek_v3": "deepseek_v3"}
         config = flavor_model(moe[layout], built=False) if layout in moe else titan_config()
-        return _titan_parallelized(config, world, **titan[layout]).to_empty(device="cpu")
+        return titan_parallelized(config, world, **titan[layout]).to_empty(device="cpu")
     model = meta_model()
     tp_plan = {"attention.qkv_linear.wqkv": ColwiseParallel(), "attention.wo": RowwiseParallel(),
                "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
