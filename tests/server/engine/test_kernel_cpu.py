@@ -282,6 +282,28 @@ def test_one_specialization_per_kernel():
         assert len(k.signatures) == 1, k
 
 
+@pytest.mark.slow
+def test_load_serial_gives_the_specializations_every_call_runs_without_starting_threads():
+    """``load_serial`` (what a process that forks workers calls: tests/support/rank_preload.py) compiles,
+    or loads, the very machine code later calls run (a child's warmup adds no signature) and starts no
+    thread: a child forked after it runs every kernel, the parallel ones too, instead of aborting as a
+    child of a process whose GNU OpenMP pool started does."""
+    code = """
+import os, sys, threading
+from modelinit_server.engine import cpu
+serial = (cpu._kernel_ser, cpu._kernel_runs_ser)
+cpu.load_serial()
+assert [len(k.signatures) for k in serial] == [1, 1] and threading.active_count() == 1
+pid = os.fork()
+if pid == 0:
+    cpu.warmup()
+    os._exit(0 if [len(k.signatures) for k in serial] == [1, 1] else 3)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_thread_counts_give_identical_bytes():
     s, key = Sampler("normal", std=0.02), tensor_key(1, "threads")
     n = 300_001
