@@ -9,6 +9,7 @@ import os
 import sys
 
 import grpc
+from modelinit_wire import releases
 from modelinit_wire.credentials import load_token
 
 from .. import server_extra
@@ -296,8 +297,9 @@ VERSIONED = ("modelinit", "numpy", "numba", "llvmlite", "triton", "torch", "tran
 
 
 def versions(args: argparse.Namespace) -> int:
-    """``modelinit versions``: each distribution's installed version (``-``: not installed), the
-    Python and the platform, for a bug report; read from the installed metadata, nothing imported."""
+    """``modelinit versions``: each distribution's installed version (``-``: not installed; one below
+    modelinit's floor marked, and listed under ``below_floor`` in ``--json``), the Python and the
+    platform, for a bug report; read from the installed metadata, nothing imported."""
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
@@ -307,12 +309,17 @@ def versions(args: argparse.Namespace) -> int:
             found[name] = version(name)
         except PackageNotFoundError:
             found[name] = None
+    low: dict[str, str] = {}
+    for name in VERSIONED:
+        below = releases.below_floor(name)
+        if below is not None:
+            low[name] = below[1]
     report = {"python": platform.python_version(), "platform": platform.platform(), "machine": platform.machine(),
-              "packages": found}
+              "packages": found, "below_floor": low}
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
     print(f"python {report['python']} on {report['platform']} ({report['machine']})")
     for name, v in found.items():
-        print(f"{name:14s} {v or '-'}")
+        print(f"{name:14s} {v or '-'}" + (f"  (below modelinit's floor {low[name]}: refused)" if name in low else ""))
     return 0

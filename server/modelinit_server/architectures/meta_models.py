@@ -19,6 +19,8 @@ import logging
 import warnings
 from typing import Any
 
+from modelinit_wire import releases
+
 from ._fields import DROPPED_KEYS, decode_special_floats, invalid
 from .constructor import constructor_records
 from .recorder import clear_init_flags
@@ -45,7 +47,11 @@ def transformers_version() -> str:
 
 
 def load_transformers():
-    """The transformers module (torch imported first); a ``ValueError`` for the spec when it is missing."""
+    """The transformers module (torch imported first); a ``ValueError`` for the spec when it is missing
+    or it or torch is below modelinit's floor (``modelinit_wire.releases``)."""
+    low = releases.below("torch", "transformers")
+    if low is not None:
+        raise ValueError(f"spec: this architecture is built by transformers on the server, where {low}")
     try:
         with quiet():
             import torch  # noqa: F401

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+from modelinit_wire import releases
 from modelinit_wire.constants import DEVICES
 
 from . import gpu_driver
@@ -112,6 +113,22 @@ def looped(fill: Fill) -> FillRuns:
 REFERENCE = Backend("reference", _reference_fill, parallel=False, fill_runs=looped(_reference_fill))
 
 
+def check_floors(device: str) -> None:
+    """What :func:`select` refuses of ``device``'s kernel libraries below modelinit's floors, said
+    before anything is built or written (an embedded client checks at its start): numpy; numba for
+    ``auto``/``cpu``; torch and triton for ``cuda`` (``auto`` checks them once CUDA is found)."""
+    _refuse_below("numpy", *(("numba",) if device in ("auto", "cpu") else ()),
+                  *(("torch", "triton") if device == "cuda" else ()))
+
+
+def _refuse_below(*names: str) -> None:
+    """A kernel's library installed below modelinit's floor (``modelinit_wire.releases``): its bytes were
+    never checked there, so it is refused in one line, before it generates anything."""
+    low = releases.below(*names)
+    if low is not None:
+        raise ValueError(f"device: {low}")
+
+
 def _cpu(warmup: bool) -> Backend | None:
     try:
         from . import cpu
@@ -119,6 +136,7 @@ def _cpu(warmup: bool) -> Backend | None:
         return None
     if not cpu.available():
         return None
+    _refuse_below("numba")
     if warmup:
         cpu.warmup()
 
@@ -138,6 +156,7 @@ def _cuda(warmup: bool) -> Backend | None:
         return None
     if not cuda.available() or cuda.interpreting():  # the interpreter is for tests, not serving
         return None
+    _refuse_below("torch", "triton")
     import torch
 
     if warmup:
@@ -170,6 +189,7 @@ def select(device: str, warmup: bool = False) -> Backend:
     the kernels now (a server does, before it reports SERVING) rather than on first use."""
     if device not in DEVICES:
         raise ValueError(f"device: {device!r} is not one of {', '.join(DEVICES)}")
+    _refuse_below("numpy")
     if device in ("auto", "cuda"):
         backend = _cuda(warmup)
         if backend is not None:

@@ -13,7 +13,7 @@ from modelinit_wire.events import Event
 from modelinit_wire.v1 import modelinit_pb2 as pb
 
 from ..core.planner import Plan
-from ..engine.backends import DEVICES, Backend, select
+from ..engine.backends import DEVICES, Backend, check_floors, select
 from ..messages import check_page_size, plan_to_pb
 from ..produce import file_bytes, tensor_slices
 from .plans import PlanCache
@@ -25,6 +25,7 @@ class EmbeddedService:
     def __init__(self, device: str = "auto") -> None:
         if device not in DEVICES:
             raise ValueError(f"device: {device!r} is not one of {', '.join(DEVICES)}")
+        check_floors(device)  # read from package metadata: nothing imported
         self.device = device
         self._backend: Backend | None = None
         self._lock = threading.Lock()  # a client's parallel files open their streams from several threads

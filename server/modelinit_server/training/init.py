@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from modelinit_wire import releases
+
 from ..core.policies import Policy
 from ..engine import ALGORITHM_VERSION
 from .job import Shared, fill, fingerprint, model_parts, prepare
@@ -38,6 +40,9 @@ def init_module_(module, *, seed: int, policy: Any = None, dtype: str | None = N
     Raises ValueError for a module on the meta device, an unmatched parameter, a dtype mismatch,
     or a tensor the architecture does not have.
     """
+    low = releases.below("torch", "numpy")
+    if low is not None:
+        raise ValueError(f"module: {low}")
     version = ALGORITHM_VERSION if algorithm_version in (None, 0) else algorithm_version
     if dtype is not None and dtype not in TORCH_DTYPES:
         raise ValueError(f"dtype: {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
