@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import re
 
+_TEST_EXTRA = re.compile(r"""extra\s*==\s*["']test["']""")
 _FLOOR = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*(?:\[[^\]]*\])?\s*>=\s*([0-9][0-9A-Za-z.]*)")
 
 
@@ -24,13 +25,15 @@ def installed(name: str) -> str | None:
 
 
 def floor(name: str) -> str | None:
-    """The lowest release of ``name`` modelinit declares (its ``>=`` bound in any extra), or None
+    """The lowest release of ``name`` modelinit declares (its ``>=`` bound, the highest of them where
+    several extras bound it; the test extra's, which pins what the tests need, aside), or None
     (not declared, or modelinit's metadata is not installed: a source tree)."""
     try:
         required = importlib.metadata.requires("modelinit") or []
     except importlib.metadata.PackageNotFoundError:
         return None
-    found = [m.group(2) for m in map(_FLOOR.match, required) if m and _canonical(m.group(1)) == _canonical(name)]
+    found = [m.group(2) for m in map(_FLOOR.match, required)
+             if m and _canonical(m.group(1)) == _canonical(name) and not _TEST_EXTRA.search(m.string)]
     return max(found, key=_release) if found else None
 
 
