@@ -11,17 +11,18 @@ mechanism (``torchtitan/config/override.py``) imports ``module.function`` target
 ``--override.imports`` and calls each ``@override`` factory on the config nodes it claims, with
 the entry's JSON kwargs, before anything is built; the factory's return value replaces the node.
 
-:func:`modelinit_init` claims the model's config (the top ``Module.Config`` of the tree) and sets,
+``modelinit_init`` claims the model's config (the top ``Module.Config`` of the tree) and sets,
 in place, on every module config under it, a ``param_init`` whose entry for each of the module's
 parameters fills that parameter (a DTensor: this rank's shard of it) with the bytes of the Hugging
 Face folder ``modelinit init`` writes for the model's config, exactly as ``init_module_`` fills
-the whole model (:class:`ParameterFill`). Buffers (RoPE tables, MoE counters) stay torchtitan's
+the whole model (``ParameterFill``). Buffers (RoPE tables, MoE counters) stay torchtitan's
 own ``_init_self_buffers``. The entry's kwargs: ``seed`` (required), ``spec`` (a preset name, a
 config.json path, or the config as a dict; left out, derived from the model's own config as
 ``init_module_`` derives it), ``policy`` (a preset name or a policy file's path; default
 hf-default).
 
-torchtitan is imported here at import time: this module is imported by torchtitan itself."""
+torchtitan is imported here at import time: this module is imported by torchtitan itself (its
+docstrings cite no name for the docs' cross references to import)."""
 from __future__ import annotations
 
 import copy
