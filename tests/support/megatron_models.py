@@ -325,3 +325,36 @@ def put_together(out: pathlib.Path, world: int, ep: int, gated: bool = True) -> 
             assert all(torch.equal(c, copies[0]) for c in copies), name
         assembled[name] = [tp_whole(name, [by_tp[k][0] for k in sorted(by_tp)], ROWS, COLUMNS, gated)]
     return assembled
+
+
+def fsdp2_wrapped(model, experts_apart: bool = False):
+    """``model`` wrapped as Megatron's ``--use-torch-fsdp2`` wraps it; ``experts_apart``: each
+    layer's experts sharded first over the expert data-parallel group (the ranks that hold the
+    same experts), which the wrapper then leaves as they are. The wrapper names CUDA as its
+    mesh's device type (``DeviceMesh.from_group(group, "cuda")``); here, on CPU with gloo, the
+    mesh is the CPU's, the one thing changed, in this test only: the shards FSDP2 makes (Shard(0)
+    of each parameter over the data-parallel group, ``torch.chunk``'s sizes) do not depend on the
+    device."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.distributed import torch_fully_sharded_data_parallel as wrapper
+    from torch.distributed.device_mesh import DeviceMesh
+
+    class CpuMesh:
+        @staticmethod
+        def from_group(group, device_type, **kwargs):
+            return DeviceMesh.from_group(group, "cpu", **kwargs)
+
+    if experts_apart:
+        from megatron.core import parallel_state as ps
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = DeviceMesh.from_group(ps.get_expert_data_parallel_group(), "cpu")
+        for layer in model.decoder.layers:
+            fully_shard(layer.mlp.experts, mesh=mesh)
+    saved, wrapper.DeviceMesh = wrapper.DeviceMesh, CpuMesh
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return wrapper.TorchFullyShardedDataParallel(model.config, DistributedDataParallelConfig(), model)
+    finally:
+        wrapper.DeviceMesh = saved

@@ -14,8 +14,6 @@ the data-parallel group, then the tensor-parallel shares put together by Megatro
 """
 from __future__ import annotations
 
-import warnings
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -25,45 +23,13 @@ pytest.importorskip("megatron.core", reason="megatron-core is in the test extra"
 import modelinit  # noqa: E402
 
 from tests.support.distributed import exit_rank, no_collectives, same_bytes, spawn  # noqa: E402
-from tests.support.megatron_models import (HF, MOE, SEED, folder_in_megatrons_layout, in_one_process,  # noqa: E402
-                                           init_group, megatron_gpt, no_legacy_grouped_mlp, put_together)
+from tests.support.megatron_models import (HF, MOE, SEED, folder_in_megatrons_layout, fsdp2_wrapped,  # noqa: E402
+                                           in_one_process, init_group, megatron_gpt, no_legacy_grouped_mlp,
+                                           put_together)
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                  reason="torch.distributed with gloo is not available")]
-
-
-def _fsdp2(model, experts_apart: bool = False):
-    """``model`` wrapped as Megatron's ``--use-torch-fsdp2`` wraps it; ``experts_apart``: each
-    layer's experts sharded first over the expert data-parallel group (the ranks that hold the
-    same experts), which the wrapper then leaves as they are. The wrapper names CUDA as its
-    mesh's device type (``DeviceMesh.from_group(group, "cuda")``); here, on CPU with gloo, the
-    mesh is the CPU's, the one thing changed, in this test only: the shards FSDP2 makes (Shard(0)
-    of each parameter over the data-parallel group, ``torch.chunk``'s sizes) do not depend on the
-    device."""
-    from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.distributed import torch_fully_sharded_data_parallel as wrapper
-    from torch.distributed.device_mesh import DeviceMesh
-
-    class CpuMesh:
-        @staticmethod
-        def from_group(group, device_type, **kwargs):
-            return DeviceMesh.from_group(group, "cpu", **kwargs)
-
-    if experts_apart:
-        from megatron.core import parallel_state as ps
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = DeviceMesh.from_group(ps.get_expert_data_parallel_group(), "cpu")
-        for layer in model.decoder.layers:
-            fully_shard(layer.mlp.experts, mesh=mesh)
-    saved, wrapper.DeviceMesh = wrapper.DeviceMesh, CpuMesh
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return wrapper.TorchFullyShardedDataParallel(model.config, DistributedDataParallelConfig(), model)
-    finally:
-        wrapper.DeviceMesh = saved
 
 
 def _fill_fsdp2(rank: int, world: int, init_file: str, dp: int, tp: int, pp: int, ep: int, dtype: str, tied: bool,
@@ -83,7 +49,7 @@ def _fill_fsdp2(rank: int, world: int, init_file: str, dp: int, tp: int, pp: int
     spec = {**(MOE if ep > 1 else HF), "tie_word_embeddings": tied}
     built = dict(dtype=dtype, tied=tied, moe=ep > 1, ep=ep, transformer_impl="local")
     if ep > 1:  # the wrapper alone shards the experts over the data-parallel group, across the expert-parallel ranks
-        mixed = _fsdp2(megatron_gpt(tp, pp, **built))
+        mixed = fsdp2_wrapped(megatron_gpt(tp, pp, **built))
         kept = {n: p.to_local().clone() for n, p in mixed.module.named_parameters()}
         for spec_given in (spec, None):
             with pytest.raises(ValueError, match=r"^module: 'decoder\.layers\.0\.mlp\.experts\.local_experts\.0\."
@@ -94,13 +60,13 @@ def _fill_fsdp2(rank: int, world: int, init_file: str, dp: int, tp: int, pp: int
                                                  r"experts over the expert data-parallel group"):
                 modelinit.init_module_(mixed, seed=SEED, spec=spec_given)
         assert all(same_bytes(p.to_local(), kept[n]) for n, p in mixed.module.named_parameters())  # nothing written
-    model, derived = (_fsdp2(megatron_gpt(tp, pp, **built), ep > 1) for _ in range(2))
+    model, derived = (fsdp2_wrapped(megatron_gpt(tp, pp, **built), ep > 1) for _ in range(2))
     before = megatron_gpt(tp, pp, **built)
     with no_collectives():
         summary = modelinit.init_module_(model, seed=SEED, spec=spec)
         own = modelinit.init_module_(derived, seed=SEED)
         modelinit.init_module_(before, seed=SEED, spec=spec)
-    before = _fsdp2(before, ep > 1)  # FSDP2 keeps the values it shards
+    before = fsdp2_wrapped(before, ep > 1)  # FSDP2 keeps the values it shards
     params = dict(model.module.named_parameters())
     assert params and all(isinstance(p, DTensor) and p.placements == (torch.distributed.tensor.Shard(0),)
                           for p in params.values())
@@ -226,7 +192,7 @@ def _fill_grouped(rank: int, world: int, init_file: str, experts: int) -> None:
 
     init_group(rank, world, init_file)
     ps.initialize_model_parallel()
-    plain, wrapped = _grouped_gpt(experts), _fsdp2(_grouped_gpt(experts))
+    plain, wrapped = _grouped_gpt(experts), fsdp2_wrapped(_grouped_gpt(experts))
     spec = {**MOE, "num_experts": experts}
     assert type(plain.decoder.layers[0].mlp.experts).__name__ == "GroupedMLP"
     with no_collectives():

@@ -2,7 +2,7 @@
 DEPRECATED ... use HybridModel"): a pattern of attention (``*``), MLP (``-``) and MoE (``E``) layers,
 filled with the bytes of the Hugging Face folder of the model it corresponds to, by position (layer
 ``i``'s attention at the ``i``-th ``*``, its MLP right after), with and without a spec, at TP=2 x
-PP=2 (the pattern's ``|`` stages), EP=2 and PP=2 x VP=2.
+PP=2 (the pattern's ``|`` stages), EP=2, PP=2 x VP=2 and DP=2 under Megatron's FSDP2 wrapper.
 
 These run where the Megatron-Core found has HybridModel: in CI, the newest release's run
 (server/training/test_megatron_releases.py); the test extra's 0.16.1 has none. The model is built
@@ -24,8 +24,8 @@ import modelinit  # noqa: E402
 
 from tests.support.distributed import exit_rank, no_collectives, same_bytes, spawn  # noqa: E402
 from tests.support.megatron_models import (HYBRID_MOE, HYBRID_PATTERN, HYBRID_PP2, PADDED, SEED,  # noqa: E402
-                                           folder_in_hybrid_layout, global_name, has_hybrid_model, in_one_process,
-                                           init_group, megatron_hybrid, put_together)
+                                           folder_in_hybrid_layout, fsdp2_wrapped, global_name, has_hybrid_model,
+                                           in_one_process, init_group, megatron_hybrid, put_together)
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.slow,
               pytest.mark.skipif(not has_hybrid_model(), reason="this Megatron-Core has no HybridModel (0.17 and "
@@ -148,3 +148,38 @@ def test_virtual_pipeline_chunks_hold_the_folder_each_tensor_once(tmp_path):
     assert [n for n, ts in held.items() if not same_bytes(ts[0][1], ref[n])] == []
     assert [c for c, _ in held["decoder.layers.4.input_layernorm.weight"]] == ["rank0-chunk1"]
     assert [c for c, _ in held["decoder.layers.3.mlp.router.weight"]] == ["rank1-chunk0"]
+
+
+def _fill_fsdp2(rank: int, world: int, init_file: str, out: str) -> None:
+    """This rank's FSDP2 shards (Megatron's ``--use-torch-fsdp2`` wrapper over DP=2, ``transformer_impl
+    local``) filled with the spec and, in a second model, without one; each local shard the same
+    bytes; the full tensors gathered by the test after the fill."""
+    from megatron.core import parallel_state as ps
+    from torch.distributed.tensor import DTensor
+
+    init_group(rank, world, init_file)
+    ps.initialize_model_parallel()
+    model, derived = (fsdp2_wrapped(megatron_hybrid(transformer_impl="local")) for _ in range(2))
+    with no_collectives():
+        summary = modelinit.init_module_(model, seed=SEED, spec=HYBRID_MOE)
+        own = modelinit.init_module_(derived, seed=SEED)
+    params, again = dict(model.module.named_parameters()), dict(derived.module.named_parameters())
+    assert params and all(isinstance(p, DTensor) for p in params.values())
+    assert summary.elements == sum(p.to_local().numel() for p in params.values()) < summary.global_elements
+    assert own.derived_config["mlp_only_layers"] == [0, 2]
+    assert [n for n, p in params.items() if not same_bytes(p.to_local(), again[n].to_local())] == []
+    state = {n: p.full_tensor().detach().clone() for n, p in params.items()}
+    torch.save({"tp": 0, "ep": 0, "first": 0, "state": state}, f"{out}/rank{rank}.pt")
+    exit_rank()
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo is not available")
+def test_fsdp2_shards_gathered_are_the_folder(tmp_path):
+    """DP=2 under Megatron's FSDP2 wrapper (each rank the Shard(0) rows of every parameter, the
+    experts' too, EP being 1): filled with and without a spec, the gathered tensors are the folder's."""
+    ref, out = folder_in_hybrid_layout(tmp_path), tmp_path / "shares"
+    out.mkdir()
+    spawn(_fill_fsdp2, (2, str(tmp_path / "pg"), str(out)), 2)
+    whole = put_together(out, 2, 1)
+    assert sorted(whole) == sorted(ref)
+    assert [n for n, ts in whole.items() if len(ts) != 1 or not same_bytes(ts[0], ref[n])] == []
