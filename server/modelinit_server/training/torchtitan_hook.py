@@ -40,8 +40,8 @@ from .torchtitan_layout import STACK, is_torchtitan_model
 
 
 class ParameterFill:
-    """The whole model's layout and plan, worked out once (at the first parameter, from a twin of the
-    model built on the meta device from its config), and the fill of one named parameter."""
+    """The whole model's layout and plan, worked out once (``prepare``, from a twin of the model
+    built on the meta device from its config), and the fill of one named parameter."""
 
     def __init__(self, config, seed: int, spec: Any = None, policy: Any = None, device: str = "auto") -> None:
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
@@ -56,21 +56,25 @@ class ParameterFill:
     def __deepcopy__(self, memo) -> "ParameterFill":
         return self  # torchtitan's pipeline split deep-copies the model: its stages share the one plan
 
-    def _prepare(self) -> Job:
-        """The whole model's layout (no tensor filled yet; each dtype's plan is made as it is met)."""
+    def prepare(self, twin=None) -> None:
+        """Work out the whole model's layout from ``twin`` (the model built on the meta device from its
+        config; built here when not given): the spec derived or read, every parameter placed, or the
+        refusal, before any parameter is written. Each dtype's plan is made as it is met."""
         import torch
 
-        with torch.device("meta"):
-            twin = self.config.build()
-        derived = STACK.own_config(twin) if self.spec is None else None
-        given = self._shared.read(self.spec if derived is None else derived)
-        named = [(n, t) for n, _, t in module_tensors(twin) if t.is_floating_point()]
-        layout = STACK.layout(twin, given, named, {n: r for n, r, _ in module_tensors(twin)}, False)
-        return Job(layout.spec, [], layout, {}, [], (), (), derived, ALGORITHM_VERSION)
+        if twin is None:
+            with torch.device("meta"):
+                twin = self.config.build()
+        with torch.device("cpu"):  # the layout's index probes are real tensors, whatever device the caller set
+            derived = STACK.own_config(twin) if self.spec is None else None
+            given = self._shared.read(self.spec if derived is None else derived)
+            named = [(n, t) for n, _, t in module_tensors(twin) if t.is_floating_point()]
+            layout = STACK.layout(twin, given, named, {n: r for n, r, _ in module_tensors(twin)}, False)
+        self._job = Job(layout.spec, [], layout, {}, [], (), (), derived, ALGORITHM_VERSION)
 
     def __call__(self, name: str, param) -> None:
         if self._job is None:
-            self._job = self._prepare()
+            self.prepare()
         job = self._job
         if name not in job.layout.pieces:
             raise ValueError(f"modelinit_init: {name!r} is not a parameter of the model built from its config")
@@ -139,6 +143,7 @@ def modelinit_init(config, *, seed: int, spec: Any = None, policy: Any = None):
         twin = config.build()
     if not is_torchtitan_model(twin):
         return config
+    fill.prepare(twin)  # a spec the model does not match is refused now, before the trainer builds anything
     modules = dict(twin.named_modules())
     for fqn, node, _, _ in config.traverse(Module.Config, recurse=True):
         module = modules.get(fqn)

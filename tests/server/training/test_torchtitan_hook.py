@@ -92,15 +92,18 @@ def test_each_pipeline_stage_fills_the_whole_models_bytes(tmp_path):
     assert [n for n in ref if not same_bytes(held[n][0], ref[n])] == []
 
 
-def test_a_bad_seed_or_policy_is_refused_when_the_override_is_applied():
-    """A missing or negative seed, or an unknown policy: refused by name as torchtitan applies the
-    override, before any model is built."""
+def test_a_bad_seed_policy_or_spec_is_refused_when_the_override_is_applied():
+    """A missing or negative seed, an unknown policy, a spec the model does not match: refused by name as
+    torchtitan applies the override, before the trainer builds the model."""
     with pytest.raises(TypeError, match="seed"):
         hooked_config("{}")
     with pytest.raises(ValueError, match=r"^modelinit_init: seed is -1; give a non-negative integer"):
         hooked_config('{"seed": -1}')
     with pytest.raises(ValueError, match="no-such-preset"):
         hooked_config(json.dumps({"seed": SEED, "policy": "no-such-preset"}))
+    with pytest.raises(ValueError, match=r"^module: the spec's '[^']+' \(and \d+ more\) is in no parameter of Llama3Model: "
+                                         r"the model does not match the spec$"):
+        hooked_config(json.dumps({"seed": SEED, "spec": {**HF, "num_hidden_layers": 3}}))
 
 
 def _worker(rank: int, world: int, init_file: str, ref_path: str) -> None:
