@@ -198,3 +198,34 @@ def test_a_part_whose_store_refuses_the_manifest_keeps_its_shards(dest, spec, ca
     line = _one_line(capsys.readouterr().err)
     assert "not a complete checkpoint (the written shards are kept: rerun, or `modelinit finalize" in line, line
     assert ("Permission denied" if dest.kind == "folder" else f"access denied ({DENIED[dest.kind]})") in line, line
+
+
+# -- a part with no shard, racing the last writer --------------------------------------------------
+
+
+def test_a_part_whose_record_lands_after_the_manifest_leaves_no_record(dest, spec, expected, monkeypatch):
+    """A part with no shard to write (5 shards over 6 parts: part 5) lists the prefix before the last
+    writer's ``modelinit.json``, then saves its record after that writer deleted the records (what two
+    Ray tasks did, found by client/test_ray.py): it ends with the checkpoint complete and its record
+    gone, not a stray ``.modelinit.part-00005-of-00006.json`` beside a complete checkpoint."""
+    from modelinit.destinations.prefix import PrefixRecord
+
+    for k in range(4):  # every writer but the last
+        assert main(["init", spec, *ARGS, "--out", dest.url, "--part", f"{k}/6"]) == 0
+    real_save = PrefixRecord.save
+    raced: list[bool] = []
+
+    def save(self):
+        if self.part.index == 5 and not raced:  # part 5 listed the prefix; the last writer finishes meanwhile
+            raced.append(True)
+            with monkeypatch.context() as m:
+                m.setattr(PrefixRecord, "save", real_save)
+                assert main(["init", spec, *ARGS, "--out", dest.url, "--part", "4/6"]) == 0
+            assert MANIFEST in dest.objects()
+        real_save(self)
+
+    monkeypatch.setattr(PrefixRecord, "save", save)
+    assert main(["init", spec, *ARGS, "--out", dest.url, "--part", "5/6"]) == 0
+    assert raced == [True]
+    assert _visible(dest.objects()) == expected
+    assert [n for n in dest.objects() if n.startswith(".modelinit.part-")] == []

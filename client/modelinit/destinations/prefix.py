@@ -286,6 +286,7 @@ def finalize(bucket: Prefix, plan: pb.PlanResponse, count: int, small: list[tupl
     and what is missing."""
     objects = bucket.list()
     if (done := _listed_manifest(bucket, plan, objects)) is not None:
+        _drop_records(bucket, objects, count)
         return Finalized(done, [], [])
     results: dict[int, FileResult] = {}
     missing: list[int] = []
@@ -303,7 +304,8 @@ def finalize(bucket: Prefix, plan: pb.PlanResponse, count: int, small: list[tupl
         results.update((i, uploaded[plan.files[i].name]) for i in shards if plan.files[i].name in uploaded)
     # The last part creates modelinit.json, then deletes the records: one that read the records in
     # between finds its own shards unrecorded although the checkpoint is complete.
-    if missing and (done := _listed_manifest(bucket, plan, bucket.list())) is not None:
+    if missing and (done := _listed_manifest(bucket, plan, later := bucket.list())) is not None:
+        _drop_records(bucket, later, count)
         return Finalized(done, [], [])
     if missing:
         log.info("%s: part(s) %s of %d not finished yet; the last part to finish writes %s", bucket,
@@ -324,6 +326,17 @@ def finalize(bucket: Prefix, plan: pb.PlanResponse, count: int, small: list[tupl
         if _is_record(name):
             bucket.delete(name)
     return Finalized(ordered, [], [])
+
+
+def _drop_records(bucket: Prefix, objects: dict, count: int) -> None:
+    """The records of this split left beside a complete ``modelinit.json`` of the plan: a part with no
+    shard to write lists the prefix before the last writer's manifest and saves its record after that
+    writer deleted the records (Ray tasks ran so), so the part that finds the checkpoint complete
+    deletes what is left."""
+    for k in range(count):
+        name = record_name(Part(k, count))
+        if name in objects:
+            bucket.delete(name)
 
 
 def recorded_request(bucket: Prefix) -> tuple[pb.ModelRequest, int]:
