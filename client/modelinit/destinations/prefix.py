@@ -17,7 +17,8 @@ One run, or part K of N (:mod:`modelinit.parts`), goes:
 3. :func:`finalize`: once every part's record lists its shards, present with their e_tags, the
    small files (index, config.json) and then ``modelinit.json`` are created exactly once, with a
    conditional create (S3 ``If-None-Match: *``) where the store has one; a part that loses the race
-   finds the same bytes there. The records are deleted last. ``modelinit finalize URL`` runs it alone.
+   finds the same bytes there. The records are deleted last (and by a part that finds the manifest
+   already there: its own record may have landed after). ``modelinit finalize URL`` runs it alone.
 """
 from __future__ import annotations
 
