@@ -5,8 +5,9 @@ are in tests/support, never here.
 
 Hooks shape a run (tests/README.md, "Running them"): the tests marked ``slow`` are handed out
 first, so that the parallel workers (pytest-xdist) end together instead of one of them finishing a
-long test alone; the installs the tests need start in the background as the run begins; and the
-run ends with its slowest tests, so that growth is seen where it happens."""
+long test alone; the installs the tests need start in the background as the run begins, and the
+numba kernels compile once for the whole run before the workers' first tests; and the run ends
+with its slowest tests, so that growth is seen where it happens."""
 from __future__ import annotations
 
 import os
@@ -16,7 +17,7 @@ import modelinit
 import pytest
 from modelinit_server.service.server import BackgroundServer, ServerConfig
 
-from tests.support import ServerProcess, installs
+from tests.support import ServerProcess, installs, kernels
 from tests.support.durations import Durations
 from tests.support.azure_server import azure_container, azure_env, azure_server  # noqa: F401 - fixtures
 from tests.support.hostile_server import hostile  # noqa: F401 - fixture
@@ -56,6 +57,14 @@ def pytest_configure(config):
     sys.dont_write_bytecode = False
     if not hasattr(config, "workerinput"):  # the run's own process: the one that prints
         config.pluginmanager.register(Durations(), "modelinit-durations")
+        if getattr(config.option, "numprocesses", None):  # before any worker exists (tests/support/kernels.py)
+            kernels.warm_in_background()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kernels_compiled_once():
+    """A worker's first test waits for the controller's numba warm-up (tests/support/kernels.py)."""
+    kernels.wait()
 
 
 @pytest.fixture(scope="session")
