@@ -30,8 +30,11 @@ from tests.support.stores import azure_store, s3_store, store  # noqa: F401 - fi
 
 def pytest_collection_modifyitems(config, items):
     """The ``slow`` tests first, each group in its order of collection (a stable sort), and in each
-    group those that need an install last (tests/support/installs.py starts them in the background)."""
-    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, installs.needs_install(item.nodeid)))
+    group those that need an install last (tests/support/installs.py starts them in the background);
+    the ``reads_parts`` tests at the very end (what they read is made by other tests: handed out
+    earlier, a worker would wait there while the other makes the last part)."""
+    items.sort(key=lambda item: (item.get_closest_marker("reads_parts") is not None, item.get_closest_marker("slow") is None,
+                                 installs.needs_install(item.nodeid)))
 
 
 def pytest_collection_finish(session):

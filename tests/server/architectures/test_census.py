@@ -57,6 +57,7 @@ def test_every_type_is_in_one_part():
 
 
 @pytest.mark.slow
+@pytest.mark.reads_parts
 def test_census_share(result, capsys):
     with capsys.disabled():
         print("\n" + result.report())
@@ -67,6 +68,7 @@ def test_census_share(result, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.reads_parts
 def test_every_type_that_does_not_pass_names_a_reason(result):
     """Those transformers cannot build from a shrunk default config (hundreds: the check is not
     vacuous) and any refusal or failure each say why."""
