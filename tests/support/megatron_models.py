@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import modelinit
-from tests.support.distributed import exit_rank, spawn
+from tests.support.distributed import exit_rank, same_bytes, spawn
 from tests.support.megatron_rules import gated_mlp, qkv_per_group, tp_whole
 
 def no_legacy_grouped_mlp() -> str | None:
@@ -325,6 +325,21 @@ def put_together(out: pathlib.Path, world: int, ep: int, gated: bool = True) -> 
             assert all(torch.equal(c, copies[0]) for c in copies), name
         assembled[name] = [tp_whole(name, [by_tp[k][0] for k in sorted(by_tp)], ROWS, COLUMNS, gated)]
     return assembled
+
+
+def chunks_hold_each_tensor_once(out: pathlib.Path, ref: dict) -> dict[str, list[str]]:
+    """The virtual-pipeline chunks saved in ``out`` (``rank*-chunk*.pt``: ``first``, the global index of
+    the chunk's first layer, and its ``state``), checked: every tensor of ``ref`` held by exactly one
+    chunk, with its bytes. Returns each tensor's holder (``rank0-chunk1``)."""
+    held: dict[str, list] = {}
+    for f in sorted(out.glob("rank*-chunk*.pt")):
+        share = torch.load(f)
+        for name, t in share["state"].items():
+            held.setdefault(global_name(name, share["first"], 0, 1), []).append((f.stem, t))
+    assert {n: [c for c, _ in ts] for n, ts in held.items() if len(ts) != 1} == {}
+    assert sorted(held) == sorted(ref)
+    assert [n for n, ts in held.items() if not same_bytes(ts[0][1], ref[n])] == []
+    return {n: ts[0][0] for n, ts in held.items()}
 
 
 def fsdp2_wrapped(model, experts_apart: bool = False):

@@ -25,8 +25,9 @@ pytest.importorskip("megatron.core", reason="megatron-core is in the test extra"
 import modelinit  # noqa: E402
 
 from tests.support.distributed import exit_rank, no_collectives, same_bytes, spawn  # noqa: E402
-from tests.support.megatron_models import (HF, MOE, SEED, STARCODER2, folder_in_megatrons_layout,  # noqa: E402
-                                           global_name, in_one_process, init_group, megatron_gpt, put_together)
+from tests.support.megatron_models import (HF, MOE, SEED, STARCODER2, chunks_hold_each_tensor_once,  # noqa: E402
+                                           folder_in_megatrons_layout, in_one_process, init_group, megatron_gpt,
+                                           put_together)
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),  # Megatron warns that Apex/TE are absent
               pytest.mark.slow]
@@ -159,17 +160,10 @@ def test_virtual_pipeline_chunks_hold_the_folder_each_tensor_once(tmp_path):
     ref, out = folder_in_megatrons_layout(tmp_path), tmp_path / "chunks"
     out.mkdir()
     spawn(_fill_chunks, (2, str(tmp_path / "pg"), 2, str(out)), 2)
-    held: dict[str, list] = {}
-    for f in sorted(out.glob("rank*-chunk*.pt")):
-        share = torch.load(f)
-        for name, t in share["state"].items():
-            held.setdefault(global_name(name, share["first"], 0, 1), []).append((f.stem, t))
-    assert {n: [c for c, _ in ts] for n, ts in held.items() if len(ts) != 1} == {}
-    assert sorted(held) == sorted(ref)
-    assert [n for n, ts in held.items() if not same_bytes(ts[0][1], ref[n])] == []
-    assert [c for c, _ in held["embedding.word_embeddings.weight"]] == ["rank0-chunk0"]
-    assert [c for c, _ in held["output_layer.weight"]] == ["rank1-chunk1"]
-    assert [c for c, _ in held["decoder.layers.2.input_layernorm.weight"]] == ["rank0-chunk1"]
+    holder = chunks_hold_each_tensor_once(out, ref)
+    assert holder["embedding.word_embeddings.weight"] == "rank0-chunk0"
+    assert holder["output_layer.weight"] == "rank1-chunk1"
+    assert holder["decoder.layers.2.input_layernorm.weight"] == "rank0-chunk1"
 
 
 def _check_qkv_rows() -> None:

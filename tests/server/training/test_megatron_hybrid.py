@@ -24,7 +24,7 @@ import modelinit  # noqa: E402
 
 from tests.support.distributed import exit_rank, no_collectives, same_bytes, spawn  # noqa: E402
 from tests.support.megatron_models import (HYBRID_MOE, HYBRID_PATTERN, HYBRID_PP2, PADDED, SEED,  # noqa: E402
-                                           folder_in_hybrid_layout, fsdp2_wrapped, global_name, has_hybrid_model,
+                                           chunks_hold_each_tensor_once, folder_in_hybrid_layout, fsdp2_wrapped, has_hybrid_model,
                                            in_one_process, init_group, megatron_hybrid, put_together)
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.slow,
@@ -138,16 +138,9 @@ def test_virtual_pipeline_chunks_hold_the_folder_each_tensor_once(tmp_path):
     ref, out = folder_in_hybrid_layout(tmp_path, HYBRID_VP), tmp_path / "chunks"
     out.mkdir()
     spawn(_fill_chunks, (2, str(tmp_path / "pg"), str(out)), 2)
-    held: dict[str, list] = {}
-    for f in sorted(out.glob("rank*-chunk*.pt")):
-        share = torch.load(f)
-        for name, t in share["state"].items():
-            held.setdefault(global_name(name, share["first"], 0, 1), []).append((f.stem, t))
-    assert {n: [c for c, _ in ts] for n, ts in held.items() if len(ts) != 1} == {}
-    assert sorted(held) == sorted(ref)
-    assert [n for n, ts in held.items() if not same_bytes(ts[0][1], ref[n])] == []
-    assert [c for c, _ in held["decoder.layers.4.input_layernorm.weight"]] == ["rank0-chunk1"]
-    assert [c for c, _ in held["decoder.layers.3.mlp.router.weight"]] == ["rank1-chunk0"]
+    holder = chunks_hold_each_tensor_once(out, ref)
+    assert holder["decoder.layers.4.input_layernorm.weight"] == "rank0-chunk1"
+    assert holder["decoder.layers.3.mlp.router.weight"] == "rank1-chunk0"
 
 
 def _fill_fsdp2(rank: int, world: int, init_file: str, out: str) -> None:
