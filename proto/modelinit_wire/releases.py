@@ -9,6 +9,7 @@ needed. (transformers >= 5.23 disables its PyTorch backend below torch 2.6, afte
 transformers class looks absent; said as the version it is, that is one line with the fix.)"""
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import re
 
@@ -28,13 +29,22 @@ def floor(name: str) -> str | None:
     """The lowest release of ``name`` modelinit declares (its ``>=`` bound, the highest of them where
     several extras bound it; the test extra's, which pins what the tests need, aside), or None
     (not declared, or modelinit's metadata is not installed: a source tree)."""
+    return _floors().get(_canonical(name))
+
+
+@functools.cache
+def _floors() -> dict[str, str]:
+    """Every floor modelinit's installed metadata declares, by canonical name (read once)."""
     try:
         required = importlib.metadata.requires("modelinit") or []
     except importlib.metadata.PackageNotFoundError:
-        return None
-    found = [m.group(2) for m in map(_FLOOR.match, required)
-             if m and _canonical(m.group(1)) == _canonical(name) and not _TEST_EXTRA.search(m.string)]
-    return max(found, key=_release) if found else None
+        return {}
+    floors: dict[str, str] = {}
+    for m in map(_FLOOR.match, required):
+        if m and not _TEST_EXTRA.search(m.string):
+            name = _canonical(m.group(1))
+            floors[name] = max(floors.get(name, m.group(2)), m.group(2), key=_release)
+    return floors
 
 
 def _canonical(name: str) -> str:

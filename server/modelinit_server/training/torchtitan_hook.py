@@ -49,7 +49,6 @@ class ParameterFill:
                              "--override.imports 'modelinit_server.training.torchtitan_hook.modelinit_init={\"seed\": 42}'")
         self.config, self.seed, self.spec, self.device = config, seed, spec, device
         self.policy = policy_of(policy)  # a bad policy is refused here, before anything is built
-        self.filled = 0
         self._job: Job | None = None
         self._shared = Shared()
 
@@ -88,7 +87,6 @@ class ParameterFill:
                                                       algorithm_version=job.version))
         one = Job(job.spec, [(name, param)], job.layout, {dt: job.plans[dt]}, [dt], (), (), job.derived, job.version)
         fill(one, self.device)
-        self.filled += 1
 
 
 class _Param:
