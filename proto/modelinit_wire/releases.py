@@ -17,8 +17,11 @@ _TEST_EXTRA = re.compile(r"""extra\s*==\s*["']test["']""")
 _FLOOR = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*(?:\[[^\]]*\])?\s*>=\s*([0-9][0-9A-Za-z.]*)")
 
 
+@functools.cache
 def installed(name: str) -> str | None:
-    """The installed version of distribution ``name``, or None."""
+    """The installed version of distribution ``name``, or None. Read once per process: the version
+    that counts is the one this process imported, and reading the metadata costs milliseconds (a
+    scan of every installed distribution) on a path taken several times per request."""
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:

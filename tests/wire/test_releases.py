@@ -41,15 +41,33 @@ def test_the_floors_are_modelinits_declared_ones():
     assert releases.floor("numpy") != "2.0.2"  # the server's numpy floor, not the test extra's (mup's pandas)
 
 
+@pytest.fixture()
+def reread():
+    """The versions read afresh during the test (they are read once per process), and after it."""
+    releases.installed.cache_clear()
+    yield
+    releases.installed.cache_clear()
+
+
 @pytest.mark.parametrize("have, below", [("2.5.1", True), ("2.10.9", True), ("2.11.0", False), ("2.11.0rc1", False),
                                          ("2.13.0+cpu", False), ("3.0", False)])
-def test_a_release_is_compared_by_its_numbers(monkeypatch, have, below):
+def test_a_release_is_compared_by_its_numbers(monkeypatch, reread, have, below):
     version = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda n: have if n == "torch" else version(n))
     assert (releases.below_floor("torch") is not None) is below
     line = releases.below("numpy", "torch")
     assert (line == f"torch {have} is installed; modelinit needs torch>={releases.floor('torch')} (the oldest release "
                     f"it has run on): pip install -U 'torch>={releases.floor('torch')}'") if below else line is None
+
+
+def test_an_installed_release_is_read_once(monkeypatch, reread):
+    """The metadata is read once per process (a scan of every distribution, on a path each request
+    takes several times); the version that counts is the one this process imported."""
+    reads = []
+    version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda n: reads.append(n) or version(n))
+    assert releases.installed("torch") == releases.installed("torch") == version("torch")
+    assert releases.below("torch", "torch") is None and reads == ["torch"]
 
 
 @pytest.mark.slow

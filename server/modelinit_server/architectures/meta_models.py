@@ -13,7 +13,6 @@ transformers (and torch) are imported only when a function here is called.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import io
 import logging
 import warnings
@@ -40,10 +39,7 @@ DEFAULT_CLASS_MAPPINGS = (
 
 def transformers_version() -> str:
     """The installed transformers version, without importing it; empty when it is missing."""
-    try:
-        return importlib.metadata.version("transformers")
-    except importlib.metadata.PackageNotFoundError:
-        return ""
+    return releases.installed("transformers") or ""
 
 
 def load_transformers():
