@@ -119,8 +119,8 @@ def _write(path: pathlib.Path, spec: ModelSpec) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".spec-", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(to_json(spec), fh, separators=(",", ":"), allow_nan=True)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:  # dumps: json's C encoder (dump's is Python's, 5x slower)
+            fh.write(json.dumps(to_json(spec), separators=(",", ":"), allow_nan=True))
         os.replace(tmp, path)
     except OSError:
         try:
