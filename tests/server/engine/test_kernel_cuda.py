@@ -401,9 +401,51 @@ def _interp_building_blocks() -> dict:
     return res
 
 
+def _patch_once_per_launch() -> None:
+    """The interpreter patches triton.language for a launch (its grid runs under the patch, undone at
+    the end), then again on every device-function call inside it, each time over every member of
+    the language modules (``inspect.getmembers``): a third of the random table's time. Inside a
+    launch, a device function whose modules the launch patched is run without patching again: the
+    same patch, so the same values (a device function's patch is never undone, so one that patched a
+    module the launch did not, triton.language.standard's ``core``, holds for the rest of the
+    launch); outside one, as the interpreter does. Left as it is where the
+    interpreter's private names moved (a slower run, never a different one)."""
+    import threading
+
+    from triton.runtime import interpreter
+
+    grid_call, patch = getattr(interpreter.GridExecutor, "__call__", None), getattr(interpreter, "_patch_lang", None)
+    if grid_call is None or patch is None or not hasattr(interpreter, "_LangPatchScope"):
+        return
+    launch = threading.local()
+
+    def langs(fn) -> frozenset[int]:
+        return frozenset(id(v) for v in fn.__globals__.values() if v is triton.language or v is triton.language.core)
+
+    def patch_lang(fn):
+        patched = getattr(launch, "langs", None)
+        if patched is not None and langs(fn) <= patched:
+            return interpreter._LangPatchScope()  # nothing to undo: the launch's patch holds
+        scope = patch(fn)
+        if getattr(launch, "open", False):  # the launch's own patch, or a device function's other module
+            launch.langs = langs(fn) | (patched or frozenset())
+        return scope
+
+    def call(self, *args, **kwargs):
+        launch.open, launch.langs = True, None
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            launch.open, launch.langs = False, None
+
+    interpreter._patch_lang = patch_lang
+    interpreter.GridExecutor.__call__ = call
+
+
 def _worker(mode: str) -> dict:
     """Entry point of the interpreter subprocess: run one group of checks, return a JSON-able dict."""
     assert cuda.interpreting() and cuda.available(), "worker needs TRITON_INTERPRET=1"
+    _patch_once_per_launch()
     if mode == "golden":
         return {"results": [_run_case(c, "cpu") for c in _golden_cases()]}
     if mode.startswith("random:"):  # random:K:N, part K of N: every N-th case; part 0 also the other checks
