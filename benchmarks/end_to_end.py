@@ -121,7 +121,7 @@ class Server:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="tinyllama-1.1b")
+    ap.add_argument("--model", default="tinyllama-1.1b", help="a preset or a config.json (each run and baseline takes it)")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of each modelinit run (best and median)")
     ap.add_argument("--hf-reps", type=int, default=2, help="repetitions of the transformers baseline")
     ap.add_argument("--dir", default=None, help="scratch folder for every output (default: the system temp dir)")

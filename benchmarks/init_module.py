@@ -4,6 +4,7 @@ the plain PyTorch loop a user would hand-write.
     python benchmarks/init_module.py                       # TinyLlama-1.1B shape, bf16, CPU
     python benchmarks/init_module.py --layers 4 --dtype float32 --repeat 3
     python benchmarks/init_module.py --shape llama-3-8b --device cuda   # on a GPU: the Triton kernels
+    python benchmarks/init_module.py --shape smoke --layers 1 --repeat 1  # does it run (no figure means much)
 
 Builds the model on the meta device, materializes it with ``to_empty`` (what a sharded training
 job does), then times, on the same module, best of ``--repeat`` each:
@@ -35,7 +36,10 @@ TINYLLAMA = dict(model_type="llama", vocab_size=32000, hidden_size=2048, interme
                  num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False)
 LLAMA3_8B = dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, tie_word_embeddings=False)
-SHAPES = {"tinyllama-1.1b": TINYLLAMA, "llama-3-8b": LLAMA3_8B}
+#: A Llama small enough that a run is its process start (tests/project/test_benchmarks.py's smoke run).
+SMOKE = dict(model_type="llama", vocab_size=1024, hidden_size=256, intermediate_size=704, num_hidden_layers=2,
+             num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+SHAPES = {"tinyllama-1.1b": TINYLLAMA, "llama-3-8b": LLAMA3_8B, "smoke": SMOKE}
 
 
 def torch_loop(model, std: float = 0.02) -> None:

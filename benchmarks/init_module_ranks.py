@@ -4,6 +4,7 @@ should fall as 1/W at equal resources per rank.
     python benchmarks/init_module_ranks.py                              # worlds 1,2; fsdp and tp; TinyLlama-1.1B bf16
     python benchmarks/init_module_ranks.py --worlds 1,2,4 --layout fsdp --threads 1
     python benchmarks/init_module_ranks.py --layers 4 --repeat 3 --dtype float32
+    python benchmarks/init_module_ranks.py --shape smoke --worlds 1 --layout tp --layers 1 --repeat 1  # does it run
 
 For each world size W and layout, W processes are spawned (torch.multiprocessing, gloo, a
 ``file://`` rendezvous in a temporary directory). Each builds the same LlamaForCausalLM on the
@@ -38,6 +39,10 @@ sys.path.insert(0, str(REPO / "client"))
 
 TINYLLAMA = dict(model_type="llama", vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                  num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False)
+#: A Llama small enough that a world's time is its ranks' start (the smoke run of tests/project/test_benchmarks.py).
+SMOKE = dict(TINYLLAMA, vocab_size=1024, hidden_size=256, intermediate_size=704, num_attention_heads=8,
+             num_key_value_heads=2, max_position_embeddings=256)
+SHAPES = {"tinyllama-1.1b": TINYLLAMA, "smoke": SMOKE}
 
 
 def _tp_plan(model) -> dict:
@@ -52,7 +57,7 @@ def _tp_plan(model) -> dict:
     return plan
 
 
-def _build(layout: str, world: int, layers: int, dtype: str):
+def _build(layout: str, world: int, shape: str, layers: int, dtype: str):
     """The model on meta, parallelized on a 1-D mesh of all ranks, then materialized."""
     import torch
     import transformers
@@ -60,7 +65,7 @@ def _build(layout: str, world: int, layers: int, dtype: str):
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    doc = dict(TINYLLAMA, num_hidden_layers=layers)
+    doc = dict(SHAPES[shape], num_hidden_layers=layers)
     config = transformers.AutoConfig.for_model(doc.pop("model_type"), **doc)
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(config).to(getattr(torch, dtype))
@@ -90,7 +95,7 @@ def _worker(rank: int, world: int, tmp: str, layout: str, args: dict) -> None:
     dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=world)
     try:
         t = time.perf_counter()
-        model = _build(layout, world, args["layers"], args["dtype"])
+        model = _build(layout, world, args["shape"], args["layers"], args["dtype"])
         build = time.perf_counter() - t
         t = time.perf_counter()
         init_module_(model, seed=0)  # warm: numba compile/cache load, spec resolution
@@ -125,6 +130,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", default="1,2", help="comma-separated world sizes (default 1,2)")
     ap.add_argument("--layout", default="fsdp,tp", help="fsdp, tp or both comma-separated (default fsdp,tp)")
+    ap.add_argument("--shape", default="tinyllama-1.1b", choices=sorted(SHAPES), help="the Llama's shape (smoke: a small one)")
     ap.add_argument("--layers", type=int, default=TINYLLAMA["num_hidden_layers"])
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--repeat", type=int, default=3, help="timed calls per rank; a rank's figure is its best")
@@ -142,8 +148,8 @@ def main() -> None:
     # read when numba / the OpenMP runtime load in the children (spawned: they inherit this environment)
     os.environ["NUMBA_NUM_THREADS"] = str(threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    args = dict(layers=a.layers, dtype=a.dtype, repeat=a.repeat, threads=threads, pin=a.pin)
-    print(f"LlamaForCausalLM (TinyLlama-1.1B shape), {a.layers} layers, {a.dtype}; {cores} cores, "
+    args = dict(shape=a.shape, layers=a.layers, dtype=a.dtype, repeat=a.repeat, threads=threads, pin=a.pin)
+    print(f"LlamaForCausalLM ({a.shape} shape), {a.layers} layers, {a.dtype}; {cores} cores, "
           f"{threads} torch + numba threads per rank{', pinned' if a.pin else ''}; best of {a.repeat}")
 
     rows = []

@@ -1,8 +1,10 @@
 """Baseline: what a user does today with transformers: build the model from its config, cast to
 bf16, save_pretrained (safetensors). Prints one line with the total seconds and peak RSS.
 
-    python benchmarks/baselines/hf_init_save.py [tinyllama-1.1b]
+    python benchmarks/baselines/hf_init_save.py [tinyllama-1.1b | path/to/config.json]
 """
+import json
+import pathlib
 import resource
 import shutil
 import sys
@@ -12,11 +14,13 @@ import time
 import torch
 import transformers
 from modelinit_server.architectures import PRESETS
+from modelinit_server.architectures.meta_models import default_class
 
 torch.set_num_threads(2)
 name = sys.argv[1] if len(sys.argv) > 1 else "tinyllama-1.1b"
-config = transformers.AutoConfig.for_model(**PRESETS[name])
-cls = getattr(transformers, config.architectures[0])
+document = json.loads(pathlib.Path(name).read_text()) if pathlib.Path(name).is_file() else PRESETS[name]
+config = transformers.AutoConfig.for_model(**document)
+cls = getattr(transformers, (config.architectures or [default_class(config.model_type)])[0])
 out = tempfile.mkdtemp(prefix="hf-init-save-")
 torch.manual_seed(0)
 start = time.perf_counter()

@@ -2,8 +2,9 @@
 ``torch.empty(shape, dtype=bf16).normal_(0, 0.02)``, then ``safetensors.torch.save_file`` of the
 whole dict. No policy, no determinism across devices: the floor a hand-written script reaches.
 
-    python benchmarks/baselines/torch_loop.py [tinyllama-1.1b]
+    python benchmarks/baselines/torch_loop.py [tinyllama-1.1b | path/to/config.json]
 """
+import pathlib
 import resource
 import shutil
 import sys
@@ -11,12 +12,12 @@ import tempfile
 import time
 
 import torch
-from modelinit_server.architectures import from_preset
+from modelinit_server.architectures import from_config, from_preset
 from safetensors.torch import save_file
 
 torch.set_num_threads(2)
 name = sys.argv[1] if len(sys.argv) > 1 else "tinyllama-1.1b"
-spec = from_preset(name)
+spec = from_config(pathlib.Path(name).read_text()) if pathlib.Path(name).is_file() else from_preset(name)
 out = tempfile.mkdtemp(prefix="torch-loop-")
 generator = torch.Generator().manual_seed(0)
 start = time.perf_counter()

@@ -12,15 +12,15 @@ prints its report's labels. One case per script (the id names it), each in the s
 * ``floor``: bert-base-uncased (the smallest preset; floor plans presets only), one rep, on the CPU
   (``--device cuda`` needs a GPU); ``floor --timeline``: one in-process job, each patched stage
   reported (a patch that misses its name leaves its stage out).
-* ``end_to_end``: bert-base-uncased, one rep, one rep of the baselines: it runs all three of
-  benchmarks/baselines/ (hf_init_save, torch_loop, grpc_ceiling).
+* ``end_to_end``: the tiny gpt2 config.json, one rep, one rep of the baselines: it runs all three
+  of benchmarks/baselines/ (hf_init_save, torch_loop, grpc_ceiling), each given the same config.
 * ``object_store``: a tiny gpt2 config.json, one repeat, parts 1, no iterator ceiling (moto).
 * ``probe``: the tiny gpt2 config, batch 1 x 8 tokens; and its coordinate-check mode at widths 32, 64, 2 steps.
 * ``verify``: ``--smoke`` (a tiny Llama in four files).
-* ``init_module``: TinyLlama's shape with one layer, float32, one repeat, CPU (``--device cuda``
-  needs a GPU).
-* ``init_module_ranks``: world 1, layout tp (its worker imports what fsdp uses too), one layer,
-  one repeat, one thread.
+* ``init_module``: its ``smoke`` shape (a small Llama) with one layer, float32, one repeat, CPU
+  (``--device cuda`` needs a GPU).
+* ``init_module_ranks``: its ``smoke`` shape, world 1, layout tp (its worker imports what fsdp uses
+  too), one layer, one repeat, one thread.
 * ``init_module_stacks``: a real run of both stacks in their smallest flavor (torchtitan's
   ``debugmodel``, one repeat); torchtitan comes from tests/support/stacks.py (skips without a
   package index and no copy), megatron-core from the test extra.
@@ -106,8 +106,8 @@ def test_floor_timeline(tmp_path):
        "writer waits for the next event")
 
 
-def test_end_to_end(tmp_path):
-    ok(run([str(BENCH / "end_to_end.py"), "--model", "bert-base-uncased", "--reps", "1", "--hf-reps", "1",
+def test_end_to_end(tmp_path, tiny_config):
+    ok(run([str(BENCH / "end_to_end.py"), "--model", str(tiny_config), "--reps", "1", "--hf-reps", "1",
             "--dir", str(tmp_path)], tmp_path),
        "embedded default:", "transformers:", "plain PyTorch loop:", "served + CLI client:", "raw gRPC ceiling:")
 
@@ -134,12 +134,13 @@ def test_verify(tmp_path):
 
 
 def test_init_module(tmp_path):
-    ok(run([str(BENCH / "init_module.py"), "--layers", "1", "--dtype", "float32", "--repeat", "1"], tmp_path),
+    ok(run([str(BENCH / "init_module.py"), "--shape", "smoke", "--layers", "1", "--dtype", "float32", "--repeat", "1"],
+           tmp_path),
        "init_module_")
 
 
 def test_init_module_ranks(tmp_path):
-    ok(run([str(BENCH / "init_module_ranks.py"), "--worlds", "1", "--layout", "tp", "--layers", "1",
+    ok(run([str(BENCH / "init_module_ranks.py"), "--shape", "smoke", "--worlds", "1", "--layout", "tp", "--layers", "1",
             "--repeat", "1", "--threads", "1"], tmp_path), "tp")
 
 
