@@ -137,6 +137,37 @@ def shrink(document: dict[str, Any], layers_only: bool = False, sizes: dict[str,
     return d
 
 
+#: Name endings of the sizes :func:`narrow` caps (widths the tables above do not name: a backbone's
+#: ``hidden_sizes``, a projector's ``out_hidden_size``, an image's ``image_size``...).
+NARROW_SUFFIXES = ("_size", "_sizes", "_dim", "_dims")
+NARROW = 64
+#: Types whose narrowed config transformers cannot load back from its own ``save_pretrained`` (so
+#: it cannot judge modelinit's folder either): they are tried without :func:`narrow`.
+#: tests/server/architectures/test_census.py checks that each still fails so.
+NOT_NARROWED = {
+    "nemo_speechlm": "from_pretrained of its own save: attention projections of 54 rows where the model has 64",
+    "gradium_phonon_tts": "from_pretrained of its own save: its PermuteForRope conversion cannot view q_proj",
+}
+
+
+def narrow(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` with every int (or list of ints) whose name ends as :data:`NARROW_SUFFIXES` says
+    capped at :data:`NARROW` (nested configs too; the tables' own sizes as they are). Tried first:
+    without it, a few types keep tens of millions of parameters in sizes the tables do not name (half
+    the census' time), and some build only with it."""
+    d = dict(document)
+    for k, v in d.items():
+        if isinstance(v, dict) and not _per_layer(v):
+            d[k] = narrow(v)
+        elif k in SIZES or not k.endswith(NARROW_SUFFIXES):
+            continue
+        elif _int(v) and v > NARROW:
+            d[k] = NARROW
+        elif isinstance(v, list) and v and all(_int(x) for x in v) and max(v) > NARROW:
+            d[k] = [min(x, NARROW) for x in v]
+    return d
+
+
 def _per_layer(v: dict) -> bool:
     return bool(v) and all(isinstance(k, (int, str)) and str(k).isdigit() for k in v)
 
@@ -186,6 +217,8 @@ def candidate(model_type: str) -> tuple[str, dict[str, Any]] | str:
     # LM takes the text config) is built as its other classes
     names = [usual] + [n for n in meta_models.classes_for(model_type) if n != usual]
     documents = [shrink(base, False, v) for v in VARIANTS] + [shrink(base, True), dict(base)]
+    if model_type not in NOT_NARROWED and narrow(documents[0]) != documents[0]:
+        documents.insert(0, narrow(documents[0]))
     reasons: list[str] = []
     for cls_name in names:
         cls = getattr(transformers, cls_name, None)
