@@ -217,8 +217,9 @@ def candidate(model_type: str) -> tuple[str, dict[str, Any]] | str:
     # LM takes the text config) is built as its other classes
     names = [usual] + [n for n in meta_models.classes_for(model_type) if n != usual]
     documents = [shrink(base, False, v) for v in VARIANTS] + [shrink(base, True), dict(base)]
-    if model_type not in NOT_NARROWED and narrow(documents[0]) != documents[0]:
-        documents.insert(0, narrow(documents[0]))
+    narrowed = narrow(documents[0])
+    if model_type not in NOT_NARROWED and narrowed != documents[0]:
+        documents.insert(0, narrowed)
     reasons: list[str] = []
     for cls_name in names:
         cls = getattr(transformers, cls_name, None)

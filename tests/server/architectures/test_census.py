@@ -113,5 +113,5 @@ def test_a_type_left_unnarrowed_is_one_transformers_cannot_load_back(model_type,
         document = census.narrow(census.shrink(base, False, census.VARIANTS[0]))
         config = CONFIG_MAPPING[model_type].from_dict({k: v for k, v in document.items() if k != "transformers_version"})
         cls(config).save_pretrained(tmp_path)
-        with pytest.raises(RuntimeError, match="mismatched|conversion"):
+        with pytest.raises(RuntimeError, match="mismatched|conversion"):  # NOT_NARROWED[model_type] says which
             cls.from_pretrained(tmp_path)
