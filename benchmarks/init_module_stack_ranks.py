@@ -5,8 +5,9 @@ stack's own initialization, at world sizes 1, 2, 4 on the CPU.
     python benchmarks/init_module_stack_ranks.py --stack megatron --layers 4 --worlds 1,2,4
     python benchmarks/init_module_stack_ranks.py --flavor debugmodel --layers 1 --worlds 1,2 --repeat 1
 
-For each stack and world size W, W processes are spawned (torch.multiprocessing, gloo, a
-``file://`` rendezvous in a temporary directory), each running ``--threads`` torch and numba
+For each stack and world size W, W processes are started (torch.multiprocessing, forked from a
+fork server that imported torch, numba, modelinit and the stacks once; gloo, a ``file://``
+rendezvous in a temporary directory), each running ``--threads`` torch and numba
 threads (default 1, so that worlds compare at equal resources per rank). The model is torchtitan's
 Llama 3 ``--flavor`` shape (``--layers`` keeps its first layers), float32:
 
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import pathlib
 import resource
@@ -183,12 +185,20 @@ def worker(rank: int, world: int, tmp: str, stack: str, args: dict) -> None:
     pathlib.Path(tmp, f"rank{rank}.json").write_text(json.dumps(result))
 
 
+#: What a rank imports, per stack: the fork server imports it once (:func:`run_world`).
+PRELOAD = {"megatron": ("megatron.core.models.gpt", "megatron.core.models.gpt.gpt_layer_specs", "megatron.core.parallel_state"),
+           "torchtitan": ("torch.distributed.device_mesh", "torch.distributed.fsdp", "torchtitan.models.llama3")}
+
+
 def run_world(stack: str, world: int, args: dict) -> list[dict]:
-    """Every rank's figures for ``stack`` at world size ``world``."""
+    """Every rank's figures for ``stack`` at world size ``world``. The ranks are forked from a fork
+    server that imported torch, numba, modelinit and the stacks once (``PRELOAD``): each rank
+    starts as a fresh process would, without paying those imports again (Megatron-Core alone is
+    about 4 s); nothing timed here includes a process's start."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="init-module-stack-ranks-") as tmp:
-        mp.spawn(worker, args=(world, tmp, stack, args), nprocs=world, join=True)
+        mp.start_processes(worker, args=(world, tmp, stack, args), nprocs=world, join=True, start_method="forkserver")
         return [json.loads(pathlib.Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
 
 
@@ -230,8 +240,11 @@ def main() -> None:
 
     worlds = [int(w) for w in a.worlds.split(",")]
     stacks = ["megatron", "torchtitan"] if a.stack == "both" else [a.stack]
-    # read when numba / the OpenMP runtime load in the children (spawned: they inherit this environment)
+    # read when numba / the OpenMP runtime load in the fork server (it inherits this environment; the ranks inherit its state)
     os.environ["NUMBA_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(a.threads)
+    # before the fork server starts (on the first world): it imports these with this environment
+    multiprocessing.set_forkserver_preload(["numba", "torch", "torch.distributed", "modelinit", "modelinit_server.training",
+                                            "init_module_stacks", *(m for st in stacks for m in PRELOAD[st])])
     hf = hf_config(a.flavor, a.layers)
     args = dict(flavor=a.flavor, layers=a.layers, hf=hf, repeat=a.repeat, threads=a.threads)
     cores = len(os.sched_getaffinity(0))
