@@ -101,7 +101,7 @@ def test_the_embedded_client_asks_the_engine_when_parallel_is_not_given(tmp_path
     """parallel=None (the API's and the CLI's default): the engine's choice for a sharded model, at
     most one per shard; a one-shard model does not ask; the bytes are those of one file at a time."""
     asked, used = [], []
-    monkeypatch.setattr(EmbeddedSource, "files_at_once", lambda self: asked.append(1) or 3)  # of 5 shards
+    monkeypatch.setattr(EmbeddedSource, "files_at_once", lambda self, *job: asked.append(1) or 3)  # of 5 shards
     each_file = embedded_source.each_file
 
     def recording(open_stream, indices, write, parallel, progress):
@@ -114,7 +114,7 @@ def test_the_embedded_client_asks_the_engine_when_parallel_is_not_given(tmp_path
         assert asked == [1] and used == [3]
         c.init_model(SPEC, out_dir=tmp_path / "one", parallel=1, **SHARDED)
         c.init_model(SPEC, out_dir=tmp_path / "whole", seed=3)  # one shard (and config.json): nothing to spread
-        monkeypatch.setattr(EmbeddedSource, "files_at_once", lambda self: 99)
+        monkeypatch.setattr(EmbeddedSource, "files_at_once", lambda self, *job: 99)
         c.init_model(SPEC, out_dir=tmp_path / "capped", **SHARDED)
     assert asked == [1] and used == [3, 5]
     assert read_folder(tmp_path / "auto") == read_folder(tmp_path / "one")

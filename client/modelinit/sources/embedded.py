@@ -76,17 +76,20 @@ class EmbeddedSource:
         and SHA-256 (None: :meth:`files_at_once`, at most one per shard)."""
         if parallel is None:
             shards = sum(plan.files[i].shard for i in files)
-            parallel = min(self.files_at_once(), shards) if shards > 1 else 1
+            parallel = min(self.files_at_once(request, files), shards) if shards > 1 else 1
         if parallel > 1 and len(files) > 1:
             return each_file(lambda i: self.events(request, plan, [i]), files, write, parallel, progress)
         everything = files == list(range(len(plan.files)))
         return write(self.events(request, plan, None if everything else files), files, progress)
 
-    def files_at_once(self) -> int:
+    def files_at_once(self, request: pb.ModelRequest | None = None, files: list[int] | None = None) -> int:
         """Files to produce at once by default on this machine (the engine's choice: several only
-        where the generation outruns one file's SHA-256, on GPU nodes and many cores)."""
+        where the generation outruns one file's SHA-256, on GPU nodes and many cores), for ``files``
+        of ``request`` (None: any job)."""
         try:
-            return self.service.files_at_once()
+            if request is None:
+                return self.service.files_at_once()
+            return self.service.files_at_once(self._built(request).elements(files))
         except ValueError as e:  # the requested device's engine is unavailable
             raise ModelInitError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
 

@@ -10,6 +10,7 @@ import hashlib
 import json
 import threading
 from dataclasses import asdict, dataclass
+from typing import Iterable
 
 from ..engine import (
     ALGORITHM_VERSION,
@@ -119,6 +120,11 @@ class Plan:
     @property
     def total_params(self) -> int:
         return sum(t.spec.numel for t in self.tensors)
+
+    def elements(self, files: Iterable[int] | None = None) -> int:
+        """Elements the shards among ``files`` (indices into :attr:`files`; None: every file) hold."""
+        return sum(self.tensors[t].spec.numel for i in (range(len(self.files)) if files is None else files)
+                   for t in self.files[i].tensors)
 
 
 def key_name(request: Request, name: str) -> str:
