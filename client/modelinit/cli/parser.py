@@ -51,7 +51,7 @@ def _add_request_args(p: argparse.ArgumentParser, from_manifest: bool = False, s
     p.add_argument("--server", default=None, metavar="TARGET",
                    help="server address (host:port, dns:///name:port) or several, comma-separated; default: embedded")
     if generates:
-        p.add_argument("--device", default="auto", choices=DEVICES, help="embedded engine (default auto: CUDA, else the CPU kernel; a job of at most 4M elements: the reference, same bytes)")
+        p.add_argument("--device", default="auto", choices=DEVICES, help="embedded engine (default auto: CUDA, else the CPU kernel; small jobs, up to 4M elements per process: the reference, same bytes)")
     else:
         p.set_defaults(device="auto")
     _add_connection_args(p, generates)
