@@ -35,7 +35,8 @@ prints its report's labels. One case per script (the id names it), each in the s
 Measured on the 2-core development machine (shared): 118 s for the module before
 init_module_stack_ranks came (about 143 s with it), over its 90 s target; end_to_end ~30 s (ten
 processes: warm-up, embedded, both baselines, server, library call, two ceilings),
-init_module_stack_ranks ~25 s (four ranks' start-up), init_module ~19 s, init_module_ranks and
+init_module_stack_ranks ~25 s (four ranks' start-up; 14 s since its ranks fork from a fork server that
+imported the stacks once), init_module ~19 s, init_module_ranks and
 init_module_stacks ~17 s each, object_store ~10 s, probe ~7 s (its coordinate-check case ~10 s),
 the rest under 6 s each: mostly the imports of torch and transformers.
 """

@@ -100,7 +100,7 @@ def test_a_run_ends_with_its_slowest_tests(workers):
     """The last lines of a run, in this process or over xdist workers, name its slowest tests with
     their seconds, after pytest's own summary. The module run is a quick one whose tests take
     different times (so the order is checked on distinct figures)."""
-    module = "tests/server/produce/test_tensor_slices.py"
+    module = "tests/server/core/test_layout.py"
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers, module],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

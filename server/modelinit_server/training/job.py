@@ -140,7 +140,7 @@ def fill(job: Job, device: str) -> InitSummary:
     import torch
 
     layout, model_spec, pieces = job.layout, job.spec, job.layout.pieces
-    filler = Filler(device)
+    filler = Filler(device, elements=sum(local_tensor(t).numel() for _, t in job.named if local_tensor(t).device.type == "cpu"))
     seen: set[int] = set()
     count = elements = total = 0
     with torch.no_grad():

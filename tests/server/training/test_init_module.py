@@ -356,6 +356,38 @@ POLICY = {"rules": [
 ]}
 
 
+#: In a fresh interpreter: a small plain module filled under ``device`` (argv[1]); whether numba was
+#: imported, and the SHA-256 of its state.
+_SMALL_FILL = """
+import hashlib, sys, torch
+from modelinit_server.training import init_module_
+from tests.server.training.test_init_module import POLICY, SEED, Plain
+m = Plain()
+init_module_(m, seed=SEED, policy=POLICY, device=sys.argv[1])
+state = b"".join(t.detach().reshape(-1).view(torch.uint8).numpy().tobytes() for _, t in sorted(m.state_dict().items()))
+print("numba" in sys.modules, hashlib.sha256(state).hexdigest())
+"""
+
+
+def test_a_small_module_loads_no_kernel_and_gets_the_kernels_bytes():
+    """Under ``auto``, a small module (engine.backends.SmallJobs) is filled by the numpy reference
+    without loading numba's kernels; the bytes are the CPU kernel's."""
+    import subprocess
+    import sys
+
+    from tests.support import REPO
+
+    pytest.importorskip("numba")
+    out = {}
+    for device in ("auto", "cpu"):
+        done = subprocess.run([sys.executable, "-c", _SMALL_FILL, device], cwd=REPO, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        out[device] = done.stdout.split()[-2:]
+    assert out["auto"][0] == "False" and out["cpu"][0] == "True"
+    assert out["auto"][1] == out["cpu"][1]
+
+
 def test_plain_module_with_policy():
     a, b = Plain(), Plain()
     b.head.weight.data.fill_(7)
