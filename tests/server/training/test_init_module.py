@@ -23,6 +23,7 @@ from modelinit_server.training import init_module_, strip_wrappers  # noqa: E402
 from modelinit_server.training.fill import Filler  # noqa: E402
 
 from tests.support.distributed import exit_rank, no_collectives, same_bytes, spawn  # noqa: E402
+from tests.support.plain_module import POLICY, Plain  # noqa: E402
 
 SEED = 1234
 
@@ -328,64 +329,37 @@ def test_wrappers_are_ignored(tmp_path):
     assert strip_wrappers("_orig_mod.model._fsdp_wrapped_module.layers.0.w") == "model.layers.0.w"
 
 
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.attn_norm = torch.nn.LayerNorm(8)
-        self.proj = torch.nn.Linear(8, 8)
-
-
-class Plain(torch.nn.Module):
-    def __init__(self, extra: bool = False, vocab: int = 11):
-        super().__init__()
-        self.embed = torch.nn.Embedding(vocab, 8, padding_idx=0)
-        self.layers = torch.nn.ModuleList([Block(), Block()])
-        self.head = torch.nn.Linear(8, vocab, bias=False)
-        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
-        if extra:
-            self.scale = torch.nn.Parameter(torch.ones(3))
-
-
-POLICY = {"rules": [
-    {"match": {"kinds": ["embedding"]}, "init": {"normal": {"std": 1.0}}, "zero_padding_row": True},
-    {"match": {"kinds": ["norm"], "params": ["weight"]}, "init": "ones"},
-    {"match": {"params": ["bias"]}, "init": "zeros"},
-    {"match": {"kinds": ["linear"], "params": ["weight"], "min_layer": 0}, "init": {"trunc_normal": {"std": 0.02}},
-     "depth_scaling": "layer"},
-    {"match": {"names": ["head.weight"]}, "init": {"trunc_normal": {"std": 0.02}}},
-]}
-
-
-#: In a fresh interpreter: a small plain module filled under ``device`` (argv[1]); whether numba was
-#: imported, and the SHA-256 of its state.
+#: In a fresh interpreter: a small plain module filled under ``auto``; whether numba was imported, and
+#: the SHA-256 of its state.
 _SMALL_FILL = """
 import hashlib, sys, torch
 from modelinit_server.training import init_module_
-from tests.server.training.test_init_module import POLICY, SEED, Plain
+from tests.support.plain_module import POLICY, Plain
 m = Plain()
-init_module_(m, seed=SEED, policy=POLICY, device=sys.argv[1])
+init_module_(m, seed=1234, policy=POLICY)
 state = b"".join(t.detach().reshape(-1).view(torch.uint8).numpy().tobytes() for _, t in sorted(m.state_dict().items()))
 print("numba" in sys.modules, hashlib.sha256(state).hexdigest())
 """
 
 
 def test_a_small_module_loads_no_kernel_and_gets_the_kernels_bytes():
-    """Under ``auto``, a small module (engine.backends.SmallJobs) is filled by the numpy reference
-    without loading numba's kernels; the bytes are the CPU kernel's."""
+    """Under ``auto`` (the default), a small module (engine.backends.SmallJobs) is filled by the numpy
+    reference without loading numba's kernels; the bytes are the CPU kernel's."""
+    import hashlib
     import subprocess
     import sys
 
     from tests.support import REPO
 
     pytest.importorskip("numba")
-    out = {}
-    for device in ("auto", "cpu"):
-        done = subprocess.run([sys.executable, "-c", _SMALL_FILL, device], cwd=REPO, capture_output=True, text=True,
-                              timeout=120)
-        assert done.returncode == 0, done.stderr[-3000:]
-        out[device] = done.stdout.split()[-2:]
-    assert out["auto"][0] == "False" and out["cpu"][0] == "True"
-    assert out["auto"][1] == out["cpu"][1]
+    done = subprocess.run([sys.executable, "-c", _SMALL_FILL], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    numba_imported, digest = done.stdout.split()[-2:]
+    kernel = Plain()
+    init_module_(kernel, seed=1234, policy=POLICY, device="cpu")
+    state = b"".join(t.detach().reshape(-1).view(torch.uint8).numpy().tobytes() for _, t in sorted(kernel.state_dict().items()))
+    assert numba_imported == "False"
+    assert digest == hashlib.sha256(state).hexdigest()
 
 
 def test_plain_module_with_policy():
