@@ -94,6 +94,36 @@ def test_the_console_script_waits_for_a_thread_still_running():
     assert "thread finished" in out.stderr and "exit handler ran" in out.stderr
 
 
+_GC = """
+import gc
+gc.set_threshold(700, 10, 10)  # CPython's default (the tests' own children start elsewhere)
+from modelinit.cli import entry
+entry.main = lambda: print(gc.get_threshold(), flush=True) or 0
+entry.run()
+"""
+
+
+def test_the_console_script_collects_garbage_less_often_and_main_leaves_a_callers_setting(capsys):
+    """The console script owns its process: its command runs at ``GC_THRESHOLDS`` (importing torch and
+    transformers at CPython's default spends a tenth of a probe in the collector). ``main``, the same
+    command line called from a program, leaves that program's setting as it was."""
+    import gc
+
+    from modelinit.cli import entry, main
+
+    out = subprocess.run([sys.executable, "-c", _GC], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(entry.GC_THRESHOLDS) != str((700, 10, 10))
+    before = gc.get_threshold()
+    gc.set_threshold(1234, 5, 6)  # a caller's own, unlike both
+    try:
+        assert main(["versions"]) == 0
+        assert gc.get_threshold() == (1234, 5, 6)
+    finally:
+        gc.set_threshold(*before)
+    capsys.readouterr()
+
+
 def test_versions_reports_what_decides_the_bytes_without_importing_it(capsys):
     """``modelinit versions`` (a bug report's first lines): every distribution that decides the bytes or
     is a mapped stack, with its installed version or ``-``, read from metadata: nothing heavy imported."""
