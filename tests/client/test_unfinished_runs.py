@@ -229,3 +229,47 @@ def test_a_part_whose_record_lands_after_the_manifest_leaves_no_record(dest, spe
     assert raced == [True]
     assert _visible(dest.objects()) == expected
     assert [n for n in dest.objects() if n.startswith(".modelinit.part-")] == []
+
+
+def test_a_part_that_lists_the_prefix_while_the_last_writer_finalizes_ends_complete(dest, spec, expected, monkeypatch):
+    """A part with no shard to write (part 5 of 6) lists the prefix while the last writer finalizes
+    (config.json and the index there, the records too, ``modelinit.json`` not yet), and reads the
+    records after that writer deleted them: docs/ray.md's eight Ray tasks did so in a slow CI run, and
+    the part refused config.json as no run's. Now a record listed and gone before it is read means
+    the prefix changed under the survey: the part lists again, finds the checkpoint complete, and ends
+    with it as it is."""
+    from modelinit.destinations import prefix as writer
+
+    for k in range(4):  # every writer but the last
+        assert main(["init", spec, *ARGS, "--out", dest.url, "--part", f"{k}/6"]) == 0
+    real_create = writer._create_once
+    mid_finalize: dict = {}
+
+    def create_once(bucket, name, data):
+        if name == MANIFEST and not mid_finalize:
+            mid_finalize.update(bucket.list())  # what a part listing right now sees
+        return real_create(bucket, name, data)
+
+    with monkeypatch.context() as m:
+        m.setattr(writer, "_create_once", create_once)
+        assert main(["init", spec, *ARGS, "--out", dest.url, "--part", "4/6"]) == 0
+    assert MANIFEST not in mid_finalize and "config.json" in mid_finalize
+    assert any(n.startswith(".modelinit.part-") for n in mid_finalize)
+    assert MANIFEST in dest.objects() and not any(n.startswith(".modelinit.part-") for n in dest.objects())
+
+    real_prepare = writer.prepare
+    stale = [dict(mid_finalize)]  # part 5's first listing: the one taken mid-finalization
+
+    def prepare(bucket, *a, **kw):
+        real_list = bucket.list
+        bucket.list = lambda: stale.pop() if stale else real_list()
+        try:
+            return real_prepare(bucket, *a, **kw)
+        finally:
+            del bucket.list
+
+    monkeypatch.setattr(writer, "prepare", prepare)
+    assert main(["init", spec, *ARGS, "--out", dest.url, "--part", "5/6"]) == 0
+    assert stale == []
+    assert _visible(dest.objects()) == expected
+    assert [n for n in dest.objects() if n.startswith(".modelinit.part-")] == []

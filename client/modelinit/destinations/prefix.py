@@ -9,7 +9,9 @@ One run, or part K of N (:mod:`modelinit.parts`), goes:
    open multipart uploads a killed try left for this part's shards are aborted; objects an earlier
    run recorded but this plan does not write are deleted, and a ``modelinit.json`` of other weights
    goes first (the prefix is incomplete from then on); objects no run recorded that a loader would
-   read are refused unless ``overwrite``. Another part's shards are never touched.
+   read are refused unless ``overwrite``. Another part's shards are never touched. A record
+   listed and gone before it is read (the last part finalized meanwhile) means the prefix changed
+   under the survey: it is listed again (:data:`SURVEYS`).
 2. :func:`upload_files` uploads each shard as one multipart upload fed by the stream, checked on
    the way (:class:`~modelinit.stream.StreamCheck`): a check that fails aborts the upload, so no
    object ever holds wrong or partial bytes. After each shard the part's record
@@ -56,6 +58,10 @@ log = logging.getLogger("modelinit.client")
 
 #: What the protocol runs on: an object-store prefix, or a folder the parts of a checkpoint share.
 Prefix = Union[Bucket, LocalPrefix]
+
+#: How often :func:`prepare` lists the prefix while what it listed vanishes before it is read (a
+#: finalization takes one listing more; a prefix that keeps changing is surveyed as last listed).
+SURVEYS = 3
 
 _PART_RECORD = re.compile(r"^\.modelinit\.part-(\d+)-of-(\d+)\.json$")
 
@@ -149,12 +155,18 @@ def prepare(bucket: Prefix, plan: pb.PlanResponse, part: Part, overwrite: bool) 
     """Survey the prefix for ``part`` of ``plan`` and clear what must go (the module's step 1).
     Returns the plan's files when the prefix is already complete with these weights (this part's
     objects re-hashed); otherwise this part's record (saved), holding the shards kept."""
-    objects = bucket.list()
+    for _ in range(SURVEYS):
+        objects = bucket.list()
+        records = sorted(n for n in objects if _is_record(n))
+        # Each record and the manifest read once (small objects; N parts mean N records).
+        raw = {n: bucket.read(n, limit=MAX_RECORD_BYTES) for n in [*records, *([MANIFEST_FILE] if MANIFEST_FILE in objects else [])]}
+        if None not in raw.values():
+            break
+        # Listed, then gone before it was read: the prefix changed under this survey (the last part
+        # created modelinit.json and deleted the records; another run cleared a manifest). Read as it
+        # was listed, config.json and the index would look like no run's: survey it again.
     mine = part_files(plan, part)
     planned = {f.name: i for i, f in enumerate(plan.files)}
-    records = sorted(n for n in objects if _is_record(n))
-    # Each record and the manifest read once (small objects; N parts mean N records).
-    raw = {n: bucket.read(n, limit=MAX_RECORD_BYTES) for n in [*records, *([MANIFEST_FILE] if MANIFEST_FILE in objects else [])]}
     complete = _complete_manifest(bucket, plan, objects, raw.get(MANIFEST_FILE))
     if complete is not None and all(sha256_object(bucket, complete[i].name) == complete[i].sha256 for i in mine):
         return complete
