@@ -10,16 +10,14 @@ numba kernels compile once for the whole run before the workers' first tests; an
 with its slowest tests, so that growth is seen where it happens."""
 from __future__ import annotations
 
-import gc
 import os
 import sys
 
 import modelinit
 import pytest
-from modelinit.cli.entry import GC_THRESHOLDS
 from modelinit_server.service.server import BackgroundServer, ServerConfig
 
-from tests.support import REPO, ServerProcess, installs, kernels
+from tests.support import ServerProcess, installs, kernels
 from tests.support.durations import Durations
 from tests.support.azure_server import azure_container, azure_env, azure_server  # noqa: F401 - fixtures
 from tests.support.hostile_server import hostile  # noqa: F401 - fixture
@@ -28,9 +26,6 @@ from tests.support.relay import relay  # noqa: F401 - fixture
 from tests.support.s3_server import (  # noqa: F401 - fixtures
     s3_bucket, s3_checking_keys, s3_env, s3_no_checksums, s3_no_conditional_put, s3_parts_seen, s3_server)
 from tests.support.stores import azure_store, s3_store, store  # noqa: F401 - fixtures
-
-#: What every Python process the tests start runs first (its sitecustomize.py says what and why).
-SUBPROCESS_SITE = REPO / "tests" / "support" / "subprocess_site"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -63,14 +58,6 @@ def pytest_configure(config):
     # (about 0.3 s). The bytecode goes to __pycache__ folders, which git ignores.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
-    # The garbage collector as seldom as in the console script (GC_THRESHOLDS says why): a worker
-    # holds every module its tests imported (the census alone imports hundreds of modeling modules),
-    # and at CPython's default every full collection walks them all, about 7 % of a worker's time.
-    # The ranks' fork servers inherit it; every Python process the tests start gets it from
-    # tests/support/subprocess_site/sitecustomize.py, on PYTHONPATH.
-    gc.set_threshold(*GC_THRESHOLDS)
-    if str(SUBPROCESS_SITE) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUBPROCESS_SITE), os.environ.get("PYTHONPATH")]))
     if not hasattr(config, "workerinput"):  # the run's own process: the one that prints
         config.pluginmanager.register(Durations(), "modelinit-durations")
         if getattr(config.option, "numprocesses", None):  # before any worker exists (tests/support/kernels.py)

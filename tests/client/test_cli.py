@@ -96,7 +96,7 @@ def test_the_console_script_waits_for_a_thread_still_running():
 
 _GC = """
 import gc
-gc.set_threshold(700, 10, 10)  # CPython's default (the tests' own children start elsewhere)
+gc.set_threshold(700, 10, 10)  # CPython's default, whatever the interpreter started with
 from modelinit.cli import entry
 entry.main = lambda: print(gc.get_threshold(), flush=True) or 0
 entry.run()

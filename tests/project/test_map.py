@@ -118,7 +118,6 @@ def test_tests_readme_names_every_support_module():
     table = [line for line in text[start:].splitlines() if line.startswith("| `")]
     named = {name for line in table for name in re.findall(r"`([^`]+)`", line.split("|")[1])}
     modules = {p.stem for p in SUPPORT.glob("*.py") if p.name != "__init__.py"}
-    modules |= {f"{p.name}/" for p in SUPPORT.iterdir() if p.is_dir() and p.name != "__pycache__"}  # a folder: `name/`
     missing = sorted(modules - named)
     assert "tests/support/__init__.py" in named, "tests/README.md's helper table has no row for tests/support/__init__.py"
     assert not missing, f"tests/README.md's helper table (tests/support) has no row for: {', '.join(missing)}"

@@ -140,14 +140,3 @@ def test_torchtitan_skips_only_for_what_torch_lacks():
     assert not names_torch(error_of("from tests.support import no_such_name"))
     assert not names_torch(error_of("import no_such_module_of_a_stack"))
     assert not names_torch(error_of("import torchdata_no_such"))
-
-
-def test_a_python_process_the_tests_start_collects_garbage_as_the_console_script_does():
-    """tests/support/subprocess_site/sitecustomize.py, on the PYTHONPATH tests/conftest.py sets,
-    gives every Python child the console script's thresholds, and imports nothing more."""
-    from modelinit.cli.entry import GC_THRESHOLDS
-
-    code = "import gc, sys; print(gc.get_threshold(), 'modelinit' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
-    assert out.stdout.split(")")[0] + ")" == str(GC_THRESHOLDS)
-    assert out.stdout.strip().endswith("False")
