@@ -277,12 +277,15 @@ class Proxy(pb_grpc.ModelInitServicer):
 
     def Init(self, request, context):
         current = None
+        # the list of the run this stream belongs to: a stream of an earlier run that has not yet
+        # seen its cancellation must not record into the next run's list (the test resets it)
+        requested = self.requested
         for msg in self._stub.Init(request):
             kind = msg.WhichOneof("event")
             if kind == "begin":
                 current = msg.begin.index
                 with self._lock:
-                    self.requested.append(current)
+                    requested.append(current)
             yield msg
             if kind == "data" and current == self.cut_at:
                 context.abort(grpc.StatusCode.INTERNAL, "cut on purpose")
