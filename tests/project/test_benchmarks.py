@@ -15,7 +15,8 @@ prints its report's labels. One case per script (the id names it), each in the s
 * ``end_to_end``: the tiny gpt2 config.json, one rep, one rep of the baselines: it runs all three
   of benchmarks/baselines/ (hf_init_save, torch_loop, grpc_ceiling), each given the same config.
 * ``object_store``: a tiny gpt2 config.json, one repeat, parts 1, no iterator ceiling (moto).
-* ``probe``: the tiny gpt2 config, batch 1 x 8 tokens; and its coordinate-check mode at widths 32, 64, 2 steps.
+* ``probe``: run by project/test_docs_run.py as docs/probe.md's Reproduce block writes it (both modes,
+  the tiny gpt2 config, each mode's report label checked); here only that the block still does.
 * ``verify``: ``--smoke`` (a tiny Llama in four files).
 * ``init_module``: its ``smoke`` shape (a small Llama) with one layer, float32, one repeat, CPU
   (``--device cuda`` needs a GPU).
@@ -37,7 +38,8 @@ init_module_stack_ranks came (about 143 s with it), over its 90 s target; end_to
 processes: warm-up, embedded, both baselines, server, library call, two ceilings),
 init_module_stack_ranks ~25 s (four ranks' start-up; 14 s since its ranks fork from a fork server that
 imported the stacks once), init_module ~19 s, init_module_ranks and
-init_module_stacks ~17 s each, object_store ~10 s, probe ~7 s (its coordinate-check case ~10 s),
+init_module_stacks ~17 s each, object_store ~10 s (probe ~7 s and its coordinate-check case ~10 s until
+docs/probe.md's run took them over, 2026-12-07),
 the rest under 6 s each: mostly the imports of torch and transformers.
 """
 from __future__ import annotations
@@ -120,14 +122,18 @@ def test_object_store(tmp_path, tiny_config):
        "modelinit to S3 / the library's own upload", "scaling:")
 
 
-def test_probe(tmp_path, tiny_config):
-    ok(run([str(BENCH / "probe.py"), "--models", str(tiny_config), "--batch", "1", "--seq", "8",
-            "--json", str(tmp_path / "probe.json")], tmp_path), "peak RSS")
+def test_probe_runs_as_docs_probe_md_reproduces_it():
+    """probe.py runs, both modes, in docs/probe.md's Reproduce block (project/test_docs_run.py runs it
+    as written, on the tiny gpt2 config, and checks each mode's report label): a second run here
+    would repeat those two processes. This checks that the block still does both."""
+    from tests.support.doc_blocks import blocks
 
-
-def test_probe_coordinate_check(tmp_path, tiny_config):
-    ok(run([str(BENCH / "probe.py"), "--models", str(tiny_config), "--widths", "32,64", "--steps", "2", "--batch", "1",
-            "--seq", "8", "--json", str(tmp_path / "coord.json")], tmp_path), "peak RSS", "first problem")
+    (block,) = [b for b in blocks(REPO / "docs" / "probe.md") if "python benchmarks/probe.py" in b.text]
+    runs = [line for line in block.text.splitlines() if line.startswith("python benchmarks/probe.py")]
+    assert len(runs) == 2 and any("--widths" in r for r in runs) and not all("--widths" in r for r in runs)
+    marker = " ".join(block.comments)
+    assert '"benchmarks/probe.py" -> "benchmarks/probe.py --models {tiny:gpt2}' in marker
+    assert 'prints "probed params"' in marker and 'prints "first problem"' in marker  # each mode's table
 
 
 def test_verify(tmp_path):

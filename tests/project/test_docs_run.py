@@ -44,6 +44,8 @@ fence, other comments such as ``<!-- ci:test -->`` between them allowed, are rea
                                   (the two are one program, split by prose); that block then
                                   runs only there, at the head of this one's program
             | output              the run's stdout must end with the next fenced block's text
+            | prints TEXT         the run's stdout must hold TEXT (a label of a report the block
+                                  prints: a script renamed or moved under it fails here)
             | xfail REASON        the run must fail, for REASON (a code bug, reported): a strict
                                   xfail, so the fix turns it into a failure that asks to drop this
 
@@ -122,6 +124,7 @@ class Plan:
     copy: list[str] = field(default_factory=list)
     continues: bool = False
     output: bool = False
+    prints: list[str] = field(default_factory=list)
     xfail: str = ""
     problems: list[str] = field(default_factory=list)
 
@@ -182,6 +185,8 @@ def _run_options(text: str, marker: str, plan: Plan) -> None:
                 plan.continues = True
             case ["output"]:
                 plan.output = True
+            case ["prints", text]:
+                plan.prints.append(text)
             case ["xfail", why]:
                 plan.xfail = why
             case _:
@@ -447,6 +452,8 @@ def test_block_runs_as_written(plan: Plan, request, tmp_path):
     done = subprocess.run(command, cwd=tmp_path, env=run.env, capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, (f"{plan.block.where} failed as written (exit {done.returncode}); what ran:\n"
                                   f"{text}\n{_tail(done)}")
+    missing = [t for t in plan.prints if t not in done.stdout]
+    assert not missing, f"{plan.block.where}: its run printed none of {missing}; it printed:\n{done.stdout[-3000:]}"
     if plan.output:
         expected = [line.rstrip() for line in _next_block(plan.block).text.strip("\n").splitlines()]
         got = [line.rstrip() for line in done.stdout.rstrip("\n").splitlines()]
