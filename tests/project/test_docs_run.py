@@ -432,6 +432,19 @@ def _id(plan: Plan) -> str:
     return f"{chain[0].block.where}" + "".join(f"+{p.block.line}" for p in chain[1:])
 
 
+def _unprinted(plan: Plan, stdout: str) -> list[str]:
+    """The texts of the plan's ``prints`` options that ``stdout`` does not hold."""
+    return [t for t in plan.prints if t not in stdout]
+
+
+def test_prints_names_each_text_the_run_must_print():
+    plan = Plan(PLANS[0].block)
+    _run_options('prints "peak RSS"; prints first', "<!-- doc-test: run; ... -->", plan)
+    assert plan.prints == ["peak RSS", "first"] and not plan.problems
+    assert _unprinted(plan, "model  peak RSS GB\nfirst problem") == []
+    assert _unprinted(plan, "model  peak RSS GB") == ["first"]
+
+
 @pytest.mark.parametrize("plan", [pytest.param(p, marks=pytest.mark.xfail(reason=p.xfail, strict=True)) if p.xfail else p
                                   for p in RUN], ids=[_id(p) for p in RUN])
 def test_block_runs_as_written(plan: Plan, request, tmp_path):
@@ -452,8 +465,8 @@ def test_block_runs_as_written(plan: Plan, request, tmp_path):
     done = subprocess.run(command, cwd=tmp_path, env=run.env, capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, (f"{plan.block.where} failed as written (exit {done.returncode}); what ran:\n"
                                   f"{text}\n{_tail(done)}")
-    missing = [t for t in plan.prints if t not in done.stdout]
-    assert not missing, f"{plan.block.where}: its run printed none of {missing}; it printed:\n{done.stdout[-3000:]}"
+    missing = _unprinted(plan, done.stdout)
+    assert not missing, f"{plan.block.where}: its run did not print {missing}; it printed:\n{done.stdout[-3000:]}"
     if plan.output:
         expected = [line.rstrip() for line in _next_block(plan.block).text.strip("\n").splitlines()]
         got = [line.rstrip() for line in done.stdout.rstrip("\n").splitlines()]
