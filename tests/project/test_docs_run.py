@@ -9,7 +9,7 @@ nothing to run...), so a new block must run, or say why not.
 
 How a block runs, in a fresh temp folder of its own (its working directory):
 
-- ``python``: the block's text as a file, run by a fresh interpreter (``python block.py``).
+- ``python``: the block's text as a file, run as ``python block.py`` runs it.
 - ``bash``, ``sh``, ``shell``: the text as a file, run by ``bash -euo pipefail block.sh``; a
   ``console`` block runs its ``$ `` lines. Exit 0 passes; anything else fails with its output.
 - **Installs are not run**: of a line's ``&&``-joined commands, those that install (``pip install
@@ -17,8 +17,15 @@ How a block runs, in a fresh temp folder of its own (its working directory):
   are left out, and a line of installs only is dropped, since the tests run in the installed test
   environment. A block left with nothing to run must be excused (``skip (installs only)``); an
   install the runner cannot take out (after ``;``, in a subshell) is refused.
-- The environment is the tests' own (the venv's ``bin`` first on PATH, so ``modelinit`` is the
-  console script) without settings that would reach outside (``AWS_*``, ``AZURE_*``, ``GOOGLE_*``,
+- **Each Python process as from a fresh interpreter, forked from a preloaded one**: a python
+  block, and a bash block's ``modelinit ...`` and ``python SCRIPT ...``, run in a process forked
+  from this test process's server (tests/support/preforked.py), which imported torch and
+  transformers once; what the program sees is what a fresh ``python SCRIPT`` gives it (argv, the
+  working directory, environment, ``sys.path``, stdio, exit status and what an interpreter's exit
+  does), and the project's own modules are imported afresh by each (only third-party modules are
+  preloaded). Other forms (``python -c``, ``-m``) run the real interpreter.
+- The environment is the tests' own (the server's shims, then the venv's ``bin``, first on PATH, so
+  ``modelinit`` is the console script) without settings that would reach outside (``AWS_*``, ``AZURE_*``, ``GOOGLE_*``,
   ``RAY_ADDRESS``, ``MODELINIT_TOKEN``), plus what the marker's fixtures add.
 
 The markers (HTML comments, invisible on the rendered page; several marker lines right above one
@@ -71,10 +78,11 @@ For example::
     <!-- doc-test: run; "init llama-3-8b" -> "init {tiny:llama}"; "my-bucket" -> "{bucket}" -->
     <!-- doc-test: skip (needs a Kubernetes cluster) -->
 
-Cost: each block is a fresh process or several (mostly the imports of torch and transformers),
-about 130 CPU-seconds for the module on the 2-core development machine, plus the Ray cluster's
-start (the ray blocks); the heaviest are probe.md's (its Reproduce block about 27 CPU-s, the first
-one 17), then the torch.distributed and DCP examples and the plans of deepseek-v3 (8-10 each).
+Cost: each block is a process or several. Forked from the preloaded server, a program no longer
+pays the imports of torch and transformers (3-4 CPU-seconds each, about 25 programs): the module
+took 138 CPU-seconds (84 s on 2 workers) instead of 215 (123 s) on the 2-core development machine
+(2026-12-07), plus each worker's server start and the Ray cluster's (the ray blocks). The heaviest
+is probe.md's Reproduce block (its five commands, two of them plots).
 
 The README's quick start and its CI test command are excused (the one installs a venv, the other
 is what CI runs itself: pytest inside pytest would loop); a run block that calls pytest is refused.
@@ -97,7 +105,7 @@ import pytest
 from tests.support import REPO, TINY
 from tests.support.doc_blocks import Block, all_blocks, blocks
 
-pytestmark = pytest.mark.slow  # subprocesses: each a fresh interpreter
+pytestmark = pytest.mark.slow  # subprocesses, and a server that imports torch and transformers
 
 LANGS = {"python", "bash", "sh", "shell", "console"}
 #: How long one block (or one ``before`` command) may run: a guard against hanging, not a measure.
@@ -445,10 +453,23 @@ def test_prints_names_each_text_the_run_must_print():
     assert _unprinted(plan, "model  peak RSS GB") == ["first"]
 
 
+@pytest.fixture(scope="module")
+def preforked():
+    """This test process's server of Python programs (tests/support/preforked.py): each block's
+    Python processes forked from one interpreter that imported torch and transformers once."""
+    from tests.support.preforked import Preforked
+
+    server = Preforked()
+    server.ready()
+    yield server
+    server.stop()
+
+
 @pytest.mark.parametrize("plan", [pytest.param(p, marks=pytest.mark.xfail(reason=p.xfail, strict=True)) if p.xfail else p
                                   for p in RUN], ids=[_id(p) for p in RUN])
-def test_block_runs_as_written(plan: Plan, request, tmp_path):
+def test_block_runs_as_written(plan: Plan, request, tmp_path, preforked):
     run = _Run(request, tmp_path)
+    run.env["PATH"] = f"{preforked.shims}{os.pathsep}{run.env['PATH']}"  # python and modelinit: its shims
     chain = _chain(plan)
     for p in chain:
         run.start(p)
@@ -458,7 +479,7 @@ def test_block_runs_as_written(plan: Plan, request, tmp_path):
     text = "\n".join(run.expand(script_of(p)) for p in chain)
     if plan.block.lang == "python":
         (tmp_path / "block.py").write_text(text)
-        command = [sys.executable, "block.py"]
+        command = [str(preforked.shims / "python"), "block.py"]
     else:
         (tmp_path / "block.sh").write_text(text)
         command = ["bash", "-euo", "pipefail", "block.sh"]

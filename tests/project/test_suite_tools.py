@@ -1,7 +1,8 @@
 """The suite's own machinery (tests/README.md, "Running them"): work done once per run across the
 parallel workers (tests/support/once.py), the worlds of ranks forked from a fork server
-(tests/support/distributed.spawn), and a run that ends with its slowest tests
-(tests/support/durations.py, registered by tests/conftest.py)."""
+(tests/support/distributed.spawn), Python programs forked from a preloaded server as a fresh
+interpreter runs them (tests/support/preforked.py, the docs run's), and a run that ends with its
+slowest tests (tests/support/durations.py, registered by tests/conftest.py)."""
 from __future__ import annotations
 
 import multiprocessing
@@ -12,9 +13,10 @@ import sys
 
 import pytest
 
-from tests.support import REPO
+from tests.support import REPO, wait_until
 from tests.support.distributed import spawn
 from tests.support.once import once
+from tests.support.preforked import Preforked
 
 
 class _Factory:
@@ -142,3 +144,105 @@ def test_torchtitan_skips_only_for_what_torch_lacks():
     assert not names_torch(error_of("from tests.support import no_such_name"))
     assert not names_torch(error_of("import no_such_module_of_a_stack"))
     assert not names_torch(error_of("import torchdata_no_such"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Preforked programs: what a fresh interpreter would do, compared with one
+
+
+@pytest.fixture(scope="module")
+def preforked():
+    """A server that preloads a light module (the machinery is what is tested; the docs run's
+    server preloads torch and transformers)."""
+    server = Preforked(preload=("json",))
+    assert server.ready(timeout=60), (server.folder / "server.log").read_text()
+    yield server
+    server.stop()
+
+
+_PROGRAM = """\
+import atexit, os, sys, threading, time
+print("argv", sys.argv, "name", __name__, "file", __file__)
+print("cwd", os.getcwd(), "env", os.environ.get("PREFORKED_TEST"))
+print("path", sys.path)
+print("stdin", sys.stdin.read())
+open("unclosed.txt", "w").write("flushed at exit")
+threading.Thread(target=lambda: (time.sleep(0.2), print("the thread ended", flush=True))).start()
+atexit.register(print, "atexit ran")
+if len(sys.argv) > 1:
+    sys.exit(int(sys.argv[1]) if sys.argv[1].isdigit() else sys.argv[1])
+"""
+
+
+def _both(preforked, tmp_path, script: str, *args: str):
+    """The script run by a fresh interpreter and by the preforked server, each in a folder of its
+    own: (fresh, forked) CompletedProcess and the folders."""
+    runs = []
+    for how in ("run-fresh", "run-forked"):
+        folder = tmp_path / how
+        folder.mkdir()
+        (folder / "program.py").write_text(script)
+        env = {**os.environ, "PREFORKED_TEST": how, "PYTHONPATH": str(tmp_path / "extra")}
+        command = [sys.executable, "program.py", *args]
+        if how == "run-forked":
+            command[0] = str(preforked.shims / "python")
+        runs.append(subprocess.run(command, cwd=folder, env=env, input="from stdin", capture_output=True, text=True,
+                                   timeout=60))
+    return runs
+
+
+@pytest.mark.parametrize("args", [(), ("3",), ("a message",)])
+def test_a_preforked_program_runs_as_a_fresh_interpreter_runs_it(preforked, tmp_path, args):
+    """argv, __name__, __file__, the working directory, the environment, sys.path (PYTHONPATH's
+    entries included), stdin, and at the end: the thread joined, atexit run, an open file flushed,
+    the exit status and stderr of sys.exit."""
+    fresh, forked = _both(preforked, tmp_path, _PROGRAM, *args)
+    assert forked.stdout.replace("run-forked", "run-fresh") == fresh.stdout, (fresh.stdout, forked.stdout)
+    assert "the thread ended" in fresh.stdout and "atexit ran" in fresh.stdout
+    assert (forked.returncode, forked.stderr) == (fresh.returncode, fresh.stderr) == (
+        {(): 0, ("3",): 3, ("a message",): 1}[args], {("a message",): "a message\n"}.get(args, ""))
+    assert (tmp_path / "run-forked" / "unclosed.txt").read_text() == "flushed at exit"
+
+
+def test_a_preforked_program_that_raises_prints_the_interpreters_traceback(preforked, tmp_path):
+    fresh, forked = _both(preforked, tmp_path, "def f():\n    raise ValueError('no')\nf()\n")
+    assert forked.returncode == fresh.returncode == 1
+    assert forked.stderr == fresh.stderr.replace("run-fresh", "run-forked") and "ValueError: no" in fresh.stderr
+
+
+def test_the_shims_run_the_console_script_and_leave_other_forms_to_the_interpreter(preforked, tmp_path):
+    env = {**os.environ, "PATH": f"{preforked.shims}{os.pathsep}{os.environ['PATH']}"}
+    real = subprocess.run(["modelinit", "--help"], capture_output=True, text=True, timeout=60)
+    shim = subprocess.run(["modelinit", "--help"], env=env, capture_output=True, text=True, timeout=60)
+    assert (shim.returncode, shim.stdout) == (real.returncode, real.stdout) == (0, real.stdout)
+    other = subprocess.run(["bash", "-c", "python -c 'import sys; print(sys.argv, sys.flags.isolated)' x"],
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert other.stdout == "['-c', 'x'] 0\n", other.stderr  # the real interpreter, not the shim's -IS
+
+
+def test_a_preforked_program_dies_with_its_callers_timeout(preforked, tmp_path):
+    (tmp_path / "sleeps.py").write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
+    pid_file = tmp_path / "pid"
+    with open(pid_file, "w") as out, pytest.raises(subprocess.TimeoutExpired):
+        preforked.run(["sleeps.py"], cwd=tmp_path, stdout=out, timeout=2)
+    pid = int(pid_file.read_text())
+
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_until(gone, what=f"the program (pid {pid}) to be killed with its shim")
+
+
+def test_without_a_server_the_shims_run_the_real_interpreter(tmp_path):
+    server = Preforked(preload=())
+    assert server.ready(timeout=60)
+    server.process.terminate()
+    server.process.wait(timeout=30)
+    (tmp_path / "p.py").write_text("import sys; print('ran', sys.argv[1:])")
+    done = server.run(["p.py", "a"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    server.stop()
+    assert (done.returncode, done.stdout) == (0, "ran ['a']\n"), done.stderr
