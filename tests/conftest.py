@@ -22,6 +22,7 @@ from tests.support.durations import Durations
 from tests.support.azure_server import azure_container, azure_env, azure_server  # noqa: F401 - fixtures
 from tests.support.hostile_server import hostile  # noqa: F401 - fixture
 from tests.support.medium_model import reference  # noqa: F401 - fixture
+from tests.support.preforked import preforked  # noqa: F401 - fixture
 from tests.support.relay import relay  # noqa: F401 - fixture
 from tests.support.s3_server import (  # noqa: F401 - fixtures
     s3_bucket, s3_checking_keys, s3_env, s3_no_checksums, s3_no_conditional_put, s3_parts_seen, s3_server)

@@ -48,21 +48,27 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
 from tests.support import REPO, TINY
 
-pytestmark = pytest.mark.slow  # subprocesses: each a fresh interpreter
+pytestmark = pytest.mark.slow  # subprocesses, and the server they fork from
 
 BENCH = REPO / "benchmarks"
 TIMEOUT = 300
 
 
-def run(args: list[str], tmp_path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT,
-                          env={**os.environ, "TMPDIR": str(tmp_path), **(env or {})})
+@pytest.fixture
+def run(preforked, tmp_path):
+    """``run(args)``: ``python *args`` in the repository's root, TMPDIR the test's folder, the
+    script forked from the preloaded server as a fresh interpreter would run it
+    (tests/support/preforked.py; its own children, ranks among them, are fresh interpreters)."""
+    def run(args: list[str]) -> subprocess.CompletedProcess:
+        return preforked.run(args, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT,
+                             env={**os.environ, "TMPDIR": str(tmp_path)})
+
+    return run
 
 
 def ok(done: subprocess.CompletedProcess, *labels: str) -> None:
@@ -79,46 +85,45 @@ def tiny_config(tmp_path):
     return path
 
 
-def test_std_normal_cdf(tmp_path):
-    ok(run([str(BENCH / "std_normal_cdf.py"), "--repeat", "1"], tmp_path))
+def test_std_normal_cdf(run):
+    ok(run([str(BENCH / "std_normal_cdf.py"), "--repeat", "1"]))
 
 
-def test_engine_cpu(tmp_path):
-    ok(run([str(BENCH / "engine_cpu.py"), "--n", "64K", "--threads", "1", "--repeat", "1", "--reference-n", "16K"],
-           tmp_path), "kernel", "torch", "numpy reference")
+def test_engine_cpu(run):
+    ok(run([str(BENCH / "engine_cpu.py"), "--n", "64K", "--threads", "1", "--repeat", "1", "--reference-n", "16K"]), "kernel", "torch", "numpy reference")
 
 
-def test_engine_gpu(tmp_path):
-    done = run([str(BENCH / "engine_gpu.py"), "--elements", "4096", "--repeats", "1"], tmp_path)
+def test_engine_gpu(run):
+    done = run([str(BENCH / "engine_gpu.py"), "--elements", "4096", "--repeats", "1"])
     if done.returncode == 1 and "no CUDA device" in done.stderr:
         pytest.skip("no CUDA: its imports ran and it refused as it should; the CUDA part runs in gpu_session.sh")
     ok(done)
 
 
-def test_floor(tmp_path):
+def test_floor(run, tmp_path):
     ok(run([str(BENCH / "floor.py"), "--model", "bert-base-uncased", "--reps", "1", "--device", "cpu",
-            "--dir", str(tmp_path), "--json", str(tmp_path / "floor.json")], tmp_path),
+            "--dir", str(tmp_path), "--json", str(tmp_path / "floor.json")]),
        "compute floor", "floor = max(a, b)", "modelinit init (embedded")
     assert {"floor", "ratio", "median"} <= json.loads((tmp_path / "floor.json").read_text()).keys()
 
 
-def test_floor_timeline(tmp_path):
-    done = run([str(BENCH / "floor.py"), "--timeline", "--model", "bert-base-uncased", "--dir", str(tmp_path)], tmp_path)
+def test_floor_timeline(run, tmp_path):
+    done = run([str(BENCH / "floor.py"), "--timeline", "--model", "bert-base-uncased", "--dir", str(tmp_path)])
     # each stage's line appears only if its patch hit the name the job calls
     ok(done, "timeline of one in-process job", "fill wall", "write wall", "sha256 update wall",
        "writer waits for the next event")
 
 
-def test_end_to_end(tmp_path, tiny_config):
+def test_end_to_end(run, tmp_path, tiny_config):
     ok(run([str(BENCH / "end_to_end.py"), "--model", str(tiny_config), "--reps", "1", "--hf-reps", "1",
-            "--dir", str(tmp_path)], tmp_path),
+            "--dir", str(tmp_path)]),
        "embedded default:", "transformers:", "plain PyTorch loop:", "served + CLI client:", "raw gRPC ceiling:")
 
 
-def test_object_store(tmp_path, tiny_config):
+def test_object_store(run, tmp_path, tiny_config):
     pytest.importorskip("moto")
     ok(run([str(BENCH / "object_store.py"), "--model", str(tiny_config), "--parts", "1", "--repeat", "1",
-            "--no-iter-ceiling", "--dir", str(tmp_path), "--json", str(tmp_path / "os.json")], tmp_path),
+            "--no-iter-ceiling", "--dir", str(tmp_path), "--json", str(tmp_path / "os.json")]),
        "modelinit to S3 / the library's own upload", "scaling:")
 
 
@@ -136,37 +141,35 @@ def test_probe_runs_as_docs_probe_md_reproduces_it():
     assert 'prints "probed params"' in marker and 'prints "first problem"' in marker  # each mode's table
 
 
-def test_verify(tmp_path):
-    ok(run([str(BENCH / "verify.py"), "--smoke", "--repeat", "1"], tmp_path), "verify --no-regenerate", "speed-up")
+def test_verify(run):
+    ok(run([str(BENCH / "verify.py"), "--smoke", "--repeat", "1"]), "verify --no-regenerate", "speed-up")
 
 
-def test_init_module(tmp_path):
-    ok(run([str(BENCH / "init_module.py"), "--shape", "smoke", "--layers", "1", "--dtype", "float32", "--repeat", "1"],
-           tmp_path),
+def test_init_module(run):
+    ok(run([str(BENCH / "init_module.py"), "--shape", "smoke", "--layers", "1", "--dtype", "float32", "--repeat", "1"]),
        "init_module_")
 
 
-def test_init_module_ranks(tmp_path):
+def test_init_module_ranks(run):
     ok(run([str(BENCH / "init_module_ranks.py"), "--shape", "smoke", "--worlds", "1", "--layout", "tp", "--layers", "1",
-            "--repeat", "1", "--threads", "1"], tmp_path), "tp")
+            "--repeat", "1", "--threads", "1"]), "tp")
 
 
-def test_init_module_stacks(tmp_path):
+def test_init_module_stacks(run):
     from tests.support.stacks import install_torchtitan
 
     install_torchtitan()  # puts tests/.stacks on PYTHONPATH, which the subprocess inherits
     pytest.importorskip("megatron.core")
-    ok(run([str(BENCH / "init_module_stacks.py"), "--flavor", "debugmodel", "--repeat", "1", "--stack", "both"],
-           tmp_path), "init_module_", "Megatron's own CPU init")
+    ok(run([str(BENCH / "init_module_stacks.py"), "--flavor", "debugmodel", "--repeat", "1", "--stack", "both"]), "init_module_", "Megatron's own CPU init")
 
 
-def test_init_module_stack_ranks(tmp_path):
+def test_init_module_stack_ranks(run, tmp_path):
     from tests.support.stacks import install_torchtitan
 
     install_torchtitan()
     pytest.importorskip("megatron.core")
     ok(run([str(BENCH / "init_module_stack_ranks.py"), "--flavor", "debugmodel", "--layers", "1", "--worlds", "2",
-            "--repeat", "1", "--json", str(tmp_path / "stack_ranks.json")], tmp_path),
+            "--repeat", "1", "--json", str(tmp_path / "stack_ranks.json")]),
        "Megatron's CPU init", "torchtitan init_states()", "ratio cpu")
     assert set(json.loads((tmp_path / "stack_ranks.json").read_text())["results"]) == {"megatron", "torchtitan"}
 

@@ -453,18 +453,6 @@ def test_prints_names_each_text_the_run_must_print():
     assert _unprinted(plan, "model  peak RSS GB") == ["first"]
 
 
-@pytest.fixture(scope="module")
-def preforked():
-    """This test process's server of Python programs (tests/support/preforked.py): each block's
-    Python processes forked from one interpreter that imported torch and transformers once."""
-    from tests.support.preforked import Preforked
-
-    server = Preforked()
-    server.ready()
-    yield server
-    server.stop()
-
-
 @pytest.mark.parametrize("plan", [pytest.param(p, marks=pytest.mark.xfail(reason=p.xfail, strict=True)) if p.xfail else p
                                   for p in RUN], ids=[_id(p) for p in RUN])
 def test_block_runs_as_written(plan: Plan, request, tmp_path, preforked):

@@ -151,7 +151,7 @@ def test_torchtitan_skips_only_for_what_torch_lacks():
 
 
 @pytest.fixture(scope="module")
-def preforked():
+def light_server():
     """A server that preloads a light module (the machinery is what is tested; the docs run's
     server preloads torch and transformers)."""
     server = Preforked(preload=("json",))
@@ -174,29 +174,29 @@ if len(sys.argv) > 1:
 """
 
 
-def _both(preforked, tmp_path, script: str, *args: str):
+def _both(server, tmp_path, script: str, *args: str, env: dict[str, str] | None = None):
     """The script run by a fresh interpreter and by the preforked server, each in a folder of its
-    own: (fresh, forked) CompletedProcess and the folders."""
+    own, ``env`` added to the environment: (fresh, forked) CompletedProcess."""
     runs = []
     for how in ("run-fresh", "run-forked"):
         folder = tmp_path / how
         folder.mkdir()
         (folder / "program.py").write_text(script)
-        env = {**os.environ, "PREFORKED_TEST": how, "PYTHONPATH": str(tmp_path / "extra")}
+        environ = {**os.environ, "PREFORKED_TEST": how, "PYTHONPATH": str(tmp_path / "extra"), **(env or {})}
         command = [sys.executable, "program.py", *args]
         if how == "run-forked":
-            command[0] = str(preforked.shims / "python")
-        runs.append(subprocess.run(command, cwd=folder, env=env, input="from stdin", capture_output=True, text=True,
+            command[0] = str(server.shims / "python")
+        runs.append(subprocess.run(command, cwd=folder, env=environ, input="from stdin", capture_output=True, text=True,
                                    timeout=60))
     return runs
 
 
 @pytest.mark.parametrize("args", [(), ("3",), ("a message",)])
-def test_a_preforked_program_runs_as_a_fresh_interpreter_runs_it(preforked, tmp_path, args):
+def test_a_preforked_program_runs_as_a_fresh_interpreter_runs_it(light_server, tmp_path, args):
     """argv, __name__, __file__, the working directory, the environment, sys.path (PYTHONPATH's
     entries included), stdin, and at the end: the thread joined, atexit run, an open file flushed,
     the exit status and stderr of sys.exit."""
-    fresh, forked = _both(preforked, tmp_path, _PROGRAM, *args)
+    fresh, forked = _both(light_server, tmp_path, _PROGRAM, *args)
     assert forked.stdout.replace("run-forked", "run-fresh") == fresh.stdout, (fresh.stdout, forked.stdout)
     assert "the thread ended" in fresh.stdout and "atexit ran" in fresh.stdout
     assert (forked.returncode, forked.stderr) == (fresh.returncode, fresh.stderr) == (
@@ -204,14 +204,14 @@ def test_a_preforked_program_runs_as_a_fresh_interpreter_runs_it(preforked, tmp_
     assert (tmp_path / "run-forked" / "unclosed.txt").read_text() == "flushed at exit"
 
 
-def test_a_preforked_program_that_raises_prints_the_interpreters_traceback(preforked, tmp_path):
-    fresh, forked = _both(preforked, tmp_path, "def f():\n    raise ValueError('no')\nf()\n")
+def test_a_preforked_program_that_raises_prints_the_interpreters_traceback(light_server, tmp_path):
+    fresh, forked = _both(light_server, tmp_path, "def f():\n    raise ValueError('no')\nf()\n")
     assert forked.returncode == fresh.returncode == 1
     assert forked.stderr == fresh.stderr.replace("run-fresh", "run-forked") and "ValueError: no" in fresh.stderr
 
 
-def test_the_shims_run_the_console_script_and_leave_other_forms_to_the_interpreter(preforked, tmp_path):
-    env = {**os.environ, "PATH": f"{preforked.shims}{os.pathsep}{os.environ['PATH']}"}
+def test_the_shims_run_the_console_script_and_leave_other_forms_to_the_interpreter(light_server, tmp_path):
+    env = {**os.environ, "PATH": f"{light_server.shims}{os.pathsep}{os.environ['PATH']}"}
     real = subprocess.run(["modelinit", "--help"], capture_output=True, text=True, timeout=60)
     shim = subprocess.run(["modelinit", "--help"], env=env, capture_output=True, text=True, timeout=60)
     assert (shim.returncode, shim.stdout) == (real.returncode, real.stdout) == (0, real.stdout)
@@ -220,11 +220,11 @@ def test_the_shims_run_the_console_script_and_leave_other_forms_to_the_interpret
     assert other.stdout == "['-c', 'x'] 0\n", other.stderr  # the real interpreter, not the shim's -IS
 
 
-def test_a_preforked_program_dies_with_its_callers_timeout(preforked, tmp_path):
+def test_a_preforked_program_dies_with_its_callers_timeout(light_server, tmp_path):
     (tmp_path / "sleeps.py").write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
     pid_file = tmp_path / "pid"
     with open(pid_file, "w") as out, pytest.raises(subprocess.TimeoutExpired):
-        preforked.run(["sleeps.py"], cwd=tmp_path, stdout=out, timeout=2)
+        light_server.run(["sleeps.py"], cwd=tmp_path, stdout=out, timeout=2)
     pid = int(pid_file.read_text())
 
     def gone() -> bool:
@@ -246,3 +246,13 @@ def test_without_a_server_the_shims_run_the_real_interpreter(tmp_path):
     done = server.run(["p.py", "a"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     server.stop()
     assert (done.returncode, done.stdout) == (0, "ran ['a']\n"), done.stderr
+
+
+@pytest.mark.slow
+def test_a_preforked_program_takes_its_tmpdir_though_the_preload_asked_for_one(preforked, tmp_path):
+    """The server that preloads torch and transformers (they ask tempfile for its folder, which it
+    keeps): a program still gets the TMPDIR of its own environment, as a fresh interpreter does."""
+    (tmp_path / "extra").mkdir()
+    script = "import tempfile\nprint(tempfile.gettempdir())\n"
+    fresh, forked = _both(preforked, tmp_path, script, env={"TMPDIR": str(tmp_path / "extra")})
+    assert fresh.stdout == forked.stdout == f"{tmp_path / 'extra'}\n", (fresh, forked)

@@ -17,7 +17,8 @@ uncaught exception. A caller killed (a timeout) takes its program with it.
 What differs, on purpose: only :data:`PRELOAD`'s third-party modules are imported ahead, never the
 project's own, so an import of modelinit that works only after another module (a missing import)
 still fails here as in a fresh process. A variable those modules read when imported (torch's and
-transformers' own settings) has the server's value; the docs' blocks set none.
+transformers' own settings) has the server's value; the docs' blocks set none. ``TMPDIR`` is read
+again (``tempfile``'s cached folder is reset in each program).
 
 The shims (:meth:`Preforked.shims`): a folder of executables, ``modelinit`` (the console script)
 and ``python``/``python3`` (``python SCRIPT ARGS``), that ask the server to run the program and exit
@@ -35,6 +36,8 @@ import struct
 import subprocess
 import sys
 import tempfile
+
+import pytest
 
 #: Imported by the server before it forks anything: third-party modules only (see the docstring).
 PRELOAD = ("torch", "torch.distributed", "numpy", "safetensors", "transformers", "transformers.modeling_utils",
@@ -81,10 +84,11 @@ class Preforked:
         self.socket = str(self.folder / "server.sock")
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # each program's own is applied in it
         repo = str(pathlib.Path(__file__).resolve().parents[2])
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from tests.support.preforked import serve; serve(*sys.argv[1:])",
-             self.socket, ",".join(preload)], cwd=repo, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=open(self.folder / "server.log", "w"))
+        with open(self.folder / "server.log", "w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", "import sys; from tests.support.preforked import serve; serve(*sys.argv[1:])",
+                 self.socket, ",".join(preload)], cwd=repo, env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=log)
         shims = self.folder / "bin"
         shims.mkdir()
         console = shutil.which("modelinit", path=str(pathlib.Path(sys.executable).parent))
@@ -121,6 +125,16 @@ class Preforked:
         except subprocess.TimeoutExpired:
             self.process.kill()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def preforked() -> "Preforked":
+    """This test process's server (started on first use, stopped at its end), ready or given up
+    on after two minutes (the shims then run the real interpreter)."""
+    server = Preforked()
+    server.ready()
+    yield server
+    server.stop()
 
 
 def serve(path: str, preload: str) -> None:
@@ -230,6 +244,7 @@ def _program(fds: list[int], request: dict, base: list[str]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # read from TMPDIR again, as a fresh interpreter does (a preload may have asked)
     argv = request["argv"]
     script = os.path.abspath(argv[0])  # as a fresh interpreter's __main__.__file__ and tracebacks name it
     sys.argv = list(argv)
