@@ -213,17 +213,20 @@ def _supervise(conn: socket.socket, fds: list[int], request: dict, base: list[st
         _program(fds, request, base)
     for fd in fds:
         os.close(fd)
-    pidfd = os.pidfd_open(pid)
+    try:
+        watched, wait = [conn, os.pidfd_open(pid)], None  # readable when the program ends
+    except (AttributeError, OSError):  # a kernel before 5.3: ask every 50 ms
+        watched, wait = [conn], 0.05
     while True:
-        ready, _, _ = select.select([conn, pidfd], [], [])
-        if pidfd in ready:
-            _, status = os.waitpid(pid, 0)
+        ready, _, _ = select.select(watched, [], [], wait)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
             try:
                 conn.sendall(struct.pack("!i", os.waitstatus_to_exitcode(status)))
             except OSError:
                 pass
             os._exit(0)
-        if not conn.recv(1):  # the shim is gone
+        if conn in ready and not conn.recv(1):  # the shim is gone
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             os._exit(0)
