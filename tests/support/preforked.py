@@ -1,9 +1,10 @@
 """Python programs run as a fresh ``python SCRIPT ARGS`` runs them, each in a process forked from a
 server that imported torch, transformers and their heavy dependencies once: :class:`Preforked`.
 
-For the docs run (tests/project/test_docs_run.py): its blocks start about 25 Python processes
-(python blocks, ``modelinit`` calls, ``python benchmarks/...``), and each paid those imports again,
-about 3-4 CPU-seconds of a block's 5-10 on the 2-core machine.
+For the docs run (tests/project/test_docs_run.py) and the benchmarks' smoke runs
+(tests/project/test_benchmarks.py): the docs' blocks start about 25 Python processes (python blocks,
+``modelinit`` calls, ``python benchmarks/...``) and the benchmarks a dozen, and each paid those
+imports again, about 3-4 CPU-seconds of a block's 5-10 on the 2-core machine.
 
 What a program gets, as from a fresh interpreter: a process of its own (forked), the caller's
 stdin, stdout and stderr (their descriptors passed over a Unix socket), working directory and
@@ -20,7 +21,7 @@ still fails here as in a fresh process. A variable those modules read when impor
 transformers' own settings) has the server's value; the docs' blocks set none. ``TMPDIR`` is read
 again (``tempfile``'s cached folder is reset in each program).
 
-The shims (:meth:`Preforked.shims`): a folder of executables, ``modelinit`` (the console script)
+The shims (:attr:`Preforked.shims`): a folder of executables, ``modelinit`` (the console script)
 and ``python``/``python3`` (``python SCRIPT ARGS``), that ask the server to run the program and exit
 with its status. Any other form (``python -c``, ``-m``, an option) and a server that cannot be
 reached run the real interpreter instead.
@@ -36,6 +37,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+from typing import Iterator
 
 import pytest
 
@@ -128,7 +130,7 @@ class Preforked:
 
 
 @pytest.fixture(scope="session")
-def preforked() -> "Preforked":
+def preforked() -> Iterator[Preforked]:
     """This test process's server (started on first use, stopped at its end), ready or given up
     on after two minutes (the shims then run the real interpreter)."""
     server = Preforked()
