@@ -92,7 +92,8 @@ def test_std_normal_cdf(run):
 
 
 def test_engine_cpu(run):
-    ok(run([str(BENCH / "engine_cpu.py"), "--n", "64K", "--threads", "1", "--repeat", "1", "--reference-n", "16K"]), "kernel", "torch", "numpy reference")
+    ok(run([str(BENCH / "engine_cpu.py"), "--n", "64K", "--threads", "1", "--repeat", "1", "--reference-n", "16K"]),
+       "kernel", "torch", "numpy reference")
 
 
 def test_engine_gpu(run):
@@ -162,7 +163,8 @@ def test_init_module_stacks(run):
 
     install_torchtitan()  # puts tests/.stacks on PYTHONPATH, which the subprocess inherits
     pytest.importorskip("megatron.core")
-    ok(run([str(BENCH / "init_module_stacks.py"), "--flavor", "debugmodel", "--repeat", "1", "--stack", "both"]), "init_module_", "Megatron's own CPU init")
+    ok(run([str(BENCH / "init_module_stacks.py"), "--flavor", "debugmodel", "--repeat", "1", "--stack", "both"]),
+       "init_module_", "Megatron's own CPU init")
 
 
 def test_init_module_stack_ranks(run, tmp_path):
