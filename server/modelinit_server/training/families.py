@@ -48,6 +48,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                                                        shared_gate="mlp.shared_expert_gate.weight")),
     Family("glm4_moe", "Glm4MoeForCausalLM", MoeNames()),
     Family("deepseek_v3", "DeepseekV3ForCausalLM", MoeNames()),
+    Family("nemotron_h", "NemotronHForCausalLM"),  # Megatron's HybridModel with Mamba layers (megatron.hybrid)
 )}
 
 

@@ -25,6 +25,9 @@ Only where the mapping is exact, field for field:
 * Llama 3.x's RoPE scaling (``GPTModel(rope_scaling=True)``), over grouped-query attention: as
   ``rope_scaling`` ``llama3``, its factor read off the frequencies the model holds
   (:func:`_llama3_scaling`: GPTModel does not keep it).
+* a ``HybridModel`` with Mamba layers: ``nemotron_h`` (:func:`_nemotron_h`), its
+  ``hybrid_override_pattern`` Megatron's pattern; one of attention-then-MLP pairs: the GPTModel of
+  the same layers (:mod:`.hybrid`).
 
 Any other field that changes what the model computes or holds, and has no counterpart in the
 family derived, is refused by name (:func:`hf_config` lists them), with the fix: give the
@@ -134,7 +137,10 @@ def own_config(model) -> dict[str, Any]:
                          "vocab_size), whose Hugging Face config modelinit derives; give the config it corresponds "
                          "to: init_module_(model, spec=...)")
     if is_hybrid_model(model):
-        return hf_config(_PatternConfig(config, pattern_of(model)), hybrid_fields(model))
+        pattern = pattern_of(model)
+        if pattern.by_symbol:
+            return _nemotron_h(model, config, pattern)
+        return hf_config(_PatternConfig(config, pattern), hybrid_fields(model))
     return hf_config(config, gpt_fields(model))
 
 
@@ -192,14 +198,67 @@ def _refuse(name: str, value: Any, what: str) -> ValueError:
                       "init_module_(model, spec='<preset>' or a config.json path or a dict, ...)")
 
 
-def _activation(config) -> str:
+def _nemotron_h(model, config, pattern: Pattern) -> dict[str, Any]:
+    """Nemotron-H's config of a HybridModel of Mamba (``M``), attention (``*``) and MLP (``-``) layers:
+    ``hybrid_override_pattern`` is the pattern (transformers reads it as ``layers_block_type``); no
+    position embedding; an MLP that is not gated (Megatron's ``squared_relu`` is ``relu2``); each
+    Mamba-2 mixer's state size, heads, head dim and groups from the ``TransformerConfig``
+    (``mamba_state_dim``, ``mamba_num_heads``, ``mamba_head_dim``, ``mamba_num_groups``), its
+    convolution's width and gated norm read off the first mixer this rank holds (a stage without one:
+    ``MambaMixer``'s defaults, ``d_conv=4``, ``expand=2``). ``dt_bias``'s range is not kept by the
+    mixer: the config says Nemotron-H's defaults (0.001 to 0.1, floor 1e-4), which are also ``MambaMixer``'s."""
+    _check_off(config, mla=False, routing=False)
+    gpt = hybrid_fields(model)
+    if gpt.position_embedding_type != "none":
+        raise _refuse("position_embedding_type", gpt.position_embedding_type, "positions in a hybrid model with Mamba "
+                      "layers: Nemotron-H has no position embedding (build it with position_embedding_type='none')")
+    for name, value, want, what in (
+            ("normalization", config.normalization, "RMSNorm", "Nemotron-H's norms are RMSNorm"),
+            ("gated_linear_unit", bool(config.gated_linear_unit), False, "Nemotron-H's MLP is not gated"),
+            ("qk_layernorm", bool(config.qk_layernorm), False, "Nemotron-H has no q/k norms"),
+            ("add_qkv_bias", bool(config.add_qkv_bias and not config.add_bias_linear), False,
+             "q/k/v biases alone: Nemotron-H's attention_bias is on the output projection too")):
+        if value != want:
+            raise _refuse(name, value, f"with Mamba layers: {what}")
+    mixer = next((layer.mixer for layer in getattr(getattr(model, "decoder", None), "layers", ())
+                  if type(getattr(layer, "mixer", None)).__name__ == "MambaMixer"), None)
+    d_conv, expand = getattr(mixer, "d_conv", 4), getattr(mixer, "expand", 2)
+    for name, value, want, what in (
+            ("D_has_hdim", getattr(mixer, "D_has_hdim", False), False, "a D per channel: Nemotron-H has one per head"),
+            ("rmsnorm", getattr(mixer, "rmsnorm", True), True, "a Mamba mixer without its gated norm"),
+            ("norm_before_gate", getattr(mixer, "norm_before_gate", False), False,
+             "the gated norm before the gate: Nemotron-H gates, then norms")):
+        if value != want:
+            raise _refuse(name, value, what)
+    heads = getattr(mixer, "nheads", None) or config.mamba_num_heads or \
+        int(expand * config.hidden_size) // config.mamba_head_dim
+    attention_heads = config.num_attention_heads
+    bias = bool(config.add_bias_linear)
+    return {**header("nemotron_h"), "hidden_size": config.hidden_size, "hybrid_override_pattern": pattern.symbols,
+            "num_attention_heads": attention_heads, "num_key_value_heads": config.num_query_groups or attention_heads,
+            "head_dim": config.kv_channels or config.hidden_size // attention_heads,
+            "intermediate_size": config.ffn_hidden_size, "mlp_hidden_act": _activation(config, squared_relu=True),
+            "attention_bias": bias, "mlp_bias": bias, "max_position_embeddings": gpt.max_sequence_length,
+            "vocab_size": gpt.vocab_size, "tie_word_embeddings": gpt.tied, "initializer_range": config.init_method_std,
+            "layer_norm_epsilon": config.layernorm_epsilon, "attention_dropout": float(config.attention_dropout),
+            "ssm_state_size": config.mamba_state_dim, "mamba_num_heads": heads, "mamba_head_dim": config.mamba_head_dim,
+            "n_groups": config.mamba_num_groups, "conv_kernel": d_conv, "use_conv_bias": True, "use_bias": False,
+            "mamba_proj_bias": False, "mamba_hidden_act": "silu", "time_step_min": 0.001, "time_step_max": 0.1,
+            "time_step_floor": 1e-4}
+
+
+def _activation(config, squared_relu: bool = False) -> str:
     import torch.nn.functional as F
 
     func = config.activation_func
     for known, name in ((F.silu, "silu"), (F.gelu, "gelu")):
         if func is known:
             return name
-    raise _refuse("activation_func", getattr(func, "__name__", func), "an activation other than F.silu or F.gelu")
+    if squared_relu and getattr(func, "__name__", "") == "squared_relu" and \
+            getattr(func, "__module__", "").startswith("megatron.core."):  # Megatron's activations.squared_relu
+        return "relu2"
+    raise _refuse("activation_func", getattr(func, "__name__", func), "an activation other than F.silu or F.gelu"
+                  + (" or Megatron's squared_relu" if squared_relu else ""))
 
 
 def _moe_pattern(config, gpt: GPTFields) -> list[bool]:
@@ -219,11 +278,9 @@ def _moe_pattern(config, gpt: GPTFields) -> list[bool]:
     return pattern
 
 
-def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
-    """The Hugging Face config document of a GPTModel of ``config`` (its TransformerConfig) and
-    ``gpt``; ``ValueError`` naming a field that has no counterpart in the family derived."""
-    mla = bool(getattr(config, "multi_latent_attention", False))
-    routing = _deepseek_routing(config)
+def _check_off(config, mla: bool, routing: bool) -> None:
+    """Refuse a field of :data:`_OFF` that is on (multi-latent attention and DeepSeek's routing
+    where the family derived has them), and an embedding std apart from ``init_method_std``."""
     for name, off, what in _OFF:
         if (mla and name == "multi_latent_attention") or (routing and name in _DEEPSEEK_ROUTER):
             continue
@@ -234,6 +291,14 @@ def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
     if embedding_std is not None and embedding_std != config.init_method_std:
         raise _refuse("embedding_init_method_std", embedding_std, "an embedding std apart from init_method_std: "
                       "Hugging Face has one initializer_range")
+
+
+def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
+    """The Hugging Face config document of a GPTModel of ``config`` (its TransformerConfig) and
+    ``gpt``; ``ValueError`` naming a field that has no counterpart in the family derived."""
+    mla = bool(getattr(config, "multi_latent_attention", False))
+    routing = _deepseek_routing(config)
+    _check_off(config, mla, routing)
     glm4_moe = routing and not mla  # the one family derived with partial RoPE (partial_rotary_factor)
     if gpt.rotary_percent != 1.0 and not glm4_moe:
         raise _refuse("rotary_percent", gpt.rotary_percent, "partial RoPE")

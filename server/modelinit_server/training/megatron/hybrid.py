@@ -3,14 +3,20 @@ one layer per symbol of its ``hybrid_layer_pattern``, and which Hugging Face lay
 
 A pattern's symbols (Megatron's ``hybrid_layer_allocation.Symbols``): ``*`` attention, ``-`` MLP,
 ``E`` MoE, ``M`` Mamba, ``G`` gated delta net, ``+`` MLA, ``D`` DeepSeek sparse attention; ``|``
-separates pipeline stages and ``/`` starts the multi-token prediction layers. Megatron's own
-migration from GPTModel pairs the weights by position: a GPT layer is ``*-`` (or ``*E``), so
-Hugging Face layer ``i``'s attention is the pattern's ``i``-th ``*`` and its MLP the ``-`` or ``E``
-right after it. That is the only mapping made: a pattern of attention-then-MLP pairs is a Llama-
-style family's model (the families :mod:`.config` derives), filled as the GPTModel of the same
-layers is. Every other symbol is refused by name before anything is written: Mamba (``M``) and
-gated delta net (``G``) layers need ``mamba_ssm``/``fla`` and CUDA to be built at all, so their
-layout is unverified; MLA and DSA are not mapped in a hybrid model.
+separates pipeline stages and ``/`` starts the multi-token prediction layers. Two mappings:
+
+* **By pairs** (a Llama-style family, the families :mod:`.config` derives for a GPTModel): Megatron's
+  own migration from GPTModel pairs the weights by position: a GPT layer is ``*-`` (or ``*E``), so
+  Hugging Face layer ``i``'s attention is the pattern's ``i``-th ``*`` and its MLP the ``-`` or ``E``
+  right after it, filled as the GPTModel of the same layers is.
+* **By symbol** (Nemotron-H, ``nemotron_h``: the Hugging Face family of Megatron's hybrid models,
+  whose ``hybrid_override_pattern`` is Megatron's pattern, one layer per symbol): Hugging Face layer
+  ``k`` is symbol ``k``, a ``M`` its Mamba-2 mixer, a ``*`` its attention, a ``-`` its MLP. A pattern
+  with ``M`` is derived as this family; a spec of it maps any pattern of ``M``, ``*`` and ``-``.
+
+Every other symbol is refused by name before anything is written: gated delta net (``G``) layers
+need ``fla`` and CUDA to be built at all; MLA and DSA are not mapped in a hybrid model, nor an MoE
+layer beside Mamba layers (Nemotron-H's MoE: its experts are one fused tensor per projection).
 
 Megatron saves each layer under its global symbol index (``HybridStack.sharded_state_dict``:
 ``decoder.layers.<i + the earlier stages' symbols>.``), which :func:`hf_layer_of` turns into the
@@ -19,11 +25,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Symbols with a Hugging Face counterpart: attention, then an MLP (dense or MoE).
-ATTENTION, MLP, MOE = "*", "-", "E"
+#: Symbols with a Hugging Face counterpart: attention, then an MLP (dense or MoE); Mamba (Nemotron-H's).
+ATTENTION, MLP, MOE, MAMBA = "*", "-", "E", "M"
+#: The Hugging Face family whose layers are the pattern's symbols, one each.
+BY_SYMBOL = "nemotron_h"
+#: Nemotron-H's name of each symbol's layer (its config's ``layers_block_type``, transformers' legacy names).
+BLOCK_TYPES = {MAMBA: "mamba", ATTENTION: "attention", MLP: "mlp"}
 #: The others, each with why it is refused.
-_REFUSED = {"M": "a Mamba layer (MambaLayer needs mamba_ssm and CUDA: never built or verified here)",
-            "G": "a gated delta net layer (needs fla and CUDA: never built or verified here)",
+_REFUSED = {"G": "a gated delta net layer (needs fla and CUDA: never built or verified here)",
             "+": "a multi-latent attention layer (mapped in GPTModel, not yet in a hybrid model)",
             "D": "a DeepSeek sparse attention layer (its indexer has no Hugging Face counterpart modelinit writes)"}
 
@@ -42,11 +51,13 @@ class Pattern:
     """One symbol per layer of the whole model, in order (``|`` removed)."""
     hf_layers: tuple[int, ...]
     """Per symbol, the index of the Hugging Face layer it is part of."""
+    by_symbol: bool = False
+    """Whether each symbol is a Hugging Face layer of its own (Nemotron-H), or attention-then-MLP pairs are."""
 
     @property
     def layers(self) -> int:
-        """The Hugging Face layers: one per ``*``."""
-        return self.symbols.count(ATTENTION)
+        """The Hugging Face layers: one per symbol (by symbol), or one per ``*`` (by pairs)."""
+        return len(self.symbols) if self.by_symbol else self.symbols.count(ATTENTION)
 
     @property
     def moe(self) -> list[bool]:
@@ -54,20 +65,30 @@ class Pattern:
         return [s == MOE for s in self.symbols if s != ATTENTION]
 
 
-def parse(text: object) -> Pattern:
-    """The :class:`Pattern` of a ``hybrid_layer_pattern``; ``ValueError`` naming the first symbol
-    (and its layer) that has no Hugging Face counterpart, or a pairing that is not attention-then-MLP."""
+def parse(text: object, by_symbol: bool | None = None) -> Pattern:
+    """The :class:`Pattern` of a ``hybrid_layer_pattern``, by symbol (Nemotron-H) or by pairs (``None``:
+    by symbol where the pattern has a Mamba layer); ``ValueError`` naming the first symbol (and its
+    layer) that has no Hugging Face counterpart, or a pairing that is not attention-then-MLP."""
     if not isinstance(text, str) or not text:
         raise ValueError(f"module: the HybridModel's hybrid_layer_pattern is {text!r}; modelinit maps a pattern of "
-                         "attention-then-MLP pairs ('*-' or '*E' per layer, '|' between pipeline stages)")
+                         "attention-then-MLP pairs ('*-' or '*E' per layer, '|' between pipeline stages) or of "
+                         "Mamba, attention and MLP layers ('M', '*', '-': Nemotron-H)")
     main, slash, mtp = text.partition("/")
     if slash:
         raise ValueError(f"module: the HybridModel's hybrid_layer_pattern {text!r} has multi-token prediction layers "
                          f"('/{mtp}'), whose tensors no Hugging Face folder modelinit writes holds; build the model "
                          "without them to fill it, and initialize them by Megatron's own init")
     symbols = main.replace("|", "")
+    if by_symbol is None:
+        by_symbol = MAMBA in symbols
+    if by_symbol:
+        return _by_symbol(text, symbols)
     hf: list[int] = []
     for k, s in enumerate(symbols):
+        if s == MAMBA:
+            raise ValueError(f"module: the HybridModel's layer {k} is a Mamba layer ('M'), in hybrid_layer_pattern "
+                             f"{text!r}, which a Llama-style Hugging Face family has none of; give a Nemotron-H spec "
+                             "(model_type nemotron_h, hybrid_override_pattern as Megatron's), or none: it is derived")
         if s in _REFUSED:
             raise ValueError(f"module: the HybridModel's layer {k} is {s!r}, {_REFUSED[s]}, in hybrid_layer_pattern "
                              f"{text!r}; modelinit maps attention ('*'), MLP ('-') and MoE ('E') layers")
@@ -85,10 +106,20 @@ def parse(text: object) -> Pattern:
     return Pattern(symbols, tuple(hf))
 
 
-def pattern_of(model) -> Pattern:
-    """``model``'s :class:`Pattern`, checked against the layers this rank built (``HybridStack``'s
-    ``layer_type_list`` from the global index of its first layer)."""
-    pattern = parse(getattr(model, "hybrid_layer_pattern", None))
+def _by_symbol(text: str, symbols: str) -> Pattern:
+    for k, s in enumerate(symbols):
+        if s not in BLOCK_TYPES:
+            why = _REFUSED.get(s) or ("an MoE layer beside Mamba layers (Nemotron-H's MoE, whose experts are one "
+                                      "fused tensor per projection: not yet mapped)" if s == MOE else "not a symbol")
+            raise ValueError(f"module: the HybridModel's layer {k} is {s!r}, {why}, in hybrid_layer_pattern {text!r}; "
+                             "modelinit maps Mamba ('M'), attention ('*') and MLP ('-') layers one per Nemotron-H layer")
+    return Pattern(symbols, tuple(range(len(symbols))), by_symbol=True)
+
+
+def pattern_of(model, by_symbol: bool | None = None) -> Pattern:
+    """``model``'s :class:`Pattern` (``by_symbol``: as :func:`parse`), checked against the layers this
+    rank built (``HybridStack``'s ``layer_type_list`` from the global index of its first layer)."""
+    pattern = parse(getattr(model, "hybrid_layer_pattern", None), by_symbol)
     decoder = getattr(model, "decoder", None)
     built = list(getattr(decoder, "layer_type_list", None) or ())
     layers = list(getattr(decoder, "layers", None) or ())
@@ -107,6 +138,8 @@ def hf_layer_of(pattern: Pattern, key: str, symbol: int) -> int:
     if not 0 <= symbol < len(pattern.symbols):
         raise ValueError(f"module: Megatron saves {key!r} at layer {symbol}, past the {len(pattern.symbols)} layers of "
                          "its hybrid_layer_pattern")
+    if pattern.by_symbol:
+        return symbol
     attention = key.startswith(("decoder.layers.self_attention.", "decoder.layers.input_layernorm."))
     if attention != (pattern.symbols[symbol] == ATTENTION):
         raise ValueError(f"module: Megatron saves {key!r} at layer {symbol}, a {pattern.symbols[symbol]!r} layer of its "

@@ -4,6 +4,7 @@ the Hugging Face tensors that place holds (:mod:`.names`), checked against the s
 vocabulary padding's rows as the same stream's next rows."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ...core.tensors import ModelSpec
@@ -11,10 +12,13 @@ from ..fill import Piece
 from ..dtensor import local_tensor
 from ..stack import Layout, Placed, Run, lacking, not_in_spec
 from .grouped import grouped_mlp_box, grouped_place, grouped_runs
-from .hybrid import hf_layer_of, is_hybrid_model, pattern_of
+from .hybrid import ATTENTION, BY_SYMBOL, MAMBA, MLP, hf_layer_of, is_hybrid_model, pattern_of
 from .names import HF_LAYER, PADDED, hf_boxes, stacked
 from .reader import global_place, pieces_of, within
 from .refusals import check_config, refuse_experts_sharded_across_experts
+
+_NEMOTRON_H_LAYER = re.compile(r"^backbone\.layers\.(\d+)\.mixer\.(.+)$")
+
 
 def megatron_layout(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool = False) -> Layout:
     """A ``GPTModel`` or ``HybridModel`` (whose layers' indices are its pattern's symbols', :mod:`.hybrid`): where each of ``model``'s local tensors (``tensors``: name -> tensor) gets its bytes from,
@@ -28,8 +32,14 @@ def megatron_layout(model, spec: ModelSpec, tensors: dict[str, Any], partial: bo
     config = check_config(model)
     by_name = {t.name: i for i, t in enumerate(spec.tensors)}
     gated = bool(getattr(config, "gated_linear_unit", False))
-    pattern = pattern_of(model) if is_hybrid_model(model) else None
+    by_symbol = spec.family == BY_SYMBOL
+    pattern = pattern_of(model, by_symbol) if is_hybrid_model(model) else None
+    if by_symbol and pattern is None:
+        raise ValueError(f"module: a Nemotron-H spec ({spec.architecture}) maps a Megatron HybridModel, whose pattern "
+                         f"says which layer is Mamba, attention or MLP; this is a {type(model).__name__}")
     found, stand_ins = pieces_of(model)
+    if by_symbol:
+        _check_nemotron_h_layers(spec, pattern.symbols)
     layers = sum(1 for t in spec.tensors if t.name.endswith(".input_layernorm.weight") and HF_LAYER.match(t.name))
     own = pattern.layers if pattern else config.num_layers
     if layers and layers != own:
@@ -90,6 +100,24 @@ def megatron_layout(model, spec: ModelSpec, tensors: dict[str, Any], partial: bo
         (getattr(config, "expert_model_parallel_size", 1) or 1) > 1
     missing = lacking(spec, held, partial or stage, ": the model does not match the spec")
     return Layout(spec, pieces, missing, placed=placed)
+
+
+#: What a Nemotron-H layer's mixer holds, by the pattern's symbol it is.
+_NEMOTRON_H_MIXERS = {"in_proj.weight": MAMBA, "q_proj.weight": ATTENTION, "up_proj.weight": MLP}
+
+
+def _check_nemotron_h_layers(spec: ModelSpec, symbols: str) -> None:
+    """The spec's layers, each a Mamba, attention or MLP layer by what its mixer holds, are the pattern's symbols."""
+    kinds: dict[int, str] = {}
+    for t in spec.tensors:
+        m = _NEMOTRON_H_LAYER.match(t.name)
+        if m and m.group(2) in _NEMOTRON_H_MIXERS:
+            kinds[int(m.group(1))] = _NEMOTRON_H_MIXERS[m.group(2)]
+    theirs = "".join(kinds.get(k, "?") for k in range(max(kinds, default=-1) + 1))
+    if theirs != symbols:
+        raise ValueError(f"module: the Megatron HybridModel's layers are {symbols!r} (its hybrid_layer_pattern without "
+                         f"'|'), the spec's ({spec.architecture}) are {theirs!r} (its hybrid_override_pattern): the "
+                         "model does not match the spec")
 
 
 def _padded(ti: int, want: tuple[int, ...], length: tuple[int, ...]) -> list[Piece]:

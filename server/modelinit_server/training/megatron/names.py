@@ -10,6 +10,7 @@ import numpy as np
 
 from ..families import MoeNames, moe_names
 from ..fill import Box
+from .hybrid import BY_SYMBOL
 
 #: Megatron checkpoint key -> Hugging Face name (``{}``: the global layer index). The keys are those
 #: of ``sharded_state_dict()``, which names the local spec's norms as Transformer Engine fuses them
@@ -55,6 +56,27 @@ _MLA_NAMES = {
     "decoder.layers.self_attention.kv_layernorm.weight": "model.layers.{}.self_attn.kv_a_layernorm.weight",
     "decoder.layers.self_attention.linear_kv_up_proj.layer_norm_weight": "model.layers.{}.self_attn.kv_a_layernorm.weight",
     "decoder.layers.self_attention.linear_kv_up_proj.weight": "model.layers.{}.self_attn.kv_b_proj.weight",
+}
+#: Nemotron-H's names (``nemotron_h``: a HybridModel by symbol, :mod:`.hybrid`), ``{}`` the layer (the
+#: pattern's symbol). Each layer has one norm, whatever its kind (a Mamba layer's ``norm``, an attention
+#: layer's input norm, an MLP layer's pre-MLP norm; fused into the first linear by Transformer Engine),
+#: and one mixer. A Mamba-2 mixer's tensors keep their names: ``in_proj`` and ``conv1d``, which Megatron
+#: saves as parts (``in_proj.weight.z`` .. ``.dt``, ``conv1d.weight.x`` .. ``.C``), are read as the parts
+#: put back together in their order (:func:`.reader.global_place`), which is the Hugging Face rows'
+#: order ([z, x, B, C, dt] and [x, B, C]: ``NemotronHMamba2Mixer`` splits them so).
+_NEMOTRON_H_LAYER = "backbone.layers.{}."
+_NEMOTRON_H = {
+    "embedding.word_embeddings.weight": "backbone.embeddings.weight",
+    "decoder.final_norm.weight": "backbone.norm_f.weight",
+    "output_layer.weight": "lm_head.weight",
+    **{f"decoder.layers.{norm}": _NEMOTRON_H_LAYER + "norm.weight" for norm in (
+        "norm.weight", "mixer.in_proj.layer_norm_weight", "input_layernorm.weight",
+        "self_attention.linear_qkv.layer_norm_weight", "pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight")},
+    **{f"decoder.layers.mixer.{t}": f"{_NEMOTRON_H_LAYER}mixer.{t}" for t in (
+        "in_proj.weight", "conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D", "norm.weight", "out_proj.weight")},
+    **{f"decoder.layers.{m}.{leaf}": f"{_NEMOTRON_H_LAYER}mixer.{hf}.{leaf}" for m, hf in (
+        ("self_attention.linear_proj", "o_proj"), ("mlp.linear_fc1", "up_proj"), ("mlp.linear_fc2", "down_proj"))
+       for leaf in ("weight", "bias")},
 }
 #: The MLP's names, by the spec's naming: gated (SwiGLU: ``linear_fc1`` holds [gate; up]), or not.
 _MLP = {True: ("gate_proj", "up_proj", "down_proj"), False: (None, "c_fc", "c_proj")}
@@ -118,24 +140,15 @@ def hf_boxes(key: str, lead: tuple[int, ...], shape: tuple[int, ...], config, ga
     def hf(name: str) -> str:
         return name.format(layer) if "{}" in name else name
 
+    if family == BY_SYMBOL:
+        return _nemotron_h_boxes(key, layer, shape, config, hf)
     if getattr(config, "multi_latent_attention", False) and key in _MLA_NAMES:  # one block each: mla_rows
         return [(hf(_MLA_NAMES[key]), whole_box(shape))]
     if key in _NAMES:
         return [(hf(_NAMES[key]), whole_box(shape))]
     leaf = key.rpartition(".")[2]
     if key.startswith(_QKV) and leaf in ("weight", "bias"):
-        head_dim = config.kv_channels or config.hidden_size // config.num_attention_heads
-        groups = config.num_query_groups or config.num_attention_heads
-        out = []
-        for proj, idx in zip("qkv", qkv_rows(config.num_attention_heads, groups, head_dim)):
-            if int(idx.max()) >= shape[0]:
-                raise ValueError(f"module: Megatron's {key!r} has {shape[0]} rows, fewer than {config.num_attention_heads} "
-                                 f"heads in {groups} groups of {head_dim} need")
-            consecutive = np.array_equal(idx, np.arange(idx[0], idx[0] + idx.size))
-            start = (int(idx[0]) if consecutive else idx, *([0] * (len(shape) - 1)))
-            box = (start, tuple(range(len(shape))), (0,) * len(shape), (idx.size, *shape[1:]))
-            out.append((f"model.layers.{layer}.self_attn.{proj}_proj.{leaf}", box))
-        return out
+        return _qkv_boxes(key, shape, config, f"model.layers.{layer}.self_attn.", leaf)
     names = moe_names(family)
     mlp = _mlp_prefix(key, lead, names)
     if mlp is None:
@@ -163,6 +176,33 @@ def hf_boxes(key: str, lead: tuple[int, ...], shape: tuple[int, ...], config, ga
         return [(f"{layer_prefix}{down}.{leaf}", whole_box(shape))]
     raise ValueError(f"module: Megatron's {key!r} has no Hugging Face counterpart modelinit knows; GPTModel with the "
                      "local or Transformer Engine layer spec (GQA, a SwiGLU or GELU MLP, MoE experts) is supported")
+
+
+def _nemotron_h_boxes(key: str, layer: int | None, shape: tuple[int, ...], config, hf) -> list[tuple[str, Box]]:
+    """:func:`hf_boxes` for a Nemotron-H spec: the table, and the grouped QKV as the mixer's q/k/v."""
+    if key in _NEMOTRON_H:
+        return [(hf(_NEMOTRON_H[key]), whole_box(shape))]
+    leaf = key.rpartition(".")[2]
+    if key.startswith(_QKV) and leaf in ("weight", "bias"):
+        return _qkv_boxes(key, shape, config, f"{_NEMOTRON_H_LAYER.format(layer)}mixer.", leaf)
+    raise ValueError(f"module: Megatron's {key!r} has no Nemotron-H counterpart modelinit knows; a HybridModel of "
+                     "Mamba, attention and MLP layers (local modules) is supported")
+
+
+def _qkv_boxes(key: str, shape: tuple[int, ...], config, prefix: str, leaf: str) -> list[tuple[str, Box]]:
+    """The boxes of ``q_proj``, ``k_proj`` and ``v_proj`` (under ``prefix``) in the grouped QKV."""
+    head_dim = config.kv_channels or config.hidden_size // config.num_attention_heads
+    groups = config.num_query_groups or config.num_attention_heads
+    out = []
+    for proj, idx in zip("qkv", qkv_rows(config.num_attention_heads, groups, head_dim)):
+        if int(idx.max()) >= shape[0]:
+            raise ValueError(f"module: Megatron's {key!r} has {shape[0]} rows, fewer than {config.num_attention_heads} "
+                             f"heads in {groups} groups of {head_dim} need")
+        consecutive = np.array_equal(idx, np.arange(idx[0], idx[0] + idx.size))
+        start = (int(idx[0]) if consecutive else idx, *([0] * (len(shape) - 1)))
+        box = (start, tuple(range(len(shape))), (0,) * len(shape), (idx.size, *shape[1:]))
+        out.append((f"{prefix}{proj}_proj.{leaf}", box))
+    return out
 
 
 def _mlp_prefix(key: str, lead: tuple[int, ...], names: "MoeNames") -> tuple[str, str] | None:

@@ -99,6 +99,9 @@ def global_place(name: str, t, sharded: list[Any]) -> GlobalPlace:
     global indices ``t`` holds per dim (None: all of it), from its ShardedTensors. Each one is a
     block of ``t``'s rows (a factory's chunk) at its own offset."""
     keys = {s.key for s in sharded}
+    if len(keys) > 1:
+        sharded = _joined(name, t, sharded)
+        keys = {s.key for s in sharded}
     if len(keys) != 1:
         raise ValueError(f"module: Megatron saves {name!r} as several tensors ({sorted(keys)}); this layout is not supported")
     lead = {tuple(s.global_offset[:s.prepend_axis_num]) for s in sharded}
@@ -139,6 +142,50 @@ def global_place(name: str, t, sharded: list[Any]) -> GlobalPlace:
     sets = [None if s is not None and s.size == n and s[0] == 0 and s[-1] == n - 1 else s
             for s, n in zip(sets, shape)]
     return GlobalPlace(keys.pop(), lead.pop(), shape, sets)
+
+
+#: The parts Megatron saves a tensor as, in their order (Mamba's ``_split_tensor_factory``: a
+#: ``MambaMixer``'s ``in_proj`` as [z, x, B, C, dt], its ``conv1d`` as [x, B, C]).
+_PARTS = (("z", "x", "B", "C", "dt"), ("x", "B", "C"))
+
+
+class _Part(NamedTuple):
+    """A part's ShardedTensor, placed in the tensor its parts make together."""
+
+    key: str
+    global_offset: tuple[int, ...]
+    global_shape: tuple[int, ...]
+    local_shape: tuple[int, ...]
+    prepend_axis_num: int
+    flattened_range: Any
+    data: Any
+
+
+def _joined(name: str, t, sharded: list[Any]) -> list[Any]:
+    """The pieces of a tensor Megatron saves as named parts (:data:`_PARTS`, each part a global tensor
+    of its own, ``<key>.<part>``, and a block of ``t``'s rows), placed in the one tensor the parts make
+    put together along dim 0 in their order: part ``p``'s global row ``r`` is that tensor's row
+    ``r`` + the rows of the parts before it. A tensor-parallel rank holds its rows of every part
+    ([z_r, x_r, B_r, C_r, dt_r]): its rows of the whole tensor are then not one block."""
+    base = {s.key.rpartition(".")[0] for s in sharded}
+    order = sorted({s.key.rpartition(".")[2]: s.data.storage_offset() for s in sharded}.items(), key=lambda kv: kv[1])
+    parts = tuple(p for p, _ in order)
+    if len(base) != 1 or parts not in _PARTS or any(s.flattened_range is not None or s.data.dim() != t.dim()
+                                                    for s in sharded):
+        return sharded  # refused by the caller, naming the keys
+    rows = {}
+    for s in sharded:
+        rows.setdefault(s.key.rpartition(".")[2], s.global_shape[s.prepend_axis_num])
+    before = dict(zip(parts, [sum(rows[p] for p in parts[:i]) for i in range(len(parts))]))
+    total = sum(rows.values())
+    key = base.pop()
+    out = []
+    for s in sharded:
+        n, part = s.prepend_axis_num, s.key.rpartition(".")[2]
+        offset = (*s.global_offset[:n], s.global_offset[n] + before[part], *s.global_offset[n + 1:])
+        out.append(_Part(key, offset, (*s.global_shape[:n], total, *s.global_shape[n + 1:]), tuple(s.local_shape), n,
+                         None, s.data))
+    return out
 
 
 def within(held: list, shape: tuple[int, ...], t, name: str) -> list:
