@@ -20,6 +20,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is in the test extra"
 
 MODULES = ["tests/server/training/test_megatron.py", "tests/server/training/test_megatron_config.py",
            "tests/server/training/test_megatron_fsdp.py", "tests/server/training/test_megatron_hybrid.py",
+           "tests/server/training/test_megatron_mamba.py",
            "tests/server/training/test_megatron_mla.py", "tests/server/training/test_megatron_moe.py"]
 #: Why a Megatron test may skip on the newest release (each test's own skip message says it in full).
 REASONS = ("no non-Transformer-Engine GroupedMLP", "builds MLA without a q LoRA only with Transformer Engine",

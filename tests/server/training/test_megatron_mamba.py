@@ -1,0 +1,160 @@
+"""``init_module_`` on a Megatron-Core ``HybridModel`` with Mamba layers (``M``): filled with the bytes
+of the Hugging Face Nemotron-H folder it corresponds to (``nemotron_h``, whose ``hybrid_override_pattern``
+is Megatron's pattern, one layer per symbol), with and without a spec, on one rank and at TP=2 x PP=2
+(the pattern's ``|``); each Mamba mixer's ``in_proj`` and ``conv1d``, which Megatron saves as parts
+(``z, x, B, C, dt`` and ``x, B, C``, each rank its rows of every part), included.
+
+The model is built on CPU without ``mamba_ssm`` (tests/support/megatron_mamba.py says what is replaced
+and why: only what serves the forward or asks CUDA; every parameter's shape, split and place is
+Megatron's own). These run where the Megatron-Core found has HybridModel: in CI, the newest release's
+run (test_megatron_releases.py). The pattern's mapping, which needs no Megatron, is checked first.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from modelinit_server.training.megatron.hybrid import parse
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+
+@pytest.mark.parametrize("pattern, by_symbol, message", [
+    ("M*-E", None, "layer 3 is 'E', an MoE layer beside Mamba layers"),
+    ("M*G-", None, "layer 2 is 'G', a gated delta net layer"),
+    ("*-M-", False, "layer 2 is a Mamba layer ('M'), in hybrid_layer_pattern '*-M-', which a Llama-style Hugging "
+                    "Face family has none of; give a Nemotron-H spec"),
+])
+def test_a_pattern_nemotron_h_does_not_hold_is_refused_by_name(pattern, by_symbol, message):
+    with pytest.raises(ValueError, match="^module: the HybridModel's") as e:
+        parse(pattern, by_symbol)
+    assert message in str(e.value)
+
+
+def test_a_pattern_with_mamba_layers_is_one_nemotron_h_layer_per_symbol():
+    mamba = parse("M*-|M*-")
+    assert (mamba.by_symbol, mamba.symbols, mamba.hf_layers, mamba.layers) == (True, "M*-M*-", tuple(range(6)), 6)
+    pairs = parse("*-*E")  # without Mamba layers: attention-then-MLP pairs, as before
+    assert (pairs.by_symbol, pairs.hf_layers, pairs.layers) == (False, (0, 0, 1, 1), 2)
+    assert parse("*-*-", by_symbol=True).hf_layers == (0, 1, 2, 3)
+
+
+def _need_hybrid_model() -> None:
+    """Skip where the Megatron-Core found has no HybridModel (the test extra's 0.16.1)."""
+    if importlib.util.find_spec("megatron") is None:
+        pytest.skip("megatron-core is in the test extra")
+    from tests.support.megatron_models import has_hybrid_model
+
+    if not has_hybrid_model():
+        pytest.skip("this Megatron-Core has no HybridModel (0.17 and later have it; CI runs these on the newest "
+                    "release, test_megatron_releases.py)")
+
+
+def _fill_twice(model) -> dict:
+    """The model filled with NEMOTRON_H, then (poisoned in between) without a spec; the two fills' bytes
+    must be the same, and the config derived NEMOTRON_H's. Returns the fill's tensors."""
+    import modelinit
+    from tests.support.distributed import no_collectives, same_bytes
+    from tests.support.megatron_mamba import NEMOTRON_H
+    from tests.support.megatron_models import SEED
+
+    states = []
+    for spec in (NEMOTRON_H, None):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(float("nan"))
+        with no_collectives():
+            summary = modelinit.init_module_(model, seed=SEED, spec=spec)
+        assert summary.architecture == "NemotronHForCausalLM"
+        assert summary.elements == sum(p.numel() for p in model.parameters())
+        states.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    derived = summary.derived_config
+    assert {k: derived.get(k) for k in NEMOTRON_H} == NEMOTRON_H, derived
+    first, second = states
+    assert [n for n in first if not same_bytes(first[n], second[n])] == []
+    return first
+
+
+def _one_device(ref_path: str) -> None:
+    import modelinit
+    from tests.support.distributed import no_collectives, same_bytes
+    from tests.support.megatron_mamba import NEMOTRON_H, megatron_mamba_hybrid
+    from tests.support.megatron_models import SEED
+
+    ref = torch.load(ref_path)
+    model = megatron_mamba_hybrid()
+    state = _fill_twice(model)
+    assert sorted(state) == sorted(ref)
+    assert [n for n in ref if not same_bytes(state[n], ref[n])] == []
+    refusals = (
+        (model, {**NEMOTRON_H, "hybrid_override_pattern": "M-*M*-"}, "layers are 'M*-M*-' (its hybrid_layer_pattern "
+         "without '|'), the spec's (NemotronHForCausalLM) are 'M-*M*-'"),
+        (model, "tinyllama-1.1b", "layer 0 is a Mamba layer ('M')"),
+        (megatron_mamba_hybrid(position_embedding_type="rope"), None,
+         "position_embedding_type='rope' (positions in a hybrid model with Mamba layers"))
+    for other, spec, message in refusals:
+        before = [p.detach().clone() for p in other.parameters()]
+        try:
+            with no_collectives():
+                modelinit.init_module_(other, seed=SEED, spec=spec)
+        except ValueError as e:
+            assert message in str(e), e
+        else:
+            raise AssertionError(f"{spec!r} was not refused")
+        assert all(same_bytes(a, b.detach()) for a, b in zip(before, other.parameters()))  # nothing written
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_one_device_equals_the_folder_with_and_without_a_spec(tmp_path):
+    """``M*-M*-`` on one rank: every parameter (each mixer's in_proj, conv1d, dt_bias, A_log, D, gated norm
+    and out_proj; the attention's grouped QKV; the MLPs; each layer's one norm) is the Nemotron-H folder's
+    bytes, layer k at symbol k; without a spec the config derived is NEMOTRON_H and fills the same bytes. A
+    spec of another pattern, a Llama-style spec and a Mamba hybrid with RoPE are refused, nothing written."""
+    _need_hybrid_model()
+    from tests.support.megatron_mamba import folder_in_mamba_layout
+    from tests.support.megatron_models import in_one_process
+
+    ref_path = str(tmp_path / "ref.pt")
+    torch.save(folder_in_mamba_layout(tmp_path), ref_path)
+    in_one_process(str(tmp_path / "pg"), _one_device, ref_path)
+
+
+def _fill_layout(rank: int, world: int, init_file: str, tp: int, pp: int, out: str) -> None:
+    from megatron.core import parallel_state as ps
+
+    from tests.support.distributed import exit_rank
+    from tests.support.megatron_mamba import MAMBA_PP2, megatron_mamba_hybrid
+    from tests.support.megatron_models import init_group
+
+    init_group(rank, world, init_file)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    model = megatron_mamba_hybrid(tp, pp, pattern=MAMBA_PP2)
+    state = _fill_twice(model)
+    torch.save({"tp": ps.get_tensor_model_parallel_rank(), "first": model.decoder.layers[0].layer_number - 1,
+                "state": state}, f"{out}/rank{rank}.pt")
+    exit_rank()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_tp2_pp2_shares_put_together_are_the_folder(tmp_path):
+    """TP=2 x PP=2 over ``M*-|M*-``: each rank holds its half of every Mamba head, group and channel (its
+    rows of each part of in_proj and conv1d, of dt_bias, A_log, D and the gated norm; out_proj's columns),
+    its query groups and half of each MLP, in its stage's three layers; filled with and without a spec,
+    the shares put together by Megatron's rules are the folder's bytes."""
+    _need_hybrid_model()
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    from tests.support.distributed import same_bytes, spawn
+    from tests.support.megatron_mamba import MAMBA_PP2, folder_in_mamba_layout, put_mamba_together
+
+    ref = folder_in_mamba_layout(tmp_path, MAMBA_PP2)
+    out = tmp_path / "shares"
+    out.mkdir()
+    spawn(_fill_layout, (4, str(tmp_path / "pg"), 2, 2, str(out)), 4)
+    whole = put_mamba_together(out, 4)
+    assert sorted(whole) == sorted(ref)
+    assert [n for n in ref if not same_bytes(whole[n], ref[n])] == []
