@@ -1,4 +1,4 @@
-"""A Megatron-Core ``GPTModel`` (or ``HybridModel`` of attention and MLP layers, :mod:`.hybrid`): where each tensor of the Hugging Face spec it corresponds to sits
+"""A Megatron-Core ``GPTModel`` (or ``HybridModel`` of attention and MLP layers, or with Mamba layers as Nemotron-H, :mod:`.hybrid`): where each tensor of the Hugging Face spec it corresponds to sits
 in the rank's local (tensor- and pipeline-parallel) parameters.
 
 Two steps, the first read off Megatron's own code:
@@ -17,6 +17,8 @@ Two steps, the first read off Megatron's own code:
    spec family's names (:data:`~modelinit_server.training.families.FAMILIES`: Mixtral's, Qwen2-MoE's shared expert and its gate);
    the layouts that are not a block: the grouped QKV, :func:`.names.qkv_rows`, and GroupedMLP's weights
    (each expert's tensor transposed in the view its grouped GEMM takes), :func:`.grouped.grouped_mlp_box`.
+   A Mamba mixer's ``in_proj`` and ``conv1d``, saved as parts, are read as the parts put together
+   (:func:`.reader.global_place`); Nemotron-H's names are :data:`.names._NEMOTRON_H`.
    Multi-latent attention's tensors (:data:`.names._MLA_NAMES`, DeepSeek-V3's names) hold the Hugging
    Face rows in their order (:func:`.names.mla_rows`), each one block.
 

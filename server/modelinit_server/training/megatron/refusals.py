@@ -1,6 +1,6 @@
 """What the Megatron-Core stack refuses, before anything is written, each with one line naming the
 module or parameter and the fix: a model that is not a GPTModel or HybridModel or has what is not
-mapped (interleaved RoPE, a multi-token prediction block, a hybrid pattern's Mamba layers: :mod:`.hybrid`), the Transformer Engine layer spec (mapped, not
+mapped (interleaved RoPE, a multi-token prediction block, a hybrid pattern's gated delta net layers: :mod:`.hybrid`), the Transformer Engine layer spec (mapped, not
 verified on a GPU run: Transformer Engine cannot be built here), Megatron-FSDP's uneven pieces of
 flat buffers, and an expert's weight that FSDP2 shards over ranks holding other experts."""
 from __future__ import annotations
@@ -71,7 +71,8 @@ def check_modules(model) -> None:
     hybrid = is_hybrid_model(model)
     if not hybrid and type(model).__name__ == "MambaModel":
         raise ValueError("module: this Megatron-Core's MambaModel (layers by hybrid_override_pattern) is not supported; "
-                         "Megatron-Core 0.19's HybridModel of attention, MLP and MoE layers is")
+                         "Megatron-Core 0.19's HybridModel of attention, MLP and MoE layers is, or of Mamba, "
+                         "attention and MLP layers")
     if hybrid:
         pattern_of(model)  # a layer symbol without a Hugging Face counterpart, by name
     if TE_LAYER_SPEC_VERIFIED:
