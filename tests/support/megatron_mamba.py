@@ -14,8 +14,9 @@ with four things replaced, in the test only:
 * ``torch.cuda.current_device()`` is the CPU, where every parameter is then allocated.
 
 Every parameter's shape, its tensor-parallel split and what ``sharded_state_dict()`` says of it
-(``in_proj`` as its parts ``z, x, B, C, dt``, ``conv1d`` as ``x, B, C``) is Megatron's own code. A CUDA
-machine with ``mamba_ssm`` builds the real mixer (benchmarks/gpu_session.sh).
+(``in_proj`` as its parts ``z, x, B, C, dt``, ``conv1d`` as ``x, B, C``) is Megatron's own code. The
+real mixer needs a CUDA machine with ``mamba_ssm``, which publishes no wheel on PyPI (its sdist compiles
+CUDA kernels): not run yet.
 
 megatron-core is imported inside the functions: the tests skip without it first.
 """
