@@ -35,7 +35,8 @@ megatron is imported only here, only when such a model is passed.
 The package: ``stack`` (the Stack) over ``layout`` (the pieces) over ``grouped`` (GroupedMLP's
 experts), ``reader`` (sharded_state_dict), ``names`` (the tables), ``refusals`` and ``config``
 (the derived Hugging Face config), over ``hybrid`` (HybridModel's pattern: which Hugging Face layer
-each symbol is, by position as Megatron's migration from GPTModel pairs them).
+each symbol is, by position as Megatron's migration from GPTModel pairs them, or one per symbol as
+Nemotron-H has them) and ``rope`` (the RoPE a model keeps, read back).
 """
 from __future__ import annotations
 

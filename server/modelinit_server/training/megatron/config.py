@@ -24,7 +24,7 @@ Only where the mapping is exact, field for field:
   ``topk_group`` and ``routed_scaling_factor``;
 * Llama 3.x's RoPE scaling (``GPTModel(rope_scaling=True)``), over grouped-query attention: as
   ``rope_scaling`` ``llama3``, its factor read off the frequencies the model holds
-  (:func:`_llama3_scaling`: GPTModel does not keep it).
+  (:func:`.rope.llama3_scaling`: GPTModel does not keep it).
 * a ``HybridModel`` with Mamba layers: ``nemotron_h`` (:func:`_nemotron_h`), its
   ``hybrid_override_pattern`` Megatron's pattern; one of attention-then-MLP pairs: the GPTModel of
   the same layers (:mod:`.hybrid`).
@@ -45,12 +45,12 @@ megatron is not imported here: the fields are read off the objects given.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..families import header
 from .hybrid import Pattern, is_hybrid_model, pattern_of
+from .rope import frequencies, llama3_scaling, refuse as _refuse, rotary_of
 
 #: TransformerConfig fields that change the model and have no counterpart in any family derived,
 #: with the value that means "off" and what they are.
@@ -114,18 +114,10 @@ def gpt_fields(model) -> GPTFields:
         position_embedding_type=str(getattr(model, "position_embedding_type", "rope")),
         rotary_percent=float(getattr(model, "rotary_percent", 1.0)),
         rotary_base=getattr(model, "rotary_base", 10000), rope_scaling=bool(getattr(model, "rotary_scaling", False)),
-        inv_freq=_frequencies(rope) if getattr(model, "rotary_scaling", False) else (),
+        inv_freq=frequencies(rope) if getattr(model, "rotary_scaling", False) else (),
         seq_len_interpolation_factor=getattr(rope, "seq_len_interpolation_factor", None),
         mtp=bool(getattr(model, "mtp_process", False)),
         moe_layers={layer.layer_number - 1: type(layer.mlp).__name__ == "MoELayer" for layer in layers})
-
-
-def _frequencies(rope) -> tuple[float, ...]:
-    """``rope.inv_freq`` as floats; empty where there is none to read (on the meta device)."""
-    freqs = getattr(rope, "inv_freq", None)
-    if freqs is None or getattr(freqs, "is_meta", False):
-        return ()
-    return tuple(float(x) for x in freqs.detach().reshape(-1).tolist())
 
 
 def own_config(model) -> dict[str, Any]:
@@ -162,9 +154,9 @@ class _PatternConfig:
 def hybrid_fields(model) -> GPTFields:
     """A ``HybridModel``'s fields as :class:`GPTFields`. It keeps neither ``rotary_base`` nor
     ``rotary_percent``: both are read off the frequencies its ``rotary_pos_emb`` holds
-    (:func:`_rotary_of`)."""
+    (:func:`.rope.rotary_of`)."""
     rope = getattr(model, "rotary_pos_emb", None)
-    base, percent = _rotary_of(model.config, rope) if rope is not None else (10000.0, 1.0)
+    base, percent = rotary_of(model.config, rope) if rope is not None else (10000.0, 1.0)
     return GPTFields(
         vocab_size=int(model.vocab_size), max_sequence_length=int(model.max_sequence_length),
         tied=bool(model.share_embeddings_and_output_weights),
@@ -172,30 +164,6 @@ def hybrid_fields(model) -> GPTFields:
         rotary_percent=percent, rotary_base=base,
         seq_len_interpolation_factor=getattr(rope, "seq_len_interpolation_factor", None),
         mtp=bool(getattr(model, "mtp_process", False)))
-
-
-def _rotary_of(config, rope) -> tuple[float, float]:
-    """``(rotary_base, rotary_percent)`` of a RotaryEmbedding, from the frequencies it holds:
-    Megatron's ``1 / base ** (2i / dim)`` for ``i < dim / 2``, ``dim`` the head dim times the percent.
-    The base is solved from the lowest frequency, rounded to 6 significant digits, and checked on
-    every one (relative 1e-5: Megatron computes them in float32)."""
-    held = _frequencies(rope)
-    what = "HybridModel keeps no rotary_base; it is read off rotary_pos_emb.inv_freq"
-    if len(held) < 2 or not all(math.isfinite(f) and f > 0 for f in held):
-        raise _refuse("rotary_base", None, f"{what}, which holds {len(held)} usable frequencies (on the meta "
-                      "device: none)")
-    dim = 2 * len(held)
-    head_dim = config.kv_channels or config.hidden_size // config.num_attention_heads
-    base = float(f"{held[-1] ** (-dim / (2 * (len(held) - 1))):.6g}")
-    if any(abs(base ** (-2 * i / dim) - f) > 1e-5 * f for i, f in enumerate(held)):
-        raise _refuse("rotary_base", base, f"{what}, whose frequencies no base gives as Megatron computes them")
-    return base, (1.0 if dim == head_dim else dim / head_dim)
-
-
-def _refuse(name: str, value: Any, what: str) -> ValueError:
-    return ValueError(f"spec: the Megatron model's {name}={value!r} ({what}) has no counterpart in a Hugging Face "
-                      "config modelinit derives; give the Hugging Face config this model corresponds to: "
-                      "init_module_(model, spec='<preset>' or a config.json path or a dict, ...)")
 
 
 def _nemotron_h(model, config, pattern: Pattern) -> dict[str, Any]:
@@ -325,7 +293,7 @@ def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
     }
     if gpt.rope_scaling:
         rotary = int(head_dim * gpt.rotary_percent) if gpt.rotary_percent < 1 else head_dim  # as RotaryEmbedding's dim
-        doc["rope_scaling"] = _llama3_scaling(gpt, rotary)
+        doc["rope_scaling"] = llama3_scaling(gpt.rotary_base, gpt.inv_freq, rotary)
     shape = _Shape(config, gpt)
     if shape.norm == "RMSNorm":
         doc["rms_norm_eps"] = config.layernorm_epsilon
@@ -512,54 +480,3 @@ def _deepseek_moe(config, gpt: GPTFields, family: str) -> dict[str, Any]:
             "topk_group": getattr(config, "moe_router_group_topk", None) or 1,
             "routed_scaling_factor": float(getattr(config, "moe_router_topk_scaling_factor", None) or 1.0),
             "norm_topk_prob": True}
-
-
-#: Megatron's Llama 3.x RoPE scaling (``RotaryEmbedding._apply_scaling``, called with the factor
-#: alone) keeps Llama 3.1's bands; transformers' ``llama3`` rope type takes the same values.
-_LLAMA3_BANDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-
-
-def _llama3_scaled(freq: float, factor: float) -> float:
-    """An unscaled rotary frequency after Llama 3.x's scaling by ``factor``, with the bands above
-    (the formula Megatron and transformers share): a wavelength ``2 pi / freq`` under 8192 / 4 is
-    kept, one over 8192 divided by ``factor``, and one between is ``(1 - s) freq / factor + s freq``
-    with ``s = (8192 / wavelength - 1) / (4 - 1)``."""
-    context, low, high = (_LLAMA3_BANDS[k] for k in ("original_max_position_embeddings", "low_freq_factor",
-                                                     "high_freq_factor"))
-    wavelength = 2 * math.pi / freq
-    if wavelength < context / high:
-        return freq
-    if wavelength > context / low:
-        return freq / factor
-    smooth = (context / wavelength - low) / (high - low)
-    return (1 - smooth) * freq / factor + smooth * freq
-
-
-def _llama3_scaling(gpt: GPTFields, dim: int) -> dict[str, Any]:
-    """``rope_scaling`` of a model built with ``rope_scaling=True``: GPTModel does not keep the
-    factor, so it is solved from the lowest of the frequencies it holds (``gpt.inv_freq``) against
-    the unscaled ``rotary_base ** (-2i / dim)``, then checked on every frequency (relative 1e-5:
-    Megatron computes them in float32)."""
-    plain = [1.0 / float(gpt.rotary_base) ** (2 * i / dim) for i in range((dim + 1) // 2)]
-    held = gpt.inv_freq
-    what = "Llama 3.x's RoPE scaling, whose factor GPTModel does not keep"
-    if len(held) != len(plain) or not all(math.isfinite(f) and f > 0 for f in held):
-        raise _refuse("rope_scaling", True, f"{what}; its rotary_pos_emb.inv_freq, where the factor is read from, "
-                      f"has {len(held)} frequencies (on the meta device: none), not {len(plain)}")
-    lowest, scaled = plain[-1], held[-1]
-    wavelength, context = 2 * math.pi / lowest, _LLAMA3_BANDS["original_max_position_embeddings"]
-    factor = None
-    if wavelength > context:
-        factor = lowest / scaled
-    elif wavelength >= context / _LLAMA3_BANDS["high_freq_factor"]:
-        smooth = (context / wavelength - 1) / (_LLAMA3_BANDS["high_freq_factor"] - 1)
-        if scaled / lowest > smooth:
-            factor = (1 - smooth) / (scaled / lowest - smooth)
-    if factor is None:
-        raise _refuse("rope_scaling", True, f"{what}; every rotary wavelength is under {context // 4}, which "
-                      "Llama 3.x's scaling keeps, so the factor cannot be read")
-    factor = float(f"{factor:.4g}")
-    if any(abs(_llama3_scaled(p, factor) - h) > 1e-5 * h for p, h in zip(plain, held)):
-        raise _refuse("rope_scaling", True, f"{what}; rotary_pos_emb.inv_freq is not the unscaled frequencies "
-                      f"scaled as Llama 3.x scales them (the nearest factor, {factor}, does not give them)")
-    return {"rope_type": "llama3", "factor": factor, **_LLAMA3_BANDS}
