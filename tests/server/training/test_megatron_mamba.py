@@ -1,7 +1,7 @@
 """``init_module_`` on a Megatron-Core ``HybridModel`` with Mamba layers (``M``): filled with the bytes
 of the Hugging Face Nemotron-H folder it corresponds to (``nemotron_h``, whose ``hybrid_override_pattern``
-is Megatron's pattern, one layer per symbol), with and without a spec, on one rank and at TP=2 x PP=2
-(the pattern's ``|``); each Mamba mixer's ``in_proj`` and ``conv1d``, which Megatron saves as parts
+is Megatron's pattern, one layer per symbol), with and without a spec, at DP=2 under Megatron's FSDP2
+wrapper and at TP=2 x PP=2 (the pattern's ``|``); each Mamba mixer's ``in_proj`` and ``conv1d``, which Megatron saves as parts
 (``z, x, B, C, dt`` and ``x, B, C``, each rank its rows of every part), included.
 
 The model is built on CPU without ``mamba_ssm`` (tests/support/megatron_mamba.py says what is replaced
@@ -52,9 +52,14 @@ def _need_hybrid_model() -> None:
                     "release, test_megatron_releases.py)")
 
 
+def _local(p):
+    """A parameter's own elements: an FSDP2 DTensor's local shard, else the parameter."""
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
 def _fill_twice(model) -> dict:
     """The model filled with NEMOTRON_H, then (poisoned in between) without a spec; the two fills' bytes
-    must be the same, and the config derived NEMOTRON_H's. Returns the fill's tensors."""
+    must be the same, and the config derived NEMOTRON_H's. Returns the fill's (local) tensors."""
     import modelinit
     from tests.support.distributed import no_collectives, same_bytes
     from tests.support.megatron_mamba import NEMOTRON_H
@@ -64,12 +69,12 @@ def _fill_twice(model) -> dict:
     for spec in (NEMOTRON_H, None):
         with torch.no_grad():
             for p in model.parameters():
-                p.fill_(float("nan"))
+                _local(p).fill_(float("nan"))
         with no_collectives():
             summary = modelinit.init_module_(model, seed=SEED, spec=spec)
         assert summary.architecture == "NemotronHForCausalLM"
-        assert summary.elements == sum(p.numel() for p in model.parameters())
-        states.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        assert summary.elements == sum(_local(p).numel() for p in model.parameters())
+        states.append({n: _local(p).detach().clone() for n, p in model.named_parameters()})
     derived = summary.derived_config
     assert {k: derived.get(k) for k in NEMOTRON_H} == NEMOTRON_H, derived
     first, second = states
@@ -77,17 +82,14 @@ def _fill_twice(model) -> dict:
     return first
 
 
-def _one_device(ref_path: str) -> None:
+def _refusals() -> None:
+    """A spec of another pattern, a Llama-style spec, a Mamba hybrid with RoPE: each refused, nothing written."""
     import modelinit
     from tests.support.distributed import no_collectives, same_bytes
     from tests.support.megatron_mamba import NEMOTRON_H, megatron_mamba_hybrid
     from tests.support.megatron_models import SEED
 
-    ref = torch.load(ref_path)
     model = megatron_mamba_hybrid()
-    state = _fill_twice(model)
-    assert sorted(state) == sorted(ref)
-    assert [n for n in ref if not same_bytes(state[n], ref[n])] == []
     refusals = (
         (model, {**NEMOTRON_H, "hybrid_override_pattern": "M-*M*-"}, "layers are 'M*-M*-' (its hybrid_layer_pattern "
          "without '|'), the spec's (NemotronHForCausalLM) are 'M-*M*-'"),
@@ -106,20 +108,43 @@ def _one_device(ref_path: str) -> None:
         assert all(same_bytes(a, b.detach()) for a, b in zip(before, other.parameters()))  # nothing written
 
 
+def _fill_fsdp2(rank: int, world: int, init_file: str, out: str) -> None:
+    from megatron.core import parallel_state as ps
+
+    from tests.support.distributed import exit_rank
+    from tests.support.megatron_mamba import megatron_mamba_hybrid
+    from tests.support.megatron_models import fsdp2_wrapped, init_group
+
+    init_group(rank, world, init_file)
+    ps.initialize_model_parallel()
+    model = fsdp2_wrapped(megatron_mamba_hybrid(transformer_impl="local"))
+    _fill_twice(model)
+    torch.save({n: p.full_tensor().detach().clone() for n, p in model.module.named_parameters()}, f"{out}/rank{rank}.pt")
+    if rank == 0:
+        _refusals()
+    exit_rank()
+
+
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_one_device_equals_the_folder_with_and_without_a_spec(tmp_path):
-    """``M*-M*-`` on one rank: every parameter (each mixer's in_proj, conv1d, dt_bias, A_log, D, gated norm
-    and out_proj; the attention's grouped QKV; the MLPs; each layer's one norm) is the Nemotron-H folder's
-    bytes, layer k at symbol k; without a spec the config derived is NEMOTRON_H and fills the same bytes. A
-    spec of another pattern, a Llama-style spec and a Mamba hybrid with RoPE are refused, nothing written."""
+def test_fsdp2_shards_gathered_are_the_folder(tmp_path):
+    """``M*-M*-`` at DP=2 under Megatron's FSDP2 wrapper (``--use-torch-fsdp2``: each rank the Shard(0) rows
+    of every parameter): filled with the spec and without it (the config derived is NEMOTRON_H, the same
+    bytes), every gathered parameter (each mixer's in_proj, conv1d, dt_bias, A_log, D, gated norm and
+    out_proj; the attention's grouped QKV; the MLPs; each layer's one norm) is the Nemotron-H folder's
+    bytes, layer k at symbol k. A spec of another pattern, a Llama-style spec and a Mamba hybrid with
+    RoPE are refused, nothing written."""
     _need_hybrid_model()
+    from tests.support.distributed import same_bytes, spawn
     from tests.support.megatron_mamba import folder_in_mamba_layout
-    from tests.support.megatron_models import in_one_process
 
-    ref_path = str(tmp_path / "ref.pt")
-    torch.save(folder_in_mamba_layout(tmp_path), ref_path)
-    in_one_process(str(tmp_path / "pg"), _one_device, ref_path)
+    ref, out = folder_in_mamba_layout(tmp_path), tmp_path / "shares"
+    out.mkdir()
+    spawn(_fill_fsdp2, (2, str(tmp_path / "pg"), str(out)), 2)
+    for rank in range(2):
+        whole = torch.load(out / f"rank{rank}.pt")
+        assert sorted(whole) == sorted(ref)
+        assert [n for n in ref if not same_bytes(whole[n], ref[n])] == []
 
 
 def _fill_layout(rank: int, world: int, init_file: str, tp: int, pp: int, out: str) -> None:
