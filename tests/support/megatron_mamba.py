@@ -1,4 +1,4 @@
-"""A Megatron-Core ``HybridModel`` with Mamba layers (``M``), built on CPU, and the Hugging Face
+"""A Megatron-Core ``HybridModel`` with Mamba layers (``M``) and an MoE layer (``E``), built on CPU, and the Hugging Face
 (Nemotron-H) folder of it in Megatron's layout, by the test's own conversion.
 
 Megatron's ``MambaMixer`` needs ``mamba_ssm`` (its Triton kernels and gated RMSNorm) and asks CUDA for
@@ -33,14 +33,20 @@ import modelinit
 from tests.support.megatron_models import PADDED, SEED, files_of
 from tests.support.megatron_rules import qkv_per_group, tp_whole
 
-#: Two Mamba, two attention and two MLP layers; split into two pipeline stages.
-MAMBA_PATTERN, MAMBA_PP2 = "M*-M*-", "M*-|M*-"
+#: Two Mamba, two attention, an MoE and an MLP layer; split into two pipeline stages.
+MAMBA_PATTERN, MAMBA_PP2 = "M*EM*-", "M*E|M*-"
 #: The Nemotron-H config of :func:`megatron_mamba_hybrid` (16 Mamba heads of 8 in 2 groups, a state of 16).
 NEMOTRON_H = {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "vocab_size": PADDED,
               "hidden_size": 64, "hybrid_override_pattern": MAMBA_PATTERN, "num_attention_heads": 8,
               "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 96, "mlp_hidden_act": "relu2",
               "ssm_state_size": 16, "mamba_num_heads": 16, "mamba_head_dim": 8, "n_groups": 2, "conv_kernel": 4,
-              "tie_word_embeddings": False, "max_position_embeddings": 128, "layer_norm_epsilon": 1e-5}
+              "tie_word_embeddings": False, "max_position_embeddings": 128, "layer_norm_epsilon": 1e-5,
+              "n_routed_experts": 4, "moe_intermediate_size": 32, "moe_shared_expert_intermediate_size": 48,
+              "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0,
+              "norm_topk_prob": True}
+#: Its MoE layer's TransformerConfig fields: sigmoid scores with the expert bias, a shared expert.
+MOE_FIELDS = dict(num_moe_experts=4, moe_ffn_hidden_size=32, moe_shared_expert_intermediate_size=48, moe_router_topk=2,
+                  moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True)
 #: Per Mamba mixer: d_inner (heads x head dim) and the B/C rows (groups x state).
 D_INNER, BC = 16 * 8, 2 * 16
 
@@ -122,7 +128,7 @@ def megatron_mamba_hybrid(tp: int = 1, pp: int = 1, pattern: str = MAMBA_PATTERN
                   use_cpu_initialization=True, perform_initialization=False, gated_linear_unit=False,
                   activation_func=squared_relu, normalization="RMSNorm", add_bias_linear=False, layernorm_epsilon=1e-5,
                   mamba_state_dim=16, mamba_head_dim=8, mamba_num_groups=2, params_dtype=torch.float32,
-                  pipeline_dtype=torch.float32)
+                  pipeline_dtype=torch.float32, **MOE_FIELDS)
     fields.update(over)
     config = TransformerConfig(**fields)
     te_norm = hybrid_block.TENorm
@@ -140,10 +146,12 @@ def megatron_mamba_hybrid(tp: int = 1, pp: int = 1, pattern: str = MAMBA_PATTERN
 
 
 def folder_in_mamba_layout(tmp_path: pathlib.Path, pattern: str = MAMBA_PATTERN) -> dict:
-    """The Hugging Face folder of (NEMOTRON_H, SEED) under a one-process HybridModel's parameter names:
-    layer ``k`` is symbol ``k``; its norm as the Mamba layer's ``norm``, the attention's input norm or the
-    MLP's pre-MLP norm; a mixer's tensors as they are (``conv1d`` as ``conv1d_weight``/``conv1d_bias``);
-    q, k, v per query group; ``up_proj``/``down_proj`` as ``linear_fc1``/``linear_fc2``."""
+    """The Hugging Face folder of (NEMOTRON_H, SEED) under a one-process HybridModel's parameter names
+    (and the router's ``expert_bias`` buffer): layer ``k`` is symbol ``k``; its norm as the Mamba layer's
+    ``norm``, the attention's input norm or the MLP's or MoE's pre-MLP norm; a mixer's tensors as they
+    are (``conv1d`` as ``conv1d_weight``/``conv1d_bias``); q, k, v per query group; ``up_proj``/
+    ``down_proj`` as ``linear_fc1``/``linear_fc2`` (a routed expert's, the shared expert's); the gate as
+    the router, its ``e_score_correction_bias`` as ``expert_bias``."""
     out = tmp_path / "nemotron-h"
     with modelinit.Client() as c:
         c.init_model(NEMOTRON_H, seed=SEED, out_dir=out, dtype="float32")
@@ -161,10 +169,19 @@ def folder_in_mamba_layout(tmp_path: pathlib.Path, pattern: str = MAMBA_PATTERN)
             ref[mine + "self_attention.linear_qkv.weight"] = qkv_per_group(
                 *(mixer[f"{p}_proj.weight"] for p in "qkv"), NEMOTRON_H["num_key_value_heads"], NEMOTRON_H["head_dim"])
             ref[mine + "self_attention.linear_proj.weight"] = mixer["o_proj.weight"]
-        else:
+        elif symbol == "-":
             ref[mine + "pre_mlp_layernorm.weight"] = files[hf + "norm.weight"]
             ref[mine + "mlp.linear_fc1.weight"] = mixer["up_proj.weight"]
             ref[mine + "mlp.linear_fc2.weight"] = mixer["down_proj.weight"]
+        else:  # E: the router and its expert bias, each routed expert, the shared expert
+            ref[mine + "pre_mlp_layernorm.weight"] = files[hf + "norm.weight"]
+            ref[mine + "mlp.router.weight"] = mixer["gate.weight"]
+            ref[mine + "mlp.router.expert_bias"] = mixer["gate.e_score_correction_bias"]
+            for e in range(NEMOTRON_H["n_routed_experts"]):
+                ref[f"{mine}mlp.experts.local_experts.{e}.linear_fc1.weight"] = mixer[f"experts.{e}.up_proj.weight"]
+                ref[f"{mine}mlp.experts.local_experts.{e}.linear_fc2.weight"] = mixer[f"experts.{e}.down_proj.weight"]
+            ref[mine + "mlp.shared_experts.linear_fc1.weight"] = mixer["shared_experts.up_proj.weight"]
+            ref[mine + "mlp.shared_experts.linear_fc2.weight"] = mixer["shared_experts.down_proj.weight"]
     return ref
 
 

@@ -334,20 +334,20 @@ def test_a_model_filled_without_a_spec_is_the_folder_of_its_derived_config(tmp_p
 
 
 @pytest.mark.parametrize("pattern, message", [
-    ("*-ME", r"layer 3 is 'E', an MoE layer beside Mamba layers.*modelinit maps Mamba \('M'\), attention \('\*'\) "
-             r"and MLP \('-'\) layers one per Nemotron-H layer"),
+    ("*-M+", r"layer 3 is '\+', a multi-latent attention layer.*modelinit maps Mamba \('M'\), attention \('\*'\), "
+             r"MLP \('-'\) and MoE \('E'\) layers one per Nemotron-H layer"),
     ("*-*G", r"layer 3 is 'G', a gated delta net layer"),
     ("+-+-", r"layer 0 is '\+', a multi-latent attention layer"),
     ("**--", r"layer 1 is '\*' where an MLP \('-' or 'E'\) goes.*attention then MLP"),
     ("*-*", r"last layer \(2, '\*'\) has no MLP after it"),
     ("*-*E/*-", r"hybrid_layer_pattern '\*-\*E/\*-' has multi-token prediction layers \('/\*-'\)"),
     ("", r"hybrid_layer_pattern is ''"),
-], ids=["moe-beside-mamba", "gated-delta-net", "mla", "two-attentions", "no-last-mlp", "mtp", "empty"])
+], ids=["mla-beside-mamba", "gated-delta-net", "mla", "two-attentions", "no-last-mlp", "mtp", "empty"])
 def test_a_hybrid_pattern_without_a_hugging_face_counterpart_is_refused_by_name(pattern, message):
     """A HybridModel's layers map to Hugging Face layers by position, attention then MLP (or, with Mamba
-    layers, one Nemotron-H layer per symbol): a symbol with no counterpart (gated delta net, MLA, DSA, MoE
-    beside Mamba), a pattern that does not pair, MTP layers: each
-    refused in one line naming the layer, before anything is written (the parameters untouched)."""
+    layers, one Nemotron-H layer per symbol): a symbol with no counterpart (gated delta net, MLA, DSA), a
+    pattern that does not pair, MTP layers: each refused in one line naming the layer, before anything is
+    written (the parameters untouched)."""
     import torch
 
     model = type("HybridModel", (torch.nn.Module,), {"__module__": "megatron.core.models.hybrid.hybrid_model"})()

@@ -22,7 +22,7 @@ dist = pytest.importorskip("torch.distributed")
 
 
 @pytest.mark.parametrize("pattern, by_symbol, message", [
-    ("M*-E", None, "layer 3 is 'E', an MoE layer beside Mamba layers"),
+    ("M*-+", None, "layer 3 is '+', a multi-latent attention layer"),
     ("M*G-", None, "layer 2 is 'G', a gated delta net layer"),
     ("*-M-", False, "layer 2 is a Mamba layer ('M'), in hybrid_layer_pattern '*-M-', which a Llama-style Hugging "
                     "Face family has none of; give a Nemotron-H spec"),
@@ -36,6 +36,7 @@ def test_a_pattern_nemotron_h_does_not_hold_is_refused_by_name(pattern, by_symbo
 def test_a_pattern_with_mamba_layers_is_one_nemotron_h_layer_per_symbol():
     mamba = parse("M*-|M*-")
     assert (mamba.by_symbol, mamba.symbols, mamba.hf_layers, mamba.layers) == (True, "M*-M*-", tuple(range(6)), 6)
+    assert parse("M*EM*-").symbols == "M*EM*-"  # MoE beside Mamba: Nemotron-H's MoE layer
     pairs = parse("*-*E")  # without Mamba layers: attention-then-MLP pairs, as before
     assert (pairs.by_symbol, pairs.hf_layers, pairs.layers) == (False, (0, 0, 1, 1), 2)
     assert parse("*-*-", by_symbol=True).hf_layers == (0, 1, 2, 3)
@@ -57,6 +58,11 @@ def _local(p):
     return p.to_local() if hasattr(p, "to_local") else p
 
 
+def _filled(model) -> dict:
+    """What ``init_module_`` fills: the parameters and the routers' ``expert_bias`` buffers."""
+    return {**dict(model.named_parameters()), **{n: b for n, b in model.named_buffers() if n.endswith(".expert_bias")}}
+
+
 def _fill_twice(model) -> dict:
     """The model filled with NEMOTRON_H, then (poisoned in between) without a spec; the two fills' bytes
     must be the same, and the config derived NEMOTRON_H's. Returns the fill's (local) tensors."""
@@ -68,13 +74,13 @@ def _fill_twice(model) -> dict:
     states = []
     for spec in (NEMOTRON_H, None):
         with torch.no_grad():
-            for p in model.parameters():
+            for p in _filled(model).values():
                 _local(p).fill_(float("nan"))
         with no_collectives():
             summary = modelinit.init_module_(model, seed=SEED, spec=spec)
         assert summary.architecture == "NemotronHForCausalLM"
-        assert summary.elements == sum(_local(p).numel() for p in model.parameters())
-        states.append({n: _local(p).detach().clone() for n, p in model.named_parameters()})
+        assert summary.elements == sum(_local(p).numel() for p in _filled(model).values())
+        states.append({n: _local(p).detach().clone() for n, p in _filled(model).items()})
     derived = summary.derived_config
     assert {k: derived.get(k) for k in NEMOTRON_H} == NEMOTRON_H, derived
     first, second = states
@@ -91,8 +97,8 @@ def _refusals() -> None:
 
     model = megatron_mamba_hybrid()
     refusals = (
-        (model, {**NEMOTRON_H, "hybrid_override_pattern": "M-*M*-"}, "layers are 'M*-M*-' (its hybrid_layer_pattern "
-         "without '|'), the spec's (NemotronHForCausalLM) are 'M-*M*-'"),
+        (model, {**NEMOTRON_H, "hybrid_override_pattern": "M*-M*E"}, "layers are 'M*EM*-' (its hybrid_layer_pattern "
+         "without '|'), the spec's (NemotronHForCausalLM) are 'M*-M*E'"),
         (model, "tinyllama-1.1b", "layer 0 is a Mamba layer ('M')"),
         (megatron_mamba_hybrid(position_embedding_type="rope"), None,
          "position_embedding_type='rope' (positions in a hybrid model with Mamba layers"))
@@ -119,7 +125,8 @@ def _fill_fsdp2(rank: int, world: int, init_file: str, out: str) -> None:
     ps.initialize_model_parallel()
     model = fsdp2_wrapped(megatron_mamba_hybrid(transformer_impl="local"))
     _fill_twice(model)
-    torch.save({n: p.full_tensor().detach().clone() for n, p in model.module.named_parameters()}, f"{out}/rank{rank}.pt")
+    torch.save({n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+                for n, p in _filled(model.module).items()}, f"{out}/rank{rank}.pt")
     if rank == 0:
         _refusals()
     exit_rank()

@@ -25,8 +25,8 @@ Only where the mapping is exact, field for field:
 * Llama 3.x's RoPE scaling (``GPTModel(rope_scaling=True)``), over grouped-query attention: as
   ``rope_scaling`` ``llama3``, its factor read off the frequencies the model holds
   (:func:`.rope.llama3_scaling`: GPTModel does not keep it).
-* a ``HybridModel`` with Mamba layers: ``nemotron_h`` (:func:`_nemotron_h`), its
-  ``hybrid_override_pattern`` Megatron's pattern; one of attention-then-MLP pairs: the GPTModel of
+* a ``HybridModel`` with Mamba layers: ``nemotron_h`` (:mod:`.nemotron`), its
+  ``hybrid_override_pattern`` Megatron's pattern, its MoE layers routed as DeepSeek's MoE is; one of attention-then-MLP pairs: the GPTModel of
   the same layers (:mod:`.hybrid`).
 
 Any other field that changes what the model computes or holds, and has no counterpart in the
@@ -128,11 +128,8 @@ def own_config(model) -> dict[str, Any]:
         raise ValueError(f"spec: {type(model).__name__} is not a Megatron-Core GPTModel (no TransformerConfig, no "
                          "vocab_size), whose Hugging Face config modelinit derives; give the config it corresponds "
                          "to: init_module_(model, spec=...)")
-    if is_hybrid_model(model):
-        pattern = pattern_of(model)
-        if pattern.by_symbol:
-            return _nemotron_h(model, config, pattern)
-        return hf_config(_PatternConfig(config, pattern), hybrid_fields(model))
+    if is_hybrid_model(model):  # by pairs: one with Mamba layers is Nemotron-H's (.nemotron, asked first by the stack)
+        return hf_config(_PatternConfig(config, pattern_of(model, by_symbol=False)), hybrid_fields(model))
     return hf_config(config, gpt_fields(model))
 
 
@@ -166,56 +163,7 @@ def hybrid_fields(model) -> GPTFields:
         mtp=bool(getattr(model, "mtp_process", False)))
 
 
-def _nemotron_h(model, config, pattern: Pattern) -> dict[str, Any]:
-    """Nemotron-H's config of a HybridModel of Mamba (``M``), attention (``*``) and MLP (``-``) layers:
-    ``hybrid_override_pattern`` is the pattern (transformers reads it as ``layers_block_type``); no
-    position embedding; an MLP that is not gated (Megatron's ``squared_relu`` is ``relu2``); each
-    Mamba-2 mixer's state size, heads, head dim and groups from the ``TransformerConfig``
-    (``mamba_state_dim``, ``mamba_num_heads``, ``mamba_head_dim``, ``mamba_num_groups``), its
-    convolution's width and gated norm read off the first mixer this rank holds (a stage without one:
-    ``MambaMixer``'s defaults, ``d_conv=4``, ``expand=2``). ``dt_bias``'s range is not kept by the
-    mixer: the config says Nemotron-H's defaults (0.001 to 0.1, floor 1e-4), which are also ``MambaMixer``'s."""
-    _check_off(config, mla=False, routing=False)
-    gpt = hybrid_fields(model)
-    if gpt.position_embedding_type != "none":
-        raise _refuse("position_embedding_type", gpt.position_embedding_type, "positions in a hybrid model with Mamba "
-                      "layers: Nemotron-H has no position embedding (build it with position_embedding_type='none')")
-    for name, value, want, what in (
-            ("normalization", config.normalization, "RMSNorm", "Nemotron-H's norms are RMSNorm"),
-            ("gated_linear_unit", bool(config.gated_linear_unit), False, "Nemotron-H's MLP is not gated"),
-            ("qk_layernorm", bool(config.qk_layernorm), False, "Nemotron-H has no q/k norms"),
-            ("add_qkv_bias", bool(config.add_qkv_bias and not config.add_bias_linear), False,
-             "q/k/v biases alone: Nemotron-H's attention_bias is on the output projection too")):
-        if value != want:
-            raise _refuse(name, value, f"with Mamba layers: {what}")
-    mixer = next((layer.mixer for layer in getattr(getattr(model, "decoder", None), "layers", ())
-                  if type(getattr(layer, "mixer", None)).__name__ == "MambaMixer"), None)
-    d_conv, expand = getattr(mixer, "d_conv", 4), getattr(mixer, "expand", 2)
-    for name, value, want, what in (
-            ("D_has_hdim", getattr(mixer, "D_has_hdim", False), False, "a D per channel: Nemotron-H has one per head"),
-            ("rmsnorm", getattr(mixer, "rmsnorm", True), True, "a Mamba mixer without its gated norm"),
-            ("norm_before_gate", getattr(mixer, "norm_before_gate", False), False,
-             "the gated norm before the gate: Nemotron-H gates, then norms")):
-        if value != want:
-            raise _refuse(name, value, what)
-    heads = getattr(mixer, "nheads", None) or config.mamba_num_heads or \
-        int(expand * config.hidden_size) // config.mamba_head_dim
-    attention_heads = config.num_attention_heads
-    bias = bool(config.add_bias_linear)
-    return {**header("nemotron_h"), "hidden_size": config.hidden_size, "hybrid_override_pattern": pattern.symbols,
-            "num_attention_heads": attention_heads, "num_key_value_heads": config.num_query_groups or attention_heads,
-            "head_dim": config.kv_channels or config.hidden_size // attention_heads,
-            "intermediate_size": config.ffn_hidden_size, "mlp_hidden_act": _activation(config, squared_relu=True),
-            "attention_bias": bias, "mlp_bias": bias, "max_position_embeddings": gpt.max_sequence_length,
-            "vocab_size": gpt.vocab_size, "tie_word_embeddings": gpt.tied, "initializer_range": config.init_method_std,
-            "layer_norm_epsilon": config.layernorm_epsilon, "attention_dropout": float(config.attention_dropout),
-            "ssm_state_size": config.mamba_state_dim, "mamba_num_heads": heads, "mamba_head_dim": config.mamba_head_dim,
-            "n_groups": config.mamba_num_groups, "conv_kernel": d_conv, "use_conv_bias": True, "use_bias": False,
-            "mamba_proj_bias": False, "mamba_hidden_act": "silu", "time_step_min": 0.001, "time_step_max": 0.1,
-            "time_step_floor": 1e-4}
-
-
-def _activation(config, squared_relu: bool = False) -> str:
+def activation(config, squared_relu: bool = False) -> str:
     import torch.nn.functional as F
 
     func = config.activation_func
@@ -246,7 +194,7 @@ def _moe_pattern(config, gpt: GPTFields) -> list[bool]:
     return pattern
 
 
-def _check_off(config, mla: bool, routing: bool) -> None:
+def check_off(config, mla: bool, routing: bool) -> None:
     """Refuse a field of :data:`_OFF` that is on (multi-latent attention and DeepSeek's routing
     where the family derived has them), and an embedding std apart from ``init_method_std``."""
     for name, off, what in _OFF:
@@ -265,8 +213,8 @@ def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
     """The Hugging Face config document of a GPTModel of ``config`` (its TransformerConfig) and
     ``gpt``; ``ValueError`` naming a field that has no counterpart in the family derived."""
     mla = bool(getattr(config, "multi_latent_attention", False))
-    routing = _deepseek_routing(config)
-    _check_off(config, mla, routing)
+    routing = deepseek_routing(config)
+    check_off(config, mla, routing)
     glm4_moe = routing and not mla  # the one family derived with partial RoPE (partial_rotary_factor)
     if gpt.rotary_percent != 1.0 and not glm4_moe:
         raise _refuse("rotary_percent", gpt.rotary_percent, "partial RoPE")
@@ -286,7 +234,7 @@ def hf_config(config, gpt: GPTFields) -> dict[str, Any]:
     head_dim = config.kv_channels or config.hidden_size // heads
     doc: dict[str, Any] = {
         "hidden_size": config.hidden_size, "num_hidden_layers": layers, "num_attention_heads": heads,
-        "num_key_value_heads": groups, "head_dim": head_dim, "hidden_act": _activation(config),
+        "num_key_value_heads": groups, "head_dim": head_dim, "hidden_act": activation(config),
         "max_position_embeddings": gpt.max_sequence_length, "rope_theta": float(gpt.rotary_base),
         "vocab_size": gpt.vocab_size, "tie_word_embeddings": gpt.tied, "initializer_range": config.init_method_std,
         "attention_dropout": float(config.attention_dropout),
@@ -311,7 +259,7 @@ class _Shape:
         self.norm, self.gated = config.normalization, bool(config.gated_linear_unit)
         self.bias, self.qkv_bias = bool(config.add_bias_linear), bool(config.add_bias_linear or config.add_qkv_bias)
         self.qk_norm, self.experts = bool(config.qk_layernorm), config.num_moe_experts
-        self.routing = _deepseek_routing(config)
+        self.routing = deepseek_routing(config)
         self.shared = getattr(config, "moe_shared_expert_intermediate_size", None)
         self.gate = bool(getattr(config, "moe_shared_expert_gate", False))
         self.norm_topk = not bool(getattr(config, "moe_router_pre_softmax", False))  # softmax over the top k == renormalized
@@ -378,7 +326,7 @@ def _derive(shape: _Shape) -> str:
     raise AssertionError("the last rule holds for every model")  # pragma: no cover - mixtral's when is True
 
 
-def _width(config) -> int:
+def expert_width(config) -> int:
     return config.moe_ffn_hidden_size or config.ffn_hidden_size
 
 
@@ -391,15 +339,15 @@ _FIELDS = {
     "glm4_moe": lambda c, g, s: {"intermediate_size": c.ffn_hidden_size, "attention_bias": s.qkv_bias, "use_qk_norm": s.qk_norm,
                                  "partial_rotary_factor": g.rotary_percent,
                                  **_deepseek_moe(c, g, "over grouped-query attention (GLM-4-MoE)")},
-    "qwen2_moe": lambda c, g, s: {"intermediate_size": c.ffn_hidden_size, "moe_intermediate_size": _width(c),
+    "qwen2_moe": lambda c, g, s: {"intermediate_size": c.ffn_hidden_size, "moe_intermediate_size": expert_width(c),
                                   "shared_expert_intermediate_size": s.shared, "num_experts": c.num_moe_experts,
                                   "num_experts_per_tok": c.moe_router_topk, "norm_topk_prob": s.norm_topk,
                                   "decoder_sparse_step": 1, "mlp_only_layers": s.dense, "qkv_bias": s.qkv_bias},
-    "qwen3_moe": lambda c, g, s: {"intermediate_size": c.ffn_hidden_size, "moe_intermediate_size": _width(c),
+    "qwen3_moe": lambda c, g, s: {"intermediate_size": c.ffn_hidden_size, "moe_intermediate_size": expert_width(c),
                                   "num_experts": c.num_moe_experts, "num_experts_per_tok": c.moe_router_topk,
                                   "norm_topk_prob": s.norm_topk, "decoder_sparse_step": 1, "mlp_only_layers": s.dense,
                                   "attention_bias": False},
-    "mixtral": lambda c, g, s: {"intermediate_size": _width(c), "num_local_experts": c.num_moe_experts,
+    "mixtral": lambda c, g, s: {"intermediate_size": expert_width(c), "num_local_experts": c.num_moe_experts,
                                 "num_experts_per_tok": c.moe_router_topk},
 }
 
@@ -425,7 +373,7 @@ def _mla(config, gpt: GPTFields) -> dict[str, Any]:
         "num_key_value_heads": config.num_attention_heads, "intermediate_size": config.ffn_hidden_size,
         "q_lora_rank": config.q_lora_rank, "kv_lora_rank": config.kv_lora_rank, "qk_nope_head_dim": config.qk_head_dim,
         "qk_rope_head_dim": config.qk_pos_emb_head_dim, "v_head_dim": config.v_head_dim,
-        "first_k_dense_replace": config.num_layers, "hidden_act": _activation(config),
+        "first_k_dense_replace": config.num_layers, "hidden_act": activation(config),
         "max_position_embeddings": gpt.max_sequence_length, "rope_theta": float(config.rotary_base),
         "vocab_size": gpt.vocab_size, "tie_word_embeddings": gpt.tied, "initializer_range": config.init_method_std,
         "attention_dropout": float(config.attention_dropout), "attention_bias": False,
@@ -440,7 +388,7 @@ def _mla(config, gpt: GPTFields) -> dict[str, Any]:
     return doc
 
 
-def _deepseek_routing(config) -> bool:
+def deepseek_routing(config) -> bool:
     """Whether the model routes as DeepSeek's MoE does (sigmoid scores with the expert bias)."""
     return bool(config.num_moe_experts) and getattr(config, "moe_router_score_function", "softmax") == "sigmoid" \
         and bool(getattr(config, "moe_router_enable_expert_bias", False))
@@ -452,7 +400,7 @@ def _deepseek_moe(config, gpt: GPTFields, family: str) -> dict[str, Any]:
     ones without a gate, sigmoid scores with the expert bias, group-limited top k (``n_group``,
     ``topk_group``), weights renormalized (Megatron renormalizes sigmoid top-k weights when k > 1,
     ``norm_topk_prob``) and scaled (``routed_scaling_factor``)."""
-    if not _deepseek_routing(config):
+    if not deepseek_routing(config):
         raise _refuse("moe_router_score_function", getattr(config, "moe_router_score_function", "softmax"),
                       f"MoE {family} routes by sigmoid scores with the expert bias (moe_router_score_function="
                       "'sigmoid', moe_router_enable_expert_bias=True)")

@@ -11,12 +11,12 @@ separates pipeline stages and ``/`` starts the multi-token prediction layers. Tw
   right after it, filled as the GPTModel of the same layers is.
 * **By symbol** (Nemotron-H, ``nemotron_h``: the Hugging Face family of Megatron's hybrid models,
   whose ``hybrid_override_pattern`` is Megatron's pattern, one layer per symbol): Hugging Face layer
-  ``k`` is symbol ``k``, a ``M`` its Mamba-2 mixer, a ``*`` its attention, a ``-`` its MLP. A pattern
-  with ``M`` is derived as this family; a spec of it maps any pattern of ``M``, ``*`` and ``-``.
+  ``k`` is symbol ``k``, a ``M`` its Mamba-2 mixer, a ``*`` its attention, a ``-`` its MLP, an ``E``
+  its MoE (routed experts, a shared expert, the router with its expert bias). A pattern with ``M`` is
+  derived as this family; a spec of it maps any pattern of ``M``, ``*``, ``-`` and ``E``.
 
 Every other symbol is refused by name before anything is written: gated delta net (``G``) layers
-need ``fla`` and CUDA to be built at all; MLA and DSA are not mapped in a hybrid model, nor an MoE
-layer beside Mamba layers (Nemotron-H's MoE: its experts are one fused tensor per projection).
+need ``fla`` and CUDA to be built at all; MLA and DSA are not mapped in a hybrid model.
 
 Megatron saves each layer under its global symbol index (``HybridStack.sharded_state_dict``:
 ``decoder.layers.<i + the earlier stages' symbols>.``), which :func:`hf_layer_of` turns into the
@@ -30,7 +30,7 @@ ATTENTION, MLP, MOE, MAMBA = "*", "-", "E", "M"
 #: The Hugging Face family whose layers are the pattern's symbols, one each.
 BY_SYMBOL = "nemotron_h"
 #: Nemotron-H's name of each symbol's layer (its config's ``layers_block_type``, transformers' legacy names).
-BLOCK_TYPES = {MAMBA: "mamba", ATTENTION: "attention", MLP: "mlp"}
+BLOCK_TYPES = {MAMBA: "mamba", ATTENTION: "attention", MLP: "mlp", MOE: "moe"}
 #: The others, each with why it is refused.
 _REFUSED = {"G": "a gated delta net layer (needs fla and CUDA: never built or verified here)",
             "+": "a multi-latent attention layer (mapped in GPTModel, not yet in a hybrid model)",
@@ -109,10 +109,9 @@ def parse(text: object, by_symbol: bool | None = None) -> Pattern:
 def _by_symbol(text: str, symbols: str) -> Pattern:
     for k, s in enumerate(symbols):
         if s not in BLOCK_TYPES:
-            why = _REFUSED.get(s) or ("an MoE layer beside Mamba layers (Nemotron-H's MoE, whose experts are one "
-                                      "fused tensor per projection: not yet mapped)" if s == MOE else "not a symbol")
-            raise ValueError(f"module: the HybridModel's layer {k} is {s!r}, {why}, in hybrid_layer_pattern {text!r}; "
-                             "modelinit maps Mamba ('M'), attention ('*') and MLP ('-') layers one per Nemotron-H layer")
+            raise ValueError(f"module: the HybridModel's layer {k} is {s!r}, {_REFUSED.get(s, 'not a symbol')}, in "
+                             f"hybrid_layer_pattern {text!r}; modelinit maps Mamba ('M'), attention ('*'), MLP ('-') "
+                             "and MoE ('E') layers one per Nemotron-H layer")
     return Pattern(symbols, tuple(range(len(symbols))), by_symbol=True)
 
 

@@ -12,7 +12,7 @@ from ..fill import Piece
 from ..dtensor import local_tensor
 from ..stack import Layout, Placed, Run, lacking, not_in_spec
 from .grouped import grouped_mlp_box, grouped_place, grouped_runs
-from .hybrid import ATTENTION, BY_SYMBOL, MAMBA, MLP, hf_layer_of, is_hybrid_model, pattern_of
+from .hybrid import ATTENTION, BY_SYMBOL, MAMBA, MLP, MOE, hf_layer_of, is_hybrid_model, pattern_of
 from .names import HF_LAYER, PADDED, hf_boxes, stacked
 from .reader import global_place, pieces_of, within
 from .refusals import check_config, refuse_experts_sharded_across_experts
@@ -103,7 +103,7 @@ def megatron_layout(model, spec: ModelSpec, tensors: dict[str, Any], partial: bo
 
 
 #: What a Nemotron-H layer's mixer holds, by the pattern's symbol it is.
-_NEMOTRON_H_MIXERS = {"in_proj.weight": MAMBA, "q_proj.weight": ATTENTION, "up_proj.weight": MLP}
+_NEMOTRON_H_MIXERS = {"in_proj.weight": MAMBA, "q_proj.weight": ATTENTION, "up_proj.weight": MLP, "gate.weight": MOE}
 
 
 def _check_nemotron_h_layers(spec: ModelSpec, symbols: str) -> None:

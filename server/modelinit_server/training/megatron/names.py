@@ -75,9 +75,15 @@ _NEMOTRON_H = {
     **{f"decoder.layers.mixer.{t}": f"{_NEMOTRON_H_LAYER}mixer.{t}" for t in (
         "in_proj.weight", "conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D", "norm.weight", "out_proj.weight")},
     **{f"decoder.layers.{m}.{leaf}": f"{_NEMOTRON_H_LAYER}mixer.{hf}.{leaf}" for m, hf in (
-        ("self_attention.linear_proj", "o_proj"), ("mlp.linear_fc1", "up_proj"), ("mlp.linear_fc2", "down_proj"))
-       for leaf in ("weight", "bias")},
+        ("self_attention.linear_proj", "o_proj"), ("mlp.linear_fc1", "up_proj"), ("mlp.linear_fc2", "down_proj"),
+        ("mlp.shared_experts.linear_fc1", "shared_experts.up_proj"),
+        ("mlp.shared_experts.linear_fc2", "shared_experts.down_proj")) for leaf in ("weight", "bias")},
+    "decoder.layers.mlp.router.weight": _NEMOTRON_H_LAYER + "mixer.gate.weight",
+    "decoder.layers.mlp.router.expert_bias": _NEMOTRON_H_LAYER + "mixer.gate.e_score_correction_bias",
 }
+#: A routed expert's tensors (Megatron's second leading offset is the expert): Nemotron-H's, per expert.
+_NEMOTRON_H_EXPERTS = {"decoder.layers.mlp.experts.experts.linear_fc1.weight": "up_proj.weight",
+                       "decoder.layers.mlp.experts.experts.linear_fc2.weight": "down_proj.weight"}
 #: The MLP's names, by the spec's naming: gated (SwiGLU: ``linear_fc1`` holds [gate; up]), or not.
 _MLP = {True: ("gate_proj", "up_proj", "down_proj"), False: (None, "c_fc", "c_proj")}
 _QKV = "decoder.layers.self_attention.linear_qkv."
@@ -141,7 +147,7 @@ def hf_boxes(key: str, lead: tuple[int, ...], shape: tuple[int, ...], config, ga
         return name.format(layer) if "{}" in name else name
 
     if family == BY_SYMBOL:
-        return _nemotron_h_boxes(key, layer, shape, config, hf)
+        return _nemotron_h_boxes(key, lead, shape, config, hf)
     if getattr(config, "multi_latent_attention", False) and key in _MLA_NAMES:  # one block each: mla_rows
         return [(hf(_MLA_NAMES[key]), whole_box(shape))]
     if key in _NAMES:
@@ -178,15 +184,23 @@ def hf_boxes(key: str, lead: tuple[int, ...], shape: tuple[int, ...], config, ga
                      "local or Transformer Engine layer spec (GQA, a SwiGLU or GELU MLP, MoE experts) is supported")
 
 
-def _nemotron_h_boxes(key: str, layer: int | None, shape: tuple[int, ...], config, hf) -> list[tuple[str, Box]]:
-    """:func:`hf_boxes` for a Nemotron-H spec: the table, and the grouped QKV as the mixer's q/k/v."""
+def _nemotron_h_boxes(key: str, lead: tuple[int, ...], shape: tuple[int, ...], config,
+                      hf) -> list[tuple[str, Box]]:
+    """:func:`hf_boxes` for a Nemotron-H spec: the table, a routed expert's tensors, and the grouped QKV as
+    the mixer's q/k/v."""
+    layer = lead[0] if lead else None
     if key in _NEMOTRON_H:
         return [(hf(_NEMOTRON_H[key]), whole_box(shape))]
+    if key in _NEMOTRON_H_EXPERTS:
+        if len(lead) != 2:
+            raise ValueError(f"module: Megatron saves {key!r} without its expert's index; this layout is not supported")
+        return [(f"{_NEMOTRON_H_LAYER.format(layer)}mixer.experts.{lead[1]}.{_NEMOTRON_H_EXPERTS[key]}",
+                 whole_box(shape))]
     leaf = key.rpartition(".")[2]
     if key.startswith(_QKV) and leaf in ("weight", "bias"):
         return _qkv_boxes(key, shape, config, f"{_NEMOTRON_H_LAYER.format(layer)}mixer.", leaf)
     raise ValueError(f"module: Megatron's {key!r} has no Nemotron-H counterpart modelinit knows; a HybridModel of "
-                     "Mamba, attention and MLP layers (local modules) is supported")
+                     "Mamba, attention, MLP and MoE layers (local modules, SequentialMLP experts) is supported")
 
 
 def _qkv_boxes(key: str, shape: tuple[int, ...], config, prefix: str, leaf: str) -> list[tuple[str, Box]]:

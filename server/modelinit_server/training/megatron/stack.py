@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from ..stack import Layout, StackBase
 from .config import own_config
+from .hybrid import is_hybrid_model
+from .nemotron import is_nemotron_h, nemotron_h_config
 from .layout import megatron_layout
 from .refusals import check_modules
 
@@ -26,6 +28,8 @@ class MegatronStack(StackBase):
 
     def own_config(self, module) -> dict | None:
         check_modules(module)  # what is refused is refused by name, before any of its fields
+        if is_hybrid_model(module) and is_nemotron_h(module):
+            return nemotron_h_config(module)
         return own_config(module)
 
     def layout(self, module, spec, named, real, partial) -> Layout:
