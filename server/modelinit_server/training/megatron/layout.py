@@ -36,7 +36,7 @@ def megatron_layout(model, spec: ModelSpec, tensors: dict[str, Any], partial: bo
     pattern = pattern_of(model, by_symbol) if is_hybrid_model(model) else None
     if by_symbol and pattern is None:
         raise ValueError(f"module: a Nemotron-H spec ({spec.architecture}) maps a Megatron HybridModel, whose pattern "
-                         f"says which layer is Mamba, attention or MLP; this is a {type(model).__name__}")
+                         f"says which layer is Mamba, attention, MLP or MoE; this is a {type(model).__name__}")
     found, stand_ins = pieces_of(model)
     if by_symbol:
         _check_nemotron_h_layers(spec, pattern.symbols)
@@ -107,7 +107,8 @@ _NEMOTRON_H_MIXERS = {"in_proj.weight": MAMBA, "q_proj.weight": ATTENTION, "up_p
 
 
 def _check_nemotron_h_layers(spec: ModelSpec, symbols: str) -> None:
-    """The spec's layers, each a Mamba, attention or MLP layer by what its mixer holds, are the pattern's symbols."""
+    """The spec's layers, each a Mamba, attention, MLP or MoE layer by what its mixer holds, are the pattern's
+    symbols."""
     kinds: dict[int, str] = {}
     for t in spec.tensors:
         m = _NEMOTRON_H_LAYER.match(t.name)

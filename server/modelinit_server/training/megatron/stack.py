@@ -5,8 +5,8 @@ from __future__ import annotations
 from ..stack import Layout, StackBase
 from .config import own_config
 from .hybrid import is_hybrid_model
-from .nemotron import is_nemotron_h, nemotron_h_config
 from .layout import megatron_layout
+from .nemotron import is_nemotron_h, nemotron_h_config
 from .refusals import check_modules
 
 
