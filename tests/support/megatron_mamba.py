@@ -30,6 +30,7 @@ from typing import Iterator
 import torch
 
 import modelinit
+from tests.support import megatron_models
 from tests.support.megatron_models import PADDED, SEED, files_of
 from tests.support.megatron_rules import qkv_per_group, tp_whole
 
@@ -188,9 +189,9 @@ def folder_in_mamba_layout(tmp_path: pathlib.Path, pattern: str = MAMBA_PATTERN)
 #: A TP rank's rows of a mixer's fused tensors, part by part: in_proj's [z, x, B, C, dt], conv1d's [x, B, C].
 _PARTS = {"mixer.in_proj.weight": (D_INNER, D_INNER, BC, BC, 16), "mixer.conv1d_weight": (D_INNER, BC, BC),
           "mixer.conv1d_bias": (D_INNER, BC, BC)}
-ROWS = ("embedding.word_embeddings.weight", "output_layer.weight", "linear_qkv.weight", "mixer.dt_bias",
-        "mixer.A_log", "mixer.D", "mixer.norm.weight")
-COLUMNS = ("linear_proj.weight", "linear_fc2.weight", "mixer.out_proj.weight")
+#: megatron_models' split rules, and the mixer's: its per-head and per-channel tensors by rows, out_proj by columns.
+ROWS = (*megatron_models.ROWS, "mixer.dt_bias", "mixer.A_log", "mixer.D", "mixer.norm.weight")
+COLUMNS = (*megatron_models.COLUMNS, "mixer.out_proj.weight")
 
 
 def mamba_tp_whole(name: str, parts: list[torch.Tensor]) -> torch.Tensor:

@@ -394,37 +394,48 @@ def deepseek_routing(config) -> bool:
         and bool(getattr(config, "moe_router_enable_expert_bias", False))
 
 
+def sigmoid_router(config, family: str) -> dict[str, Any]:
+    """The router fields of DeepSeek's MoE, as DeepSeek-V3, GLM-4-MoE and Nemotron-H have them:
+    sigmoid scores with the expert bias, top k of at least 2 (Megatron renormalizes sigmoid top-k
+    weights when k > 1: ``norm_topk_prob``), group-limited (``n_group``, ``topk_group``), scaled
+    (``routed_scaling_factor``); no biases on the experts, no gate on a shared expert. ``family`` (as
+    ``MoE DeepSeek-V3``) names what is not derived in a refusal."""
+    if not deepseek_routing(config):
+        raise _refuse("moe_router_score_function", getattr(config, "moe_router_score_function", "softmax"),
+                      f"{family} routes by sigmoid scores with the expert bias (moe_router_score_function="
+                      "'sigmoid', moe_router_enable_expert_bias=True)")
+    if config.add_bias_linear:
+        raise _refuse("add_bias_linear", True, "biases on the experts' linears")
+    topk = config.moe_router_topk
+    for name, value, bad, what in (
+            ("moe_router_topk", topk, topk < 2, "one expert per token, whose sigmoid score Megatron keeps and "
+             "norm_topk_prob makes 1"),
+            ("moe_shared_expert_gate", True, bool(getattr(config, "moe_shared_expert_gate", False)),
+             "a gated shared expert")):
+        if bad:
+            raise _refuse(name, value, f"{what}, with which {family} is not derived")
+    return {"num_experts_per_tok": topk, "n_group": getattr(config, "moe_router_num_groups", None) or 1,
+            "topk_group": getattr(config, "moe_router_group_topk", None) or 1,
+            "routed_scaling_factor": float(getattr(config, "moe_router_topk_scaling_factor", None) or 1.0),
+            "norm_topk_prob": True}
+
+
 def _deepseek_moe(config, gpt: GPTFields, family: str) -> dict[str, Any]:
     """The MoE fields of DeepSeek-V3's and GLM-4-MoE's configs: routed experts after the first k
     dense layers (``first_k_dense_replace``), shared experts as wide as ``n_shared_experts`` routed
     ones without a gate, sigmoid scores with the expert bias, group-limited top k (``n_group``,
     ``topk_group``), weights renormalized (Megatron renormalizes sigmoid top-k weights when k > 1,
     ``norm_topk_prob``) and scaled (``routed_scaling_factor``)."""
-    if not deepseek_routing(config):
-        raise _refuse("moe_router_score_function", getattr(config, "moe_router_score_function", "softmax"),
-                      f"MoE {family} routes by sigmoid scores with the expert bias (moe_router_score_function="
-                      "'sigmoid', moe_router_enable_expert_bias=True)")
-    if config.add_bias_linear:
-        raise _refuse("add_bias_linear", True, "biases on the experts' linears")
-    topk, width = config.moe_router_topk, config.moe_ffn_hidden_size or config.ffn_hidden_size
+    router = sigmoid_router(config, f"MoE {family}")
+    width = config.moe_ffn_hidden_size or config.ffn_hidden_size
     shared = getattr(config, "moe_shared_expert_intermediate_size", None)
-    for name, value, bad, what in (
-            ("moe_router_topk", topk, topk < 2, "one expert per token, whose sigmoid score Megatron keeps and "
-             "norm_topk_prob makes 1"),
-            ("moe_shared_expert_gate", True, bool(getattr(config, "moe_shared_expert_gate", False)),
-             "a gated shared expert"),
-            ("moe_shared_expert_intermediate_size", shared, not shared or shared % width,
-             f"shared experts whose width is not a multiple of the routed experts' ({width})")):
-        if bad:
-            raise _refuse(name, value, f"{what}, with which MoE {family} is not derived")
+    if not shared or shared % width:
+        raise _refuse("moe_shared_expert_intermediate_size", shared, f"shared experts whose width is not a multiple of "
+                      f"the routed experts' ({width}), with which MoE {family} is not derived")
     pattern = _moe_pattern(config, gpt)
     first = pattern.index(True) if True in pattern else len(pattern)
     if not all(pattern[first:]):
         raise _refuse("moe_layer_freq", config.moe_layer_freq, "dense layers after the first MoE one: "
                       "first_k_dense_replace makes only the first k dense")
     return {"n_routed_experts": config.num_moe_experts, "moe_intermediate_size": width,
-            "n_shared_experts": shared // width, "num_experts_per_tok": topk, "first_k_dense_replace": first,
-            "n_group": getattr(config, "moe_router_num_groups", None) or 1,
-            "topk_group": getattr(config, "moe_router_group_topk", None) or 1,
-            "routed_scaling_factor": float(getattr(config, "moe_router_topk_scaling_factor", None) or 1.0),
-            "norm_topk_prob": True}
+            "n_shared_experts": shared // width, "first_k_dense_replace": first, **router}

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 ATTENTION, MLP, MOE, MAMBA = "*", "-", "E", "M"
 #: The Hugging Face family whose layers are the pattern's symbols, one each.
 BY_SYMBOL = "nemotron_h"
-#: Nemotron-H's name of each symbol's layer (its config's ``layers_block_type``, transformers' legacy names).
-BLOCK_TYPES = {MAMBA: "mamba", ATTENTION: "attention", MLP: "mlp", MOE: "moe"}
+#: The symbols a Nemotron-H layer can be, one each.
+BY_SYMBOL_LAYERS = MAMBA + ATTENTION + MLP + MOE
 #: The others, each with why it is refused.
 _REFUSED = {"G": "a gated delta net layer (needs fla and CUDA: never built or verified here)",
             "+": "a multi-latent attention layer (mapped in GPTModel, not yet in a hybrid model)",
@@ -108,7 +108,7 @@ def parse(text: object, by_symbol: bool | None = None) -> Pattern:
 
 def _by_symbol(text: str, symbols: str) -> Pattern:
     for k, s in enumerate(symbols):
-        if s not in BLOCK_TYPES:
+        if s not in BY_SYMBOL_LAYERS:
             raise ValueError(f"module: the HybridModel's layer {k} is {s!r}, {_REFUSED.get(s, 'not a symbol')}, in "
                              f"hybrid_layer_pattern {text!r}; modelinit maps Mamba ('M'), attention ('*'), MLP ('-') "
                              "and MoE ('E') layers one per Nemotron-H layer")

@@ -17,7 +17,7 @@ from .names import HF_LAYER, PADDED, hf_boxes, stacked
 from .reader import global_place, pieces_of, within
 from .refusals import check_config, refuse_experts_sharded_across_experts
 
-_NEMOTRON_H_LAYER = re.compile(r"^backbone\.layers\.(\d+)\.mixer\.(.+)$")
+_NEMOTRON_H_MIXER_NAME = re.compile(r"^backbone\.layers\.(\d+)\.mixer\.(.+)$")
 
 
 def megatron_layout(model, spec: ModelSpec, tensors: dict[str, Any], partial: bool = False) -> Layout:
@@ -37,9 +37,9 @@ def megatron_layout(model, spec: ModelSpec, tensors: dict[str, Any], partial: bo
     if by_symbol and pattern is None:
         raise ValueError(f"module: a Nemotron-H spec ({spec.architecture}) maps a Megatron HybridModel, whose pattern "
                          f"says which layer is Mamba, attention, MLP or MoE; this is a {type(model).__name__}")
-    found, stand_ins = pieces_of(model)
-    if by_symbol:
+    if by_symbol:  # before sharded_state_dict() is read: a spec of other layers is refused first
         _check_nemotron_h_layers(spec, pattern.symbols)
+    found, stand_ins = pieces_of(model)
     layers = sum(1 for t in spec.tensors if t.name.endswith(".input_layernorm.weight") and HF_LAYER.match(t.name))
     own = pattern.layers if pattern else config.num_layers
     if layers and layers != own:
@@ -111,7 +111,7 @@ def _check_nemotron_h_layers(spec: ModelSpec, symbols: str) -> None:
     symbols."""
     kinds: dict[int, str] = {}
     for t in spec.tensors:
-        m = _NEMOTRON_H_LAYER.match(t.name)
+        m = _NEMOTRON_H_MIXER_NAME.match(t.name)
         if m and m.group(2) in _NEMOTRON_H_MIXERS:
             kinds[int(m.group(1))] = _NEMOTRON_H_MIXERS[m.group(2)]
     theirs = "".join(kinds.get(k, "?") for k in range(max(kinds, default=-1) + 1))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..families import header
-from .config import activation, check_off, deepseek_routing, expert_width, hybrid_fields
+from .config import activation, check_off, deepseek_routing, expert_width, hybrid_fields, sigmoid_router
 from .hybrid import MAMBA, MOE, pattern_of
 from .rope import refuse as _refuse
 
@@ -76,24 +76,10 @@ def _moe(config) -> dict[str, Any]:
     ``moe_intermediate_size``, one shared expert of ``moe_shared_expert_intermediate_size`` (no gate),
     sigmoid scores with the expert bias (``e_score_correction_bias``), group-limited top k, the weights
     renormalized (Megatron renormalizes sigmoid top-k weights when k > 1) and scaled."""
-    family = "Nemotron-H's MoE"
-    if not deepseek_routing(config):
-        raise _refuse("moe_router_score_function", getattr(config, "moe_router_score_function", "softmax"),
-                      f"{family} routes by sigmoid scores with the expert bias (moe_router_score_function='sigmoid', "
-                      "moe_router_enable_expert_bias=True)")
-    topk, shared = config.moe_router_topk, getattr(config, "moe_shared_expert_intermediate_size", None)
-    for name, value, bad, what in (
-            ("add_bias_linear", True, bool(config.add_bias_linear), "biases on the experts' linears"),
-            ("moe_router_topk", topk, topk < 2, "one expert per token, whose sigmoid score Megatron keeps and "
-             "norm_topk_prob makes 1"),
-            ("moe_shared_expert_gate", True, bool(getattr(config, "moe_shared_expert_gate", False)),
-             "a gated shared expert"),
-            ("moe_shared_expert_intermediate_size", shared, not shared, "no shared expert: Nemotron-H's MoE has one")):
-        if bad:
-            raise _refuse(name, value, f"{what}, with which {family} is not derived")
+    router = sigmoid_router(config, "Nemotron-H's MoE")
+    shared = getattr(config, "moe_shared_expert_intermediate_size", None)
+    if not shared:
+        raise _refuse("moe_shared_expert_intermediate_size", shared, "no shared expert, with which Nemotron-H's MoE "
+                      "(it has one) is not derived")
     return {"n_routed_experts": config.num_moe_experts, "moe_intermediate_size": expert_width(config),
-            "moe_shared_expert_intermediate_size": shared, "num_experts_per_tok": topk,
-            "n_group": getattr(config, "moe_router_num_groups", None) or 1,
-            "topk_group": getattr(config, "moe_router_group_topk", None) or 1,
-            "routed_scaling_factor": float(getattr(config, "moe_router_topk_scaling_factor", None) or 1.0),
-            "norm_topk_prob": True}
+            "moe_shared_expert_intermediate_size": shared, **router}
