@@ -34,8 +34,9 @@ from tests.support import megatron_models
 from tests.support.megatron_models import PADDED, SEED, files_of
 from tests.support.megatron_rules import qkv_per_group, tp_whole
 
-#: Two Mamba, two attention, an MoE and an MLP layer; split into two pipeline stages.
-MAMBA_PATTERN, MAMBA_PP2 = "M*EM*-", "M*E|M*-"
+#: Two Mamba, two attention, an MoE and an MLP layer; split into four pipeline segments (at PP=2 x VP=2,
+#: pipeline stage s's model chunk v holds segment v * 2 + s: Megatron's select_pipeline_segment).
+MAMBA_PATTERN, MAMBA_VP = "M*EM*-", "M*|E|M*|-"
 #: The Nemotron-H config of :func:`megatron_mamba_hybrid` (16 Mamba heads of 8 in 2 groups, a state of 16).
 NEMOTRON_H = {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "vocab_size": PADDED,
               "hidden_size": 64, "hybrid_override_pattern": MAMBA_PATTERN, "num_attention_heads": 8,
@@ -205,15 +206,18 @@ def mamba_tp_whole(name: str, parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([pieces[r][i] for i in range(len(fused)) for r in range(len(parts))])
 
 
-def put_mamba_together(out: pathlib.Path, world: int) -> dict:
-    """The one-process model's tensors from the ranks' shares (``rank*.pt``: ``tp``, ``first``, ``state``):
-    stages' layers renumbered from their first, TP shards by :func:`mamba_tp_whole`."""
+def put_mamba_together(out: pathlib.Path, ep: int = 1) -> dict:
+    """The one-process model's tensors from the shares saved in ``out`` (``*.pt``: a rank's model or
+    model chunk, with its ``tp`` and ``ep`` ranks, the global index of its ``first`` layer and its
+    ``state``): layers renumbered from their chunk's first, an EP rank's experts from its first, TP
+    shards by :func:`mamba_tp_whole` (an expert is held whole by one rank where the experts' TP is 1).
+    A tensor held twice by one TP rank is an error."""
     by_name: dict[str, dict[int, torch.Tensor]] = {}
-    for r in range(world):
-        share = torch.load(out / f"rank{r}.pt")
+    for f in sorted(out.glob("*.pt")):
+        share = torch.load(f)
         for name, t in share["state"].items():
-            if name.startswith("decoder.layers."):
-                i, _, rest = name.removeprefix("decoder.layers.").partition(".")
-                name = f"decoder.layers.{share['first'] + int(i)}.{rest}"
-            by_name.setdefault(name, {})[share["tp"]] = t
+            name = megatron_models.global_name(name, share["first"], share["ep"], NEMOTRON_H["n_routed_experts"] // ep)
+            held = by_name.setdefault(name, {})
+            assert share["tp"] not in held, f"{name} is held twice by TP rank {share['tp']}"
+            held[share["tp"]] = t
     return {n: mamba_tp_whole(n, [by_tp[k] for k in sorted(by_tp)]) for n, by_tp in by_name.items()}

@@ -73,12 +73,14 @@ def _fill_layout(rank: int, world: int, init_file: str, tp: int, pp: int, ep: in
     from megatron.core import parallel_state as ps
 
     init_group(rank, world, init_file)
+    experts_tp = 1 if ep > 1 else tp  # MoE parallel folding: the experts' TP apart from the attention's
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                 expert_model_parallel_size=ep)
+                                 expert_model_parallel_size=ep, expert_tensor_parallel_size=experts_tp)
     cuda = torch.Tensor.cuda
     torch.Tensor.cuda = lambda self, *a, **k: self  # a tied model's last stage moves its copy to CUDA to all-reduce it
     try:
-        model = megatron_gpt(tp, pp, tied=tied, moe=ep > 1, ep=ep, layernorm=layernorm)
+        model = megatron_gpt(tp, pp, tied=tied, moe=ep > 1, ep=ep, layernorm=layernorm,
+                             expert_tensor_parallel_size=experts_tp)
     finally:
         torch.Tensor.cuda = cuda
     hf = MOE if ep > 1 else STARCODER2 if layernorm else HF
@@ -96,14 +98,15 @@ def _fill_layout(rank: int, world: int, init_file: str, tp: int, pp: int, ep: in
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo is not available")
 @pytest.mark.parametrize("tp, pp, ep, tied, layernorm", [(2, 1, 1, False, False), (1, 2, 1, False, False),
-                                                         (1, 2, 1, True, False), (1, 1, 2, False, False),
+                                                         (1, 2, 1, True, False), (2, 1, 2, False, False),
                                                          (2, 2, 1, True, False), (2, 1, 1, False, True)],
-                         ids=["tp2", "pp2", "pp2-tied", "ep2-moe", "tp2-pp2-tied", "tp2-layernorm-gelu-biases"])
+                         ids=["tp2", "pp2", "pp2-tied", "tp2-ep2-moe", "tp2-pp2-tied", "tp2-layernorm-gelu-biases"])
 def test_parallel_layouts_equal_one_device(tmp_path, tp, pp, ep, tied, layernorm):
     """TP=2 (each rank's query groups, [gate_r; up_r], half the padded vocabulary, half of
     linear_proj's and linear_fc2's columns), PP=2 (each stage its layers, numbered from 0; a tied
-    model's last stage its own copy of the embedding), EP=2 (each rank 2 of the 4 experts, numbered
-    from 0), TP=2 x PP=2 over 4 ranks, and a Starcoder2-style model at TP=2 (LayerNorm's and the
+    model's last stage its own copy of the embedding), EP=2 beside TP=2 on the same 2 ranks (MoE parallel
+    folding, the experts' TP 1: each rank 2 of the 4 experts whole, numbered from 0; the rest TP-split),
+    TP=2 x PP=2 over 4 ranks, and a Starcoder2-style model at TP=2 (LayerNorm's and the
     linears' biases, a GELU MLP: column-parallel biases split, row-parallel ones whole): each rank fills its own share, and the shares put together are the one-device model's bytes."""
     ref = folder_in_megatrons_layout(tmp_path, tied=tied, moe=ep > 1, layernorm=layernorm)
     ref_path, out = str(tmp_path / "ref.pt"), tmp_path / "shares"

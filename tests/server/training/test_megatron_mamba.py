@@ -1,7 +1,8 @@
 """``init_module_`` on a Megatron-Core ``HybridModel`` with Mamba layers (``M``): filled with the bytes
 of the Hugging Face Nemotron-H folder it corresponds to (``nemotron_h``, whose ``hybrid_override_pattern``
 is Megatron's pattern, one layer per symbol), with and without a spec, at DP=2 under Megatron's FSDP2
-wrapper and at TP=2 x PP=2 (the pattern's ``|``); each Mamba mixer's ``in_proj`` and ``conv1d``, which Megatron saves as parts
+wrapper, and at TP=2 x PP=2 x VP=2 (the pattern's ``|``, two model chunks per rank) with EP=2 beside
+TP (the experts' TP 1); each Mamba mixer's ``in_proj`` and ``conv1d``, which Megatron saves as parts
 (``z, x, B, C, dt`` and ``x, B, C``, each rank its rows of every part), included.
 
 The model is built on CPU without ``mamba_ssm`` (tests/support/megatron_mamba.py says what is replaced
@@ -154,39 +155,67 @@ def test_fsdp2_shards_gathered_are_the_folder(tmp_path):
         assert [n for n in ref if not same_bytes(whole[n], ref[n])] == []
 
 
-def _fill_layout(rank: int, world: int, init_file: str, tp: int, pp: int, out: str) -> None:
+def _fill_chunks(rank: int, world: int, init_file: str, out: str) -> None:
+    """This rank's 2 model chunks of ``M*|E|M*|-`` at TP=2 x PP=2 x VP=2 with EP=2 beside TP (the experts'
+    TP 1), as Megatron's ``get_model`` returns them (a list, each chunk with its ``vp_stage``): filled in
+    one call with the spec, then (poisoned in between) in one call without it; each chunk saved with its
+    TP and EP ranks and the global index of its first layer."""
+    import modelinit
     from megatron.core import parallel_state as ps
 
-    from tests.support.distributed import exit_rank
-    from tests.support.megatron_mamba import MAMBA_PP2, megatron_mamba_hybrid
-    from tests.support.megatron_models import init_group
+    from tests.support.distributed import exit_rank, no_collectives, same_bytes
+    from tests.support.megatron_mamba import MAMBA_VP, NEMOTRON_H, megatron_mamba_hybrid
+    from tests.support.megatron_models import SEED, init_group
 
     init_group(rank, world, init_file)
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-    model = megatron_mamba_hybrid(tp, pp, pattern=MAMBA_PP2)
-    state = _fill_twice(model)
-    torch.save({"tp": ps.get_tensor_model_parallel_rank(), "first": model.decoder.layers[0].layer_number - 1,
-                "state": state}, f"{out}/rank{rank}.pt")
+    ps.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                                 virtual_pipeline_model_parallel_size=2, expert_model_parallel_size=2,
+                                 expert_tensor_parallel_size=1)
+    chunks = [megatron_mamba_hybrid(2, 2, pattern=MAMBA_VP, vp_stage=stage, virtual_pipeline_model_parallel_size=2,
+                                    expert_model_parallel_size=2, expert_tensor_parallel_size=1) for stage in range(2)]
+    states = []
+    for spec in (NEMOTRON_H, None):
+        with torch.no_grad():
+            for chunk in chunks:
+                for p in _filled(chunk).values():
+                    p.fill_(float("nan"))
+        with no_collectives():
+            summary = modelinit.init_module_(chunks, seed=SEED, spec=spec)
+        assert summary.architecture == "NemotronHForCausalLM" and len(summary.parts) == 2
+        assert summary.missing > 0  # the other stages' layers, the other EP rank's experts
+        states.append([{n: p.detach().clone() for n, p in _filled(chunk).items()} for chunk in chunks])
+    assert {k: summary.derived_config.get(k) for k in NEMOTRON_H} == NEMOTRON_H, summary.derived_config
+    for stage, (first, second) in enumerate(zip(*states)):
+        assert [n for n in first if not same_bytes(first[n], second[n])] == []
+        torch.save({"tp": ps.get_tensor_model_parallel_rank(), "ep": ps.get_expert_model_parallel_rank(),
+                    "first": chunks[stage].decoder.layers[0].layer_number - 1, "state": first},
+                   f"{out}/rank{rank}-chunk{stage}.pt")
     exit_rank()
 
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_tp2_pp2_shares_put_together_are_the_folder(tmp_path):
-    """TP=2 x PP=2 over ``M*-|M*-``: each rank holds its half of every Mamba head, group and channel (its
-    rows of each part of in_proj and conv1d, of dt_bias, A_log, D and the gated norm; out_proj's columns),
-    its query groups and half of each MLP, in its stage's three layers; filled with and without a spec,
-    the shares put together by Megatron's rules are the folder's bytes."""
+def test_tp2_pp2_vp2_ep2_shares_put_together_are_the_folder(tmp_path):
+    """``M*|E|M*|-`` over 4 processes at TP=2 x PP=2 x VP=2, with EP=2 beside TP=2 on each stage's two
+    ranks (MoE parallel folding: the experts' TP 1). Each rank holds 2 model chunks (ranks 0-1 are pipeline
+    stage 0, ranks 2-3 stage 1; stage s's chunk v is segment v * 2 + s): in them, its half of every Mamba head, group and channel (its rows of each part of
+    in_proj and conv1d, of dt_bias, A_log, D and the gated norm; out_proj's columns), its query groups and
+    half of each MLP and of the shared expert, and 2 of the 4 routed experts whole. Filled with and without
+    a spec (the chunks together, as ``get_model`` returns them), the shares put together by Megatron's
+    rules are the folder's bytes, each tensor from one chunk per TP rank."""
     _need_hybrid_model()
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     from tests.support.distributed import same_bytes, spawn
-    from tests.support.megatron_mamba import MAMBA_PP2, folder_in_mamba_layout, put_mamba_together
+    from tests.support.megatron_mamba import MAMBA_VP, folder_in_mamba_layout, put_mamba_together
 
-    ref = folder_in_mamba_layout(tmp_path, MAMBA_PP2)
+    ref = folder_in_mamba_layout(tmp_path, MAMBA_VP)
     out = tmp_path / "shares"
     out.mkdir()
-    spawn(_fill_layout, (4, str(tmp_path / "pg"), 2, 2, str(out)), 4)
-    whole = put_mamba_together(out, 4)
+    spawn(_fill_chunks, (4, str(tmp_path / "pg"), str(out)), 4)
+    firsts = {f.stem: torch.load(f)["first"] for f in out.glob("*.pt")}
+    assert firsts == {"rank0-chunk0": 0, "rank1-chunk0": 0, "rank2-chunk0": 2, "rank3-chunk0": 2,
+                      "rank0-chunk1": 3, "rank1-chunk1": 3, "rank2-chunk1": 5, "rank3-chunk1": 5}, firsts
+    whole = put_mamba_together(out, ep=2)
     assert sorted(whole) == sorted(ref)
     assert [n for n in ref if not same_bytes(whole[n], ref[n])] == []
