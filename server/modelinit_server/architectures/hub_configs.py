@@ -51,7 +51,8 @@ MIXTRAL_8X7B: dict[str, Any] = {
 # "deepseek-ai/DeepSeek-V3" (transformers_version 4.33.1). Copies taken from the hub in early 2025
 # also carried "aux_loss_alpha": 0.001, "pretraining_tp": 1 and "seq_aux": true; the current hub
 # file, as those copies show, does not. None of the three changes the architecture.
-# Meta build (DeepseekV3ForCausalLM; transformers builds no MTP layer, and keeps the 58 routers'
+# Meta build (DeepseekV3ForCausalLM; it holds no MTP layer, which transformers builds apart
+# as the drafting model MtpModel; it keeps the 58 routers'
 # e_score_correction_bias as buffers): 671,026,404,352 parameters.
 DEEPSEEK_V3: dict[str, Any] = {
     "architectures": ["DeepseekV3ForCausalLM"],

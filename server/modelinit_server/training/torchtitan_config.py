@@ -240,7 +240,8 @@ def _qwen3(config) -> dict[str, Any]:
 def _deepseek_v3(config) -> dict[str, Any]:
     if getattr(config, "mtp_layers", None):
         raise _refuse("mtp_layers", f"{len(config.mtp_layers)} multi-token-prediction layer(s), which transformers' "
-                                    "DeepseekV3ForCausalLM does not build")
+                                    "DeepseekV3ForCausalLM does not hold (transformers builds them apart, as "
+                                    "the drafting model MtpModel)")
     base = _decoder(config)
     mla = []
     for i, layer in enumerate(config.layers):

@@ -58,7 +58,8 @@ def check_config(model) -> Any:
     if getattr(model, "mtp_process", False) or getattr(model, "mtp", None) is not None:
         raise ValueError(f"module: the Megatron model has a multi-token prediction block (mtp_num_layers="
                          f"{getattr(config, 'mtp_num_layers', None)}), whose tensors no Hugging Face folder modelinit "
-                         "writes holds (transformers builds no MTP layers); build the GPTModel without mtp_block_spec "
+                         "writes holds (transformers' causal LM has no MTP layers: it builds them apart, as the drafting model "
+                         "MtpModel); build the GPTModel without mtp_block_spec "
                          "to fill it, and initialize the MTP block by Megatron's own init")
     return config
 
