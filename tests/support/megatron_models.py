@@ -66,8 +66,10 @@ STARCODER2_FIELDS = dict(normalization="LayerNorm", gated_linear_unit=False, add
                           qk_layernorm=False)
 
 def megatron_gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = False, vocab: int = PADDED, moe: bool = False,
-         ep: int = 1, layernorm: bool = False, vp_stage: int | None = None, **over):
-    """A GPTModel matching HF (MOE: with SequentialMLP experts, ``ep`` ways expert parallel) on this
+         ep: int = 1, layernorm: bool = False, vp_stage: int | None = None, te_experts: bool = False,
+                 **over):
+    """A GPTModel matching HF (MOE: with SequentialMLP experts, or ``te_experts`` Transformer Engine's
+    ``TEGroupedMLP``; ``ep`` ways expert parallel) on this
     rank of a (tp, pp) layout (parallel_state set up by the caller); ``vp_stage``: this rank's
     model chunk ``vp_stage`` of an interleaved pipeline (``virtual_pipeline_model_parallel_size``
     in ``over``), built as Megatron's training loop builds it. ``rope_scaling``/``rope_scaling_factor``
@@ -92,6 +94,10 @@ def megatron_gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = 
     config = TransformerConfig(**fields)
     spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm,
                                     qk_layernorm=config.qk_layernorm, normalization=config.normalization)
+    if te_experts:  # inside megatron_te.transformer_engine_stand_in()
+        from tests.support.megatron_te import with_te_grouped_experts
+
+        spec = with_te_grouped_experts(spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return GPTModel(config, spec, vocab_size=vocab, max_sequence_length=128, position_embedding_type="rope",

@@ -13,6 +13,7 @@ Megatron's rules (tests/support/megatron_models.put_together)."""
 from __future__ import annotations
 
 import os
+import re
 import pathlib
 
 import pytest
@@ -95,6 +96,7 @@ def _fill_shares(rank: int, world: int, init_file: str, out: str) -> None:
         own = modelinit.init_module_(glm4_own, seed=SEED)  # no spec: GLM-4-MoE, derived (DeepSeek's routing)
     if not no_legacy_grouped_mlp():
         _fill_grouped(world, rank, out)
+    _fill_te_grouped(world, rank, out)
     assert derived.derived_config["model_type"] == "qwen2_moe" and given.derived_config is None
     differ = {k: (v, own.derived_config.get(k)) for k, v in GLM4_MOE.items() if own.derived_config.get(k) != v}
     assert differ == {}, differ
@@ -153,6 +155,62 @@ def _fill_grouped(world: int, rank: int, out: str) -> None:
     assert in_groups.elements == sum(t.numel() for t in state.values()) < in_groups.global_elements
 
 
+def _as_sequential(state: dict) -> dict:
+    """TEGroupedMLP's tensors under SequentialMLP's names (``experts.linear_fc1.weight{i}`` is local
+    expert i's ``linear_fc1``: Transformer Engine's GroupedLinear holds one (out, in) weight per expert)."""
+    out = {}
+    for n, t in state.items():
+        head, _, leaf = n.rpartition(".experts.")
+        fc, _, weight = leaf.partition(".")
+        if fc in ("linear_fc1", "linear_fc2") and weight.startswith("weight"):
+            n = f"{head}.experts.local_experts.{weight.removeprefix('weight')}.{fc}.weight"
+        out[n] = t
+    return out
+
+
+def _fill_te_grouped(world: int, rank: int, out: str) -> None:
+    """Megatron's TEGroupedMLP experts (Transformer Engine's grouped GEMM; tests/support/megatron_te.py
+    builds them over a stand-in of its GroupedLinear) in a Qwen3-MoE-style model: refused while
+    ``TE_GROUPED_EXPERTS_VERIFIED`` is off and when the experts' weights are packed into one parameter,
+    nothing written; with the switch on, filled without a spec at TP=2 (the experts split by TP too) and
+    again at EP=2 beside TP=2 (the experts' TP 1), each rank's share saved under SequentialMLP's names."""
+    from megatron.core import parallel_state as ps
+
+    from modelinit_server.training.megatron import refusals
+    from tests.support.megatron_te import transformer_engine_stand_in
+
+    for name, experts_tp, ep in (("te-tp2", world, 1), ("te-ep2", 1, world)):
+        ps.destroy_model_parallel()
+        ps.initialize_model_parallel(tensor_model_parallel_size=world, expert_model_parallel_size=ep,
+                                     expert_tensor_parallel_size=experts_tp)
+        with transformer_engine_stand_in():
+            model = megatron_gpt(world, moe=True, ep=ep, te_experts=True, expert_tensor_parallel_size=experts_tp,
+                                 moe_grouped_gemm=True)
+        experts = model.decoder.layers[0].mlp.experts
+        assert type(experts).__name__ == "TEGroupedMLP" and experts.num_local_experts == 4 // ep
+        if name == "te-tp2":
+            before = [p.detach().clone() for p in model.parameters()]
+            fc1 = experts.linear_fc1
+            for verified, packed, message in (
+                    (False, False, "'decoder.layers.0.mlp.experts' is Transformer Engine's TEGroupedMLP (grouped experts"),
+                    (True, True, "'decoder.layers.0.mlp.experts.linear_fc1' (TEColumnParallelGroupedLinear) packs")):
+                refusals.TE_GROUPED_EXPERTS_VERIFIED, fc1.single_grouped_weight = verified, packed
+                with no_collectives(), pytest.raises(ValueError, match=re.escape(message)):
+                    modelinit.init_module_(model, seed=SEED)
+            fc1.single_grouped_weight = False
+            assert all(same_bytes(a, b.detach()) for a, b in zip(before, model.parameters()))  # nothing written
+        refusals.TE_GROUPED_EXPERTS_VERIFIED = True
+        with no_collectives():
+            summary = modelinit.init_module_(model, seed=SEED)  # no spec: Qwen3-MoE, derived
+        assert summary.derived_config["model_type"] == "qwen3_moe"
+        state = _as_sequential({n: p.detach().clone() for n, p in model.named_parameters()})
+        assert summary.elements == sum(t.numel() for t in state.values())
+        os.makedirs(f"{out}/{name}", exist_ok=True)
+        torch.save({"tp": ps.get_tensor_model_parallel_rank(), "ep": ps.get_expert_model_parallel_rank(), "first": 0,
+                    "state": state}, f"{out}/{name}/rank{rank}.pt")
+    refusals.TE_GROUPED_EXPERTS_VERIFIED = False
+
+
 @pytest.fixture(scope="module")
 def shares(tmp_path_factory) -> pathlib.Path:
     """Every rank's share of the TP=2 models (one world of two ranks for the module's tests)."""
@@ -198,5 +256,20 @@ def test_grouped_experts_at_tp2_are_the_folder(tmp_path, shares):
     out = shares
     ref = folder_in_megatrons_layout(tmp_path, moe=True)
     whole = put_together(pathlib.Path(out / "grouped"), 2, 1)
+    assert sorted(whole) == sorted(ref)
+    assert [n for n, ts in whole.items() if len(ts) != 1 or not same_bytes(ts[0], ref[n])] == []
+
+
+@pytest.mark.xdist_group("megatron-moe-tp2")  # one world of ranks for both (the shares fixture)
+@pytest.mark.parametrize("layout, ep", [("te-tp2", 1), ("te-ep2", 2)])
+def test_transformer_engine_grouped_experts_are_the_folder(tmp_path, shares, layout, ep):
+    """Megatron's TEGroupedMLP (Transformer Engine's grouped GEMM experts, the only grouped experts
+    Megatron-Core 0.17 and later have: one ``weight{i}`` per local expert), built over a stand-in of
+    Transformer Engine's GroupedLinear, filled without a spec (Qwen3-MoE derived) at TP=2 (each
+    expert's [gate_r; up_r] rows and half of its down columns) and at EP=2 beside TP=2 (each rank 2 of
+    the 4 experts whole): put together, every tensor is the folder's. Refused while not verified on a
+    GPU run, and when its weights are packed into one parameter, nothing written."""
+    ref = folder_in_megatrons_layout(tmp_path, moe=True)
+    whole = put_together(pathlib.Path(shares / layout), 2, ep)
     assert sorted(whole) == sorted(ref)
     assert [n for n, ts in whole.items() if len(ts) != 1 or not same_bytes(ts[0], ref[n])] == []

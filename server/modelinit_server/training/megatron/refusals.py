@@ -20,6 +20,15 @@ _TE_CLASSES = frozenset({"TENorm", "TELinear", "TELayerNormColumnParallelLinear"
 #: fused ``layer_norm_weight`` names of :data:`.names._NAMES`), but its bytes have not been verified on a
 #: GPU run yet (Transformer Engine cannot be built without CUDA): the one switch to set once they have.
 TE_LAYER_SPEC_VERIFIED = False
+#: Transformer Engine's grouped experts as Megatron-Core builds them (``moe_grouped_gemm`` with the
+#: Transformer Engine spec: the only grouped experts 0.17 and later have).
+_TE_GROUPED = frozenset({"TEGroupedMLP", "TEGroupedLinear", "TEColumnParallelGroupedLinear", "TERowParallelGroupedLinear"})
+#: Whether ``TEGroupedMLP`` experts are filled. Each local expert's weight is its own parameter
+#: (``linear_fc1.weight{i}``, Transformer Engine's ``GroupedLinear``), whose place Megatron's
+#: ``sharded_state_dict()`` says as for ``SequentialMLP``: read as any other (tested on CPU over a
+#: stand-in of ``GroupedLinear``). The real layer has not run on a GPU yet: the one switch to set once
+#: it has (``benchmarks/gpu_session.sh``).
+TE_GROUPED_EXPERTS_VERIFIED = False
 def refuse_experts_sharded_across_experts(name: str, t, config) -> None:
     """An expert's DTensor weight whose mesh holds a rank of this rank's expert-parallel group:
     those ranks hold other experts, so FSDP2's all-gather before each forward joins pieces of
@@ -66,8 +75,8 @@ def check_config(model) -> Any:
 
 def check_modules(model) -> None:
     """Refuse, before anything is written, what is mapped but has not been verified: Megatron-FSDP's
-    parameters and the Transformer Engine layer spec (each one line naming the module or parameter
-    and the fix)."""
+    parameters, the Transformer Engine layer spec and its grouped experts (each one line naming the
+    module or parameter and the fix)."""
     refuse_megatron_fsdp(model)
     hybrid = is_hybrid_model(model)
     if not hybrid and type(model).__name__ == "MambaModel":
@@ -76,12 +85,12 @@ def check_modules(model) -> None:
                          "attention and MLP layers")
     if hybrid:
         pattern_of(model)  # a layer symbol without a Hugging Face counterpart, by name
-    if TE_LAYER_SPEC_VERIFIED:
-        return
     for path, m in model.named_modules():
         te = next((c.__name__ for c in type(m).__mro__ if c.__name__ in _TE_CLASSES
                    or c.__module__.startswith(("transformer_engine", "megatron.core.extensions.transformer_engine"))), None)
-        if te is not None:
+        if te in _TE_GROUPED:
+            _check_te_grouped(path, te, m)
+        elif te is not None and not TE_LAYER_SPEC_VERIFIED:
             fix = ("Megatron-Core ships only a Transformer Engine hybrid stack spec (HybridStack's final norm is "
                    "TENorm whatever the spec); build the HybridModel from local modules (ColumnParallelLinear, "
                    "RowParallelLinear, a local norm) with its final norm replaced, or fill it once a GPU run has "
@@ -90,6 +99,23 @@ def check_modules(model) -> None:
                 "experts), or get_gpt_decoder_block_spec(config, use_transformer_engine=False)")
             raise ValueError(f"module: {path or type(model).__name__!r} is Transformer Engine's {te} (the Transformer "
                              f"Engine layer spec), which has not been verified on a GPU run yet; {fix}")
+
+
+def _check_te_grouped(path: str, te: str, module) -> None:
+    """Transformer Engine's grouped experts: refused until a GPU run has verified them, and, whatever
+    that run said, when each expert's weight is not a parameter of its own (Transformer Engine 2.14's
+    ``single_grouped_weight``: one packed ``GroupedTensor``, which Megatron saves as views of it)."""
+    if not TE_GROUPED_EXPERTS_VERIFIED:
+        raise ValueError(f"module: {path!r} is Transformer Engine's {te} (grouped experts, moe_grouped_gemm with the "
+                         "Transformer Engine spec), which has not been verified on a GPU run yet; build the experts "
+                         "as SequentialMLP (moe_grouped_gemm=False), or fill the model once a GPU run has verified "
+                         "Transformer Engine's grouped experts")
+    if getattr(module, "single_grouped_weight", False) or getattr(module, "single_grouped_bias", False):
+        raise ValueError(f"module: {path!r} ({te}) packs its experts' weights into one parameter "
+                         "(moe_single_grouped_weight/moe_single_grouped_bias, Transformer Engine >= 2.14), whose "
+                         "layout is not mapped; build the model with moe_single_grouped_weight=False and "
+                         "moe_single_grouped_bias=False (Megatron's defaults): each expert's weight{i} then is "
+                         "its own parameter")
 
 
 def refuse_megatron_fsdp(model) -> None:

@@ -1,0 +1,180 @@
+"""Megatron-Core's Transformer Engine grouped experts (``TEGroupedMLP``, the only grouped experts 0.17 and
+later have) built on CPU, where Transformer Engine cannot be installed (it needs CUDA to build and import).
+
+While :func:`transformer_engine_stand_in` is entered, ``import transformer_engine`` finds a stand-in
+package, and Megatron's ``megatron.core.extensions.transformer_engine`` (with its spec provider) is
+imported again against it, so that its own ``TEGroupedLinear``, ``TEColumnParallelGroupedLinear``,
+``TERowParallelGroupedLinear`` and ``TEGroupedMLP`` are defined and built. The stand-in gives:
+
+* :class:`GroupedLinear`: Transformer Engine's ``transformer_engine.pytorch.GroupedLinear`` as it holds its
+  parameters (its ``module/grouped_linear.py``, 2.x): ``weight{i}`` of shape (out, in) per GEMM (a local
+  expert), ``out`` divided by its ``tp_size`` when column-parallel and ``in`` when row-parallel;
+  ``bias{i}`` when ``bias``; an empty ``_extra_state`` (no FP8). Its forward is not given;
+* every other name Megatron's module reads at import (``te.pytorch.Linear``, ``te.common.recipe``, the
+  FP8 helpers): an empty class or a no-op, used by no module built here.
+
+What a rank holds, where Megatron says it sits (``sharded_state_dict()``: the experts' global index, the
+tensor-parallel axis of each GEMM's weight, the SwiGLU factory of ``linear_fc1``) is Megatron's own code.
+The real layer (Transformer Engine on CUDA) is the GPU list's (benchmarks/gpu_session.sh).
+
+megatron-core is imported inside the functions: the tests skip without it first.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+from typing import Iterator
+
+import torch
+
+#: The Transformer Engine release the stand-in says it is: one with per-GEMM weights (2.14 added
+#: ``single_grouped_weight``, one packed parameter, off by default).
+VERSION = "2.10.0"
+
+
+class GroupedLinear(torch.nn.Module):
+    """Transformer Engine's ``GroupedLinear`` as it registers its parameters (no forward)."""
+
+    def __init__(self, num_gemms: int, in_features: int, out_features: int, *, sequence_parallel: bool = False,
+                 fuse_wgrad_accumulation: bool = False, tp_group=None, tp_size: int = 1, get_rng_state_tracker=None,
+                 rng_tracker_name=None, init_method=None, bias: bool = True, return_bias: bool = False,
+                 params_dtype=None, parallel_mode=None, device="cuda", ub_name=None, delay_wgrad_compute=False,
+                 **unused) -> None:
+        super().__init__()
+        self.num_gemms, self.use_bias, self.tp_size, self.parallel_mode = num_gemms, bias, tp_size, parallel_mode
+        self.in_features, self.out_features = in_features, out_features
+        if parallel_mode == "column":
+            self.out_features //= tp_size
+        elif parallel_mode == "row":
+            self.in_features //= tp_size
+        self.fp8 = self.fp8_calibration = self.primary_weights_in_fp8 = False
+        self.fp8_meta = {"fp8_checkpoint": False}
+        dtype = params_dtype or torch.float32
+        for i in range(num_gemms):
+            self.register_parameter(f"weight{i}", torch.nn.Parameter(
+                torch.empty(self.out_features, self.in_features, device=device, dtype=dtype)))
+            if bias:
+                self.register_parameter(f"bias{i}", torch.nn.Parameter(
+                    torch.zeros(self.out_features, device=device, dtype=dtype)))
+            else:
+                setattr(self, f"bias{i}", torch.Tensor().to(dtype=dtype, device=device))
+
+    def get_extra_state(self) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.uint8)  # no FP8 metadata, as Transformer Engine 2.x saves it
+
+    def set_extra_state(self, state) -> None:
+        pass
+
+    def init_fp8_metadata(self, num_gemms: int = 1) -> None:
+        pass
+
+
+class _Anything(type):
+    """An empty class's type: any attribute asked of the class is another empty class."""
+
+    def __getattr__(cls, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Anything(name, (torch.nn.Module,), {"__module__": cls.__module__})
+
+
+class _Names(types.ModuleType):
+    """A stand-in module: what it is given, else an empty class (to subclass) per name asked."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        made = _Anything(name, (torch.nn.Module,), {"__module__": self.__name__})
+        setattr(self, name, made)
+        return made
+
+
+class _Fp8State:
+    @staticmethod
+    def is_fp8_enabled() -> bool:
+        return False
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds any ``transformer_engine.*`` module as a stand-in (:class:`_Names`)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] != "transformer_engine":
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+    def create_module(self, spec):
+        module = _Names(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module) -> None:
+        pass
+
+
+def _stand_in() -> dict[str, types.ModuleType]:
+    te = _Names("transformer_engine")
+    te.__version__ = VERSION
+    te.__path__ = []
+    pytorch, common = _Names("transformer_engine.pytorch"), _Names("transformer_engine.common")
+    pytorch.__path__ = common.__path__ = []
+    pytorch.GroupedLinear = GroupedLinear
+    fp8 = _Names("transformer_engine.pytorch.fp8")
+    fp8.FP8GlobalStateManager = _Fp8State
+    fp8.fp8_autocast = fp8.fp8_model_init = lambda *a, **k: contextlib.nullcontext()
+    recipe, distributed = _Names("transformer_engine.common.recipe"), _Names("transformer_engine.pytorch.distributed")
+    te.pytorch, te.common, pytorch.fp8, pytorch.distributed, common.recipe = pytorch, common, fp8, distributed, recipe
+    return {m.__name__: m for m in (te, pytorch, common, fp8, recipe, distributed)}
+
+
+#: Megatron's modules imported again against the stand-in (the extension, then what names its classes).
+_RELOADED = ("megatron.core.extensions.transformer_engine", "megatron.core.extensions.transformer_engine_spec_provider")
+
+
+@contextlib.contextmanager
+def transformer_engine_stand_in() -> Iterator[types.ModuleType]:
+    """While inside, ``transformer_engine`` is the stand-in and Megatron's Transformer Engine extension
+    is imported against it (yielded). On exit the stand-in leaves ``sys.modules``, and Megatron's
+    modules are imported again without it (the models built inside keep their classes)."""
+    import megatron.core.utils as mutils
+
+    saved = {name: m for name, m in sys.modules.items() if name.split(".")[0] == "transformer_engine"}
+    finder = _Finder()
+    sys.modules.update(_stand_in())
+    sys.meta_path.insert(0, finder)
+    mutils._te_version = None  # Megatron caches the release it found
+    try:
+        yield _reload()
+    finally:
+        sys.meta_path.remove(finder)
+        for name in [n for n in sys.modules if n.split(".")[0] == "transformer_engine"]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+        mutils._te_version = None
+        _reload()
+
+
+def _reload() -> types.ModuleType:
+    modules = [importlib.reload(importlib.import_module(name)) for name in _RELOADED]
+    return modules[0]
+
+
+def with_te_grouped_experts(layer_spec):
+    """``layer_spec`` (a local GPT layer spec with MoE) with its experts Megatron's ``TEGroupedMLP`` (from
+    its Transformer Engine spec provider, as ``moe_grouped_gemm`` with that spec gives them; inside
+    :func:`transformer_engine_stand_in`):
+    a ``ModuleSpec`` in megatron-core 0.16, a ``functools.partial`` from 0.17 on."""
+    provider = sys.modules["megatron.core.extensions.transformer_engine_spec_provider"].TESpecProvider()
+    mlp = layer_spec.submodules.mlp
+    if hasattr(mlp, "keywords"):  # 0.17 and later: builders
+        mlp.keywords["submodules"].experts = provider.grouped_mlp_modules(True)
+    else:
+        from megatron.core.transformer.spec_utils import ModuleSpec
+
+        module, submodules = provider.grouped_mlp_modules(True, False)
+        mlp.submodules.experts = ModuleSpec(module=module, submodules=submodules)
+    return layer_spec
