@@ -166,9 +166,9 @@ def _reload() -> types.ModuleType:
 def with_te_grouped_experts(layer_spec):
     """``layer_spec`` (a local GPT layer spec with MoE) with its experts Megatron's ``TEGroupedMLP`` (from
     its Transformer Engine spec provider, as ``moe_grouped_gemm`` with that spec gives them; inside
-    :func:`transformer_engine_stand_in`):
+    :func:`transformer_engine_stand_in`, or where Transformer Engine is installed):
     a ``ModuleSpec`` in megatron-core 0.16, a ``functools.partial`` from 0.17 on."""
-    provider = sys.modules["megatron.core.extensions.transformer_engine_spec_provider"].TESpecProvider()
+    provider = importlib.import_module("megatron.core.extensions.transformer_engine_spec_provider").TESpecProvider()
     mlp = layer_spec.submodules.mlp
     if hasattr(mlp, "keywords"):  # 0.17 and later: builders
         mlp.keywords["submodules"].experts = provider.grouped_mlp_modules(True)
@@ -178,3 +178,17 @@ def with_te_grouped_experts(layer_spec):
         module, submodules = provider.grouped_mlp_modules(True, False)
         mlp.submodules.experts = ModuleSpec(module=module, submodules=submodules)
     return layer_spec
+
+
+def as_sequential_experts(state: dict) -> dict:
+    """TEGroupedMLP's tensors under SequentialMLP's names: ``experts.linear_fc1.weight{i}`` is local expert
+    i's ``linear_fc1`` (Transformer Engine's GroupedLinear holds one (out, in) weight per expert, as
+    SequentialMLP's expert holds its own)."""
+    out = {}
+    for n, t in state.items():
+        head, _, leaf = n.rpartition(".experts.")
+        fc, _, weight = leaf.partition(".")
+        if fc in ("linear_fc1", "linear_fc2") and weight.startswith("weight") and weight[6:].isdigit():
+            n = f"{head}.experts.local_experts.{weight[6:]}.{fc}.weight"
+        out[n] = t
+    return out

@@ -229,11 +229,17 @@ def _check_refusals() -> None:
                                          r"GPTModel without mtp_block_spec"):
         modelinit.init_module_(model, seed=SEED, spec=HF)
     model.mtp_process = False
+    model.te_linear = type("TELayerNormColumnParallelLinear", (torch.nn.Module,), {})()  # a Transformer Engine class name
+    with pytest.raises(ValueError, match=r"^module: 'te_linear' is Transformer Engine's TELayerNormColumnParallelLinear "
+                                         r"\(the Transformer Engine layer spec\), which has not been verified on a GPU run "
+                                         r"yet; build the GPTModel with the local spec: get_gpt_layer_local_spec "
+                                         r"\(SequentialMLP experts, or megatron-core 0.16's GroupedMLP\)"):
+        modelinit.init_module_(model, seed=SEED, spec=HF)
+    del model.te_linear
     model.te_experts = type("TEGroupedMLP", (torch.nn.Module,), {})()  # Transformer Engine's grouped experts' class name
-    with pytest.raises(ValueError, match=r"^module: 'te_experts' is Transformer Engine's TEGroupedMLP \(the Transformer "
-                                         r"Engine layer spec\), which has not been verified on a GPU run yet; build the "
-                                         r"GPTModel with the local spec: get_gpt_layer_local_spec \(GroupedMLP or "
-                                         r"SequentialMLP experts\)"):
+    with pytest.raises(ValueError, match=r"^module: 'te_experts' is Transformer Engine's TEGroupedMLP \(grouped experts, "
+                                         r"moe_grouped_gemm with the Transformer Engine spec\), which has not been "
+                                         r"verified on a GPU run yet; build the experts as SequentialMLP"):
         modelinit.init_module_(model, seed=SEED, spec=HF)
 
 

@@ -7,9 +7,12 @@ of the same config put into Megatron's layout by this test's own conversion.
 Two ranks (gloo) each fill their share of two tiny models: a Qwen2-MoE-style one without a spec
 (the config derived, ``training/megatron/config.py``) in bfloat16, and a GLM-4-MoE-style one
 (shared experts without a gate, the expert bias, sigmoid routing) with its config given, in
-float32, and again without it (``glm4_moe`` derived: the same bytes); and a Qwen3-MoE-style one with GroupedMLP experts (built on CPU with the check for the
-grouped_gemm CUDA library bypassed: filling runs no kernel). The shares are put together by
-Megatron's rules (tests/support/megatron_models.put_together)."""
+float32, and again without it (``glm4_moe`` derived: the same bytes); and a Qwen3-MoE-style one with
+megatron-core 0.16's GroupedMLP experts (built on CPU with the check for the grouped_gemm CUDA library
+bypassed: filling runs no kernel) and with Transformer Engine's TEGroupedMLP experts (the only grouped
+experts 0.17 and later have; built over a stand-in of Transformer Engine's GroupedLinear,
+tests/support/megatron_te.py), the latter at TP=2 and at EP=2 beside TP=2. The shares are put together
+by Megatron's rules (tests/support/megatron_models.put_together)."""
 from __future__ import annotations
 
 import os
@@ -155,19 +158,6 @@ def _fill_grouped(world: int, rank: int, out: str) -> None:
     assert in_groups.elements == sum(t.numel() for t in state.values()) < in_groups.global_elements
 
 
-def _as_sequential(state: dict) -> dict:
-    """TEGroupedMLP's tensors under SequentialMLP's names (``experts.linear_fc1.weight{i}`` is local
-    expert i's ``linear_fc1``: Transformer Engine's GroupedLinear holds one (out, in) weight per expert)."""
-    out = {}
-    for n, t in state.items():
-        head, _, leaf = n.rpartition(".experts.")
-        fc, _, weight = leaf.partition(".")
-        if fc in ("linear_fc1", "linear_fc2") and weight.startswith("weight"):
-            n = f"{head}.experts.local_experts.{weight.removeprefix('weight')}.{fc}.weight"
-        out[n] = t
-    return out
-
-
 def _fill_te_grouped(world: int, rank: int, out: str) -> None:
     """Megatron's TEGroupedMLP experts (Transformer Engine's grouped GEMM; tests/support/megatron_te.py
     builds them over a stand-in of its GroupedLinear) in a Qwen3-MoE-style model: refused while
@@ -177,7 +167,7 @@ def _fill_te_grouped(world: int, rank: int, out: str) -> None:
     from megatron.core import parallel_state as ps
 
     from modelinit_server.training.megatron import refusals
-    from tests.support.megatron_te import transformer_engine_stand_in
+    from tests.support.megatron_te import as_sequential_experts, transformer_engine_stand_in
 
     for name, experts_tp, ep in (("te-tp2", world, 1), ("te-ep2", 1, world)):
         ps.destroy_model_parallel()
@@ -203,7 +193,7 @@ def _fill_te_grouped(world: int, rank: int, out: str) -> None:
         with no_collectives():
             summary = modelinit.init_module_(model, seed=SEED)  # no spec: Qwen3-MoE, derived
         assert summary.derived_config["model_type"] == "qwen3_moe"
-        state = _as_sequential({n: p.detach().clone() for n, p in model.named_parameters()})
+        state = as_sequential_experts({n: p.detach().clone() for n, p in model.named_parameters()})
         assert summary.elements == sum(t.numel() for t in state.values())
         os.makedirs(f"{out}/{name}", exist_ok=True)
         torch.save({"tp": ps.get_tensor_model_parallel_rank(), "ep": ps.get_expert_model_parallel_rank(), "first": 0,

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from .grouped import grouped_mlp_box
 from .names import mla_rows, qkv_rows
-from .refusals import TE_LAYER_SPEC_VERIFIED
+from .refusals import TE_GROUPED_EXPERTS_VERIFIED, TE_LAYER_SPEC_VERIFIED
 from .stack import STACK, MegatronStack, is_megatron_model
 
-__all__ = ["STACK", "MegatronStack", "TE_LAYER_SPEC_VERIFIED", "grouped_mlp_box", "is_megatron_model", "mla_rows", "qkv_rows"]
+__all__ = ["STACK", "MegatronStack", "TE_GROUPED_EXPERTS_VERIFIED", "TE_LAYER_SPEC_VERIFIED", "grouped_mlp_box", "is_megatron_model", "mla_rows", "qkv_rows"]

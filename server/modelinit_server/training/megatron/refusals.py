@@ -95,8 +95,8 @@ def check_modules(model) -> None:
                    "TENorm whatever the spec); build the HybridModel from local modules (ColumnParallelLinear, "
                    "RowParallelLinear, a local norm) with its final norm replaced, or fill it once a GPU run has "
                    "verified the Transformer Engine layers") if hybrid else (
-                "build the GPTModel with the local spec: get_gpt_layer_local_spec (GroupedMLP or SequentialMLP "
-                "experts), or get_gpt_decoder_block_spec(config, use_transformer_engine=False)")
+                "build the GPTModel with the local spec: get_gpt_layer_local_spec (SequentialMLP experts, or "
+                "megatron-core 0.16's GroupedMLP), or get_gpt_decoder_block_spec(config, use_transformer_engine=False)")
             raise ValueError(f"module: {path or type(model).__name__!r} is Transformer Engine's {te} (the Transformer "
                              f"Engine layer spec), which has not been verified on a GPU run yet; {fix}")
 
