@@ -8,6 +8,7 @@ megatron-core is imported inside the functions: the tests skip without it first.
 """
 from __future__ import annotations
 
+import importlib
 import pathlib
 import warnings
 
@@ -67,9 +68,10 @@ STARCODER2_FIELDS = dict(normalization="LayerNorm", gated_linear_unit=False, add
 
 def megatron_gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = False, vocab: int = PADDED, moe: bool = False,
          ep: int = 1, layernorm: bool = False, vp_stage: int | None = None, te_experts: bool = False,
-                 **over):
+                 te_spec: bool = False, **over):
     """A GPTModel matching HF (MOE: with SequentialMLP experts, or ``te_experts`` Transformer Engine's
-    ``TEGroupedMLP``; ``ep`` ways expert parallel) on this
+    ``TEGroupedMLP``; ``ep`` ways expert parallel; ``te_spec``: built with Megatron's Transformer Engine
+    layer spec, each norm fused into the linear after it) on this
     rank of a (tp, pp) layout (parallel_state set up by the caller); ``vp_stage``: this rank's
     model chunk ``vp_stage`` of an interleaved pipeline (``virtual_pipeline_model_parallel_size``
     in ``over``), built as Megatron's training loop builds it. ``rope_scaling``/``rope_scaling_factor``
@@ -92,8 +94,14 @@ def megatron_gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = 
     rope = {k: over.pop(k) for k in ("rope_scaling", "rope_scaling_factor") if k in over}
     fields.update(over)
     config = TransformerConfig(**fields)
-    spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm,
-                                    qk_layernorm=config.qk_layernorm, normalization=config.normalization)
+    if te_spec:  # inside megatron_te.transformer_engine_stand_in(), or with Transformer Engine installed
+        specs = importlib.import_module("megatron.core.models.gpt.gpt_layer_specs")
+        spec = specs.get_gpt_layer_with_transformer_engine_spec(num_experts=config.num_moe_experts,
+                                                                moe_grouped_gemm=config.moe_grouped_gemm,
+                                                                qk_layernorm=config.qk_layernorm)
+    else:
+        spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm,
+                                        qk_layernorm=config.qk_layernorm, normalization=config.normalization)
     if te_experts:  # inside megatron_te.transformer_engine_stand_in()
         from tests.support.megatron_te import with_te_grouped_experts
 
@@ -105,6 +113,23 @@ def megatron_gpt(tp: int = 1, pp: int = 1, dtype: str = "float32", tied: bool = 
                         pre_process=ps.is_pipeline_first_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
                         post_process=ps.is_pipeline_last_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
                         vp_stage=vp_stage)
+
+
+#: The local spec's norms as the Transformer Engine spec fuses them into the linear after them.
+TE_FUSED_NORMS = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
+                  "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
+
+
+def in_te_spec_names(state: dict) -> dict:
+    """A dense local-spec model's tensors under the Transformer Engine spec's names (its fused norms)."""
+    out = {}
+    for n, t in state.items():
+        for local, fused in TE_FUSED_NORMS.items():
+            head, found, leaf = n.partition(local)
+            if found and head.startswith("decoder.layers."):
+                n = head + fused + leaf
+        out[n] = t
+    return out
 
 
 def has_hybrid_model() -> bool:

@@ -1,21 +1,29 @@
-"""Megatron-Core's Transformer Engine grouped experts (``TEGroupedMLP``, the only grouped experts 0.17 and
-later have) built on CPU, where Transformer Engine cannot be installed (it needs CUDA to build and import).
+"""Megatron-Core's Transformer Engine layers (the Transformer Engine layer spec, and ``TEGroupedMLP``: the
+only grouped experts 0.17 and later have) built on CPU, where Transformer Engine cannot be installed (it
+needs CUDA to build and import).
 
-While :func:`transformer_engine_stand_in` is entered, ``import transformer_engine`` finds a stand-in
-package, and Megatron's ``megatron.core.extensions.transformer_engine`` (with its spec provider) is
-imported again against it, so that its own ``TEGroupedLinear``, ``TEColumnParallelGroupedLinear``,
-``TERowParallelGroupedLinear`` and ``TEGroupedMLP`` are defined and built. The stand-in gives:
+While :func:`transformer_engine_stand_in` is entered, ``import transformer_engine`` (any submodule) finds a
+stand-in, and Megatron's ``megatron.core.extensions.transformer_engine``, its spec provider and the GPT
+layer specs are imported again against it, so that Megatron's own ``TELayerNormColumnParallelLinear``,
+``TEColumnParallelLinear``, ``TERowParallelLinear``, ``TENorm``, ``TEDotProductAttention``,
+``TEColumnParallelGroupedLinear``, ``TERowParallelGroupedLinear`` and ``TEGroupedMLP`` are defined and
+built. The stand-in's modules hold their parameters as Transformer Engine's 2.x do (its
+``pytorch/module/*.py``), each with no forward:
 
-* :class:`GroupedLinear`: Transformer Engine's ``transformer_engine.pytorch.GroupedLinear`` as it holds its
-  parameters (its ``module/grouped_linear.py``, 2.x): ``weight{i}`` of shape (out, in) per GEMM (a local
-  expert), ``out`` divided by its ``tp_size`` when column-parallel and ``in`` when row-parallel;
-  ``bias{i}`` when ``bias``; an empty ``_extra_state`` (no FP8). Its forward is not given;
-* every other name Megatron's module reads at import (``te.pytorch.Linear``, ``te.common.recipe``, the
-  FP8 helpers): an empty class or a no-op, used by no module built here.
+* :class:`Linear`: ``weight`` (out, in) of this rank (``out`` divided by ``tp_size`` when
+  column-parallel, ``in`` when row-parallel), ``bias`` when asked (else an empty tensor, no parameter);
+* :class:`LayerNormLinear`: its norm's ``layer_norm_weight`` (and ``layer_norm_bias`` for LayerNorm)
+  over the whole input, then :class:`Linear`'s;
+* :class:`RMSNorm`, :class:`LayerNorm`: ``weight`` (and ``bias``); :class:`DotProductAttention`: none;
+* :class:`GroupedLinear`: ``weight{i}`` (out, in) per GEMM (a local expert), ``bias{i}`` when asked;
+* an empty ``_extra_state`` (no FP8) where Transformer Engine saves one; every other name Megatron's
+  modules read at import (``te.common.recipe``, the FP8 helpers, ...): an empty class or a no-op, used by
+  no module built here.
 
-What a rank holds, where Megatron says it sits (``sharded_state_dict()``: the experts' global index, the
-tensor-parallel axis of each GEMM's weight, the SwiGLU factory of ``linear_fc1``) is Megatron's own code.
-The real layer (Transformer Engine on CUDA) is the GPU list's (benchmarks/gpu_session.sh).
+What a rank holds, and where Megatron says it sits (``sharded_state_dict()``: the tensor-parallel axis,
+the experts' global index, the SwiGLU factory of ``linear_fc1``, the fused norms' keys), is Megatron's
+own code. The real layers (Transformer Engine on CUDA) are the GPU list's (benchmarks/gpu_session.sh,
+test_stacks_cuda.py).
 
 megatron-core is imported inside the functions: the tests skip without it first.
 """
@@ -73,6 +81,85 @@ class GroupedLinear(torch.nn.Module):
         pass
 
 
+class _Parallel(torch.nn.Module):
+    """What Transformer Engine's linears share: the local (out, in) of a tensor-parallel mode."""
+
+    def _local(self, in_features: int, out_features: int, tp_size: int, parallel_mode) -> tuple[int, int]:
+        if parallel_mode == "column":
+            out_features //= tp_size
+        elif parallel_mode == "row":
+            in_features //= tp_size
+        self.in_features, self.out_features, self.tp_size, self.parallel_mode = in_features, out_features, tp_size, parallel_mode
+        return in_features, out_features
+
+    def get_extra_state(self) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.uint8)  # no FP8 metadata, as Transformer Engine 2.x saves it
+
+    def set_extra_state(self, state) -> None:
+        pass
+
+
+class Linear(_Parallel):
+    """Transformer Engine's ``Linear`` as it holds its parameters: ``weight`` (out, in) of this rank,
+    ``bias`` (out) when ``bias`` (whole when row-parallel)."""
+
+    def __init__(self, in_features: int, out_features: int, *, tp_size: int = 1, bias: bool = True,
+                 params_dtype=None, parallel_mode=None, device="cuda", **unused) -> None:
+        super().__init__()
+        i, o = self._local(in_features, out_features, tp_size, parallel_mode)
+        dtype = params_dtype or torch.float32
+        self.use_bias = bias
+        self.weight = torch.nn.Parameter(torch.empty(o, i, device=device, dtype=dtype))
+        # without a bias Transformer Engine keeps an empty tensor, not a parameter
+        self.bias = torch.nn.Parameter(torch.zeros(o, device=device, dtype=dtype)) if bias else torch.Tensor().to(dtype)
+
+
+class LayerNormLinear(Linear):
+    """Transformer Engine's ``LayerNormLinear``: its norm's ``layer_norm_weight`` (and, for LayerNorm,
+    ``layer_norm_bias``) over the whole input, then :class:`Linear`'s parameters."""
+
+    def __init__(self, in_features: int, out_features: int, eps: float = 1e-5, *, normalization: str = "LayerNorm",
+                 params_dtype=None, device="cuda", **kw) -> None:
+        super().__init__(in_features, out_features, params_dtype=params_dtype, device=device, **kw)
+        dtype = params_dtype or torch.float32
+        self.eps, self.normalization = eps, normalization
+        self.layer_norm_weight = torch.nn.Parameter(torch.ones(in_features, device=device, dtype=dtype))
+        if normalization == "LayerNorm":
+            self.layer_norm_bias = torch.nn.Parameter(torch.zeros(in_features, device=device, dtype=dtype))
+
+
+class RMSNorm(torch.nn.Module):
+    """Transformer Engine's ``RMSNorm``: ``weight`` over ``normalized_shape`` (``hidden_size`` before 2.0)."""
+
+    def __init__(self, normalized_shape: int | None = None, eps: float = 1e-5, *, hidden_size: int | None = None,
+                 params_dtype=None, device="cuda", **unused) -> None:
+        super().__init__()
+        self.size = normalized_shape or hidden_size
+        self.weight = torch.nn.Parameter(torch.ones(self.size, device=device, dtype=params_dtype or torch.float32))
+
+
+class LayerNorm(RMSNorm):
+    """Transformer Engine's ``LayerNorm``: ``weight`` and ``bias``."""
+
+    def __init__(self, normalized_shape: int | None = None, eps: float = 1e-5, *, params_dtype=None, device="cuda",
+                 **kw) -> None:
+        super().__init__(normalized_shape, eps, params_dtype=params_dtype, device=device, **kw)
+        self.bias = torch.nn.Parameter(torch.zeros(self.size, device=device, dtype=params_dtype or torch.float32))
+
+
+class DotProductAttention(torch.nn.Module):
+    """Transformer Engine's ``DotProductAttention``: no parameters (no softmax offset)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__()
+
+    def get_extra_state(self) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.uint8)
+
+    def set_extra_state(self, state) -> None:
+        pass
+
+
 class _Anything(type):
     """An empty class's type: any attribute asked of the class is another empty class."""
 
@@ -122,7 +209,8 @@ def _stand_in() -> dict[str, types.ModuleType]:
     te.__path__ = []
     pytorch, common = _Names("transformer_engine.pytorch"), _Names("transformer_engine.common")
     pytorch.__path__ = common.__path__ = []
-    pytorch.GroupedLinear = GroupedLinear
+    pytorch.GroupedLinear, pytorch.Linear, pytorch.LayerNormLinear = GroupedLinear, Linear, LayerNormLinear
+    pytorch.RMSNorm, pytorch.LayerNorm, pytorch.DotProductAttention = RMSNorm, LayerNorm, DotProductAttention
     fp8 = _Names("transformer_engine.pytorch.fp8")
     fp8.FP8GlobalStateManager = _Fp8State
     fp8.fp8_autocast = fp8.fp8_model_init = lambda *a, **k: contextlib.nullcontext()
@@ -132,7 +220,8 @@ def _stand_in() -> dict[str, types.ModuleType]:
 
 
 #: Megatron's modules imported again against the stand-in (the extension, then what names its classes).
-_RELOADED = ("megatron.core.extensions.transformer_engine", "megatron.core.extensions.transformer_engine_spec_provider")
+_RELOADED = ("megatron.core.extensions.transformer_engine", "megatron.core.extensions.transformer_engine_spec_provider",
+             "megatron.core.models.gpt.moe_module_specs", "megatron.core.models.gpt.gpt_layer_specs")
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ import modelinit  # noqa: E402
 
 from tests.support.distributed import exit_rank, no_collectives, same_bytes, spawn  # noqa: E402
 from tests.support.megatron_models import (HF, MOE, SEED, STARCODER2, chunks_hold_each_tensor_once,  # noqa: E402
+                                           in_te_spec_names,
                                            folder_in_megatrons_layout, in_one_process, init_group, megatron_gpt,
                                            put_together)
 
@@ -117,6 +118,57 @@ def test_parallel_layouts_equal_one_device(tmp_path, tp, pp, ep, tied, layernorm
     whole = put_together(out, world, ep, gated=not layernorm)
     if tied:  # the last stage's copy of the embedding is the embedding
         assert [same_bytes(t, ref["embedding.word_embeddings.weight"]) for t in whole.pop("output_layer.weight")] == [True]
+    assert sorted(whole) == sorted(ref)
+    assert [n for n, ts in whole.items() if len(ts) != 1 or not same_bytes(ts[0], ref[n])] == []
+
+
+def _fill_te_spec(rank: int, world: int, init_file: str, out: str) -> None:
+    """This rank's share of the Qwen3-style model built with Megatron's Transformer Engine layer spec
+    (over tests/support/megatron_te.py's stand-in of Transformer Engine's modules) at TP=``world``:
+    refused while ``TE_LAYER_SPEC_VERIFIED`` is off, nothing written; with it on, filled with the spec,
+    and a second model without it (Qwen3 derived, the same bytes); saved for the test to put together."""
+    from megatron.core import parallel_state as ps
+
+    from modelinit_server.training.megatron import refusals
+    from tests.support.megatron_te import transformer_engine_stand_in
+
+    init_group(rank, world, init_file)
+    ps.initialize_model_parallel(tensor_model_parallel_size=world)
+    with transformer_engine_stand_in():
+        model, derived = (megatron_gpt(world, te_spec=True) for _ in range(2))
+    attention = model.decoder.layers[0].self_attention
+    assert (type(attention.linear_qkv).__name__, type(attention.linear_proj).__name__) == (
+        "TELayerNormColumnParallelLinear", "TERowParallelLinear")
+    before = [p.detach().clone() for p in model.parameters()]
+    with no_collectives(), pytest.raises(ValueError, match=r"^module: 'decoder\.layers\.0\.self_attention\.\w+' is "
+                                                         r"Transformer Engine's TE\w+ \(the Transformer Engine layer spec\)"):
+        modelinit.init_module_(model, seed=SEED, spec=HF)
+    assert all(same_bytes(a, b.detach()) for a, b in zip(before, model.parameters()))  # nothing written
+    refusals.TE_LAYER_SPEC_VERIFIED = True
+    with no_collectives():
+        summary = modelinit.init_module_(model, seed=SEED, spec=HF)
+        own = modelinit.init_module_(derived, seed=SEED)
+    assert own.derived_config["model_type"] == "qwen3"
+    state = {n: p.detach().clone() for n, p in model.named_parameters()}
+    assert summary.elements == sum(t.numel() for t in state.values()) < summary.global_elements
+    assert [n for n, p in derived.named_parameters() if not same_bytes(p.detach(), state[n])] == []
+    torch.save({"tp": ps.get_tensor_model_parallel_rank(), "ep": 0, "first": 0, "state": state}, f"{out}/rank{rank}.pt")
+    exit_rank()
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo is not available")
+def test_the_transformer_engine_layer_spec_at_tp2_is_the_folder(tmp_path):
+    """The Transformer Engine layer spec (``get_gpt_layer_with_transformer_engine_spec``: each layer's
+    input norm fused into ``linear_qkv`` and its pre-MLP norm into ``linear_fc1`` as
+    ``layer_norm_weight``, the q/k norms Transformer Engine's RMSNorm), Megatron's own modules over a
+    stand-in of Transformer Engine's (which cannot be installed without CUDA), at TP=2: each rank
+    fills its share; put together, every tensor is the folder's (the norms under their fused names).
+    Refused until a GPU run has verified the real layers, nothing written."""
+    ref = in_te_spec_names(folder_in_megatrons_layout(tmp_path))
+    out = tmp_path / "shares"
+    out.mkdir()
+    spawn(_fill_te_spec, (2, str(tmp_path / "pg"), str(out)), 2)
+    whole = put_together(out, 2, 1)
     assert sorted(whole) == sorted(ref)
     assert [n for n, ts in whole.items() if len(ts) != 1 or not same_bytes(ts[0], ref[n])] == []
 

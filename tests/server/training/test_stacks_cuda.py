@@ -165,18 +165,19 @@ def test_torchtitan_llama3_fsdp2_on_two_gpus_equals_the_cpu_bytes(torchtitan, tm
 
 # --- Megatron-Core ------------------------------------------------------------------------------------
 
-def megatron_filled(device: str, dtype: str, moe: bool = False, te_experts: bool = False):
+def megatron_filled(device: str, dtype: str, moe: bool = False, te_experts: bool = False, te_spec: bool = False):
     """The tests' GPTModel (megatron_models.megatron_gpt: TP=1, PP=1, local spec) built as Megatron
     builds it on ``device`` (on CUDA: ``use_cpu_initialization=False``, its linears and embedding made on
     ``torch.cuda.current_device()``, then the whole module moved there as megatron.training's get_model
     does) and filled there: the model and its parameters, on the CPU. ``moe``: with SequentialMLP experts
     and their router (the local spec's experts); ``te_experts``: Transformer Engine's TEGroupedMLP experts
-    (the real one: the machine's Transformer Engine). Megatron's parallel state must be set up (a group of one)."""
+    (the real one: the machine's Transformer Engine); ``te_spec``: Megatron's Transformer Engine layer spec.
+    Megatron's parallel state must be set up (a group of one)."""
     import modelinit
     from tests.support.megatron_models import HF, MOE, SEED, megatron_gpt
 
     grouped = dict(te_experts=True, moe_grouped_gemm=True) if te_experts else {}
-    model = megatron_gpt(dtype=dtype, use_cpu_initialization=device == "cpu", moe=moe, **grouped)
+    model = megatron_gpt(dtype=dtype, use_cpu_initialization=device == "cpu", moe=moe, te_spec=te_spec, **grouped)
     if device == "cuda":  # the norms (torch's own, in the local spec) are made on the CPU: Megatron's get_model
         model.cuda(torch.cuda.current_device())  # moves every module to the GPU, as here
     assert all(p.device.type == device for p in model.parameters())
@@ -245,29 +246,37 @@ def test_megatron_gpt_on_cuda_equals_the_cpu_bytes_and_runs_forward(tmp_path, dt
     mp.spawn(_megatron_on_cuda, args=(str(tmp_path / "pg"), dtype, moe), nprocs=1, join=True)
 
 
-def _megatron_te_experts_on_cuda(rank: int, init_file: str) -> None:
-    """A group of one: the GPTModel with Transformer Engine's TEGroupedMLP experts built on CUDA and
-    filled there (the refusal's switch set, as this run verifies it) holds the bytes of the same model
-    with SequentialMLP experts filled on the CPU, expert by expert; then one forward pass (the grouped
-    GEMM)."""
+def _megatron_te_on_cuda(rank: int, init_file: str, layers: str) -> None:
+    """A group of one: a GPTModel with Transformer Engine's layers built on CUDA and filled there (the
+    refusal's switch set, as this run verifies it) holds the bytes of the same model with local modules
+    filled on the CPU; then one forward pass. ``layers``: ``layer-spec`` (Megatron's Transformer Engine
+    layer spec: the norms fused into the linears after them, under those names) or ``grouped-experts``
+    (TEGroupedMLP experts in a local-spec MoE model: expert i's weight{i} is SequentialMLP's expert i)."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
     from modelinit_server.training.megatron import refusals
     from tests.support.distributed import exit_rank, same_bytes
-    from tests.support.megatron_models import PADDED, SEED
+    from tests.support.megatron_models import PADDED, SEED, in_te_spec_names
     from tests.support.megatron_te import as_sequential_experts
 
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=1)
     ps.initialize_model_parallel()
     tensor_parallel.model_parallel_cuda_manual_seed(SEED)
-    _, cpu = megatron_filled("cpu", "float32", moe=True)
-    refusals.TE_GROUPED_EXPERTS_VERIFIED = True  # what this test verifies
-    model, gpu = megatron_filled("cuda", "float32", moe=True, te_experts=True)
-    assert type(model.decoder.layers[0].mlp.experts).__name__ == "TEGroupedMLP"
-    gpu = as_sequential_experts(gpu)
+    moe = layers == "grouped-experts"
+    _, cpu = megatron_filled("cpu", "float32", moe=moe)
+    if moe:
+        refusals.TE_GROUPED_EXPERTS_VERIFIED = True  # what this test verifies
+        model, gpu = megatron_filled("cuda", "float32", moe=True, te_experts=True)
+        assert type(model.decoder.layers[0].mlp.experts).__name__ == "TEGroupedMLP"
+        gpu = as_sequential_experts(gpu)
+    else:
+        refusals.TE_LAYER_SPEC_VERIFIED = True
+        model, gpu = megatron_filled("cuda", "float32", te_spec=True)
+        assert type(model.decoder.layers[0].self_attention.linear_qkv).__name__ == "TELayerNormColumnParallelLinear"
+        cpu = in_te_spec_names(cpu)
     assert sorted(gpu) == sorted(cpu)
     assert [n for n in cpu if not same_bytes(gpu[n], cpu[n])] == []
     loss = megatron_loss(model, PADDED)  # at init about ln V (_megatron_on_cuda says why)
@@ -277,11 +286,13 @@ def _megatron_te_experts_on_cuda(rank: int, init_file: str) -> None:
 
 
 @needs_cuda
-def test_megatron_transformer_engine_grouped_experts_on_cuda_equal_the_cpu_bytes(tmp_path):
-    """Megatron's TEGroupedMLP (Transformer Engine's grouped GEMM experts: the only grouped experts
-    Megatron-Core 0.17 and later have) built on CUDA with the machine's Transformer Engine, filled there:
-    every expert's weight{i} is the CPU SequentialMLP model's expert i; the forward runs. Passing here is
-    what lets ``TE_GROUPED_EXPERTS_VERIFIED`` (training/megatron/refusals.py) be set."""
+@pytest.mark.parametrize("layers", ["layer-spec", "grouped-experts"])
+def test_megatron_transformer_engine_layers_on_cuda_equal_the_cpu_bytes(tmp_path, layers):
+    """Megatron's Transformer Engine layers built on CUDA with the machine's Transformer Engine and
+    filled there: the layer spec (``get_gpt_layer_with_transformer_engine_spec``) and TEGroupedMLP
+    experts (the only grouped experts Megatron-Core 0.17 and later have), each the CPU local-spec
+    model's bytes; the forward runs. Passing here is what lets ``TE_LAYER_SPEC_VERIFIED`` and
+    ``TE_GROUPED_EXPERTS_VERIFIED`` (training/megatron/refusals.py) be set."""
     import importlib.util
 
     import torch.multiprocessing as mp
@@ -291,4 +302,4 @@ def test_megatron_transformer_engine_grouped_experts_on_cuda_equal_the_cpu_bytes
         pytest.skip("Transformer Engine is not installed on this machine (its wheel, about 276 MB, exceeds what a "
                     "device run carries; an image with it runs this)")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_megatron_te_experts_on_cuda, args=(str(tmp_path / "pg"),), nprocs=1, join=True)
+    mp.spawn(_megatron_te_on_cuda, args=(str(tmp_path / "pg"), layers), nprocs=1, join=True)

@@ -1,8 +1,10 @@
 """What the Megatron-Core stack refuses, before anything is written, each with one line naming the
 module or parameter and the fix: a model that is not a GPTModel or HybridModel or has what is not
-mapped (interleaved RoPE, a multi-token prediction block, a hybrid pattern's gated delta net layers: :mod:`.hybrid`), the Transformer Engine layer spec (mapped, not
-verified on a GPU run: Transformer Engine cannot be built here), Megatron-FSDP's uneven pieces of
-flat buffers, and an expert's weight that FSDP2 shards over ranks holding other experts."""
+mapped (interleaved RoPE, a multi-token prediction block, a hybrid pattern's gated delta net layers:
+:mod:`.hybrid`), the Transformer Engine layer spec and its grouped experts (mapped and tested on CPU
+over stand-ins of Transformer Engine's modules, not verified on a GPU run: Transformer Engine cannot
+be built here), Megatron-FSDP's uneven pieces of flat buffers, and an expert's weight that FSDP2
+shards over ranks holding other experts."""
 from __future__ import annotations
 
 from typing import Any
@@ -17,8 +19,10 @@ _TE_CLASSES = frozenset({"TENorm", "TELinear", "TELayerNormColumnParallelLinear"
                          "TERowParallelLinear", "TEDotProductAttention", "TEGroupedLinear",
                          "TEColumnParallelGroupedLinear", "TERowParallelGroupedLinear", "TEFusedMLP", "TEGroupedMLP"})
 #: Whether a model built with the Transformer Engine layer spec is filled. Its keys are mapped (the
-#: fused ``layer_norm_weight`` names of :data:`.names._NAMES`), but its bytes have not been verified on a
-#: GPU run yet (Transformer Engine cannot be built without CUDA): the one switch to set once they have.
+#: fused ``layer_norm_weight`` names of :data:`.names._NAMES`) and read off Megatron's own
+#: ``sharded_state_dict()``, tested on CPU with Megatron's modules over stand-ins of Transformer Engine's
+#: (which cannot be built without CUDA); the real layers have not run on a GPU yet: the one switch to set
+#: once they have (``benchmarks/gpu_session.sh``).
 TE_LAYER_SPEC_VERIFIED = False
 #: Transformer Engine's grouped experts as Megatron-Core builds them (``moe_grouped_gemm`` with the
 #: Transformer Engine spec: the only grouped experts 0.17 and later have).
