@@ -120,11 +120,13 @@ TE_FUSED_NORMS = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
                   "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
 
 
-def in_te_spec_names(state: dict) -> dict:
-    """A dense local-spec model's tensors under the Transformer Engine spec's names (its fused norms)."""
+def in_te_spec_names(state: dict, moe: bool = False) -> dict:
+    """A local-spec model's tensors under the Transformer Engine spec's names (its fused norms; an MoE
+    layer keeps its pre-MLP norm apart, as the router and the experts each read it)."""
+    fusing = {k: v for k, v in TE_FUSED_NORMS.items() if not (moe and k == "pre_mlp_layernorm.")}
     out = {}
     for n, t in state.items():
-        for local, fused in TE_FUSED_NORMS.items():
+        for local, fused in fusing.items():
             head, found, leaf = n.partition(local)
             if found and head.startswith("decoder.layers."):
                 n = head + fused + leaf

@@ -14,6 +14,7 @@ do it, but its writer waits for CUDA.)
 """
 from __future__ import annotations
 
+import os
 
 import pytest
 
@@ -126,16 +127,18 @@ def _fill_te_spec(rank: int, world: int, init_file: str, out: str) -> None:
     """This rank's share of the Qwen3-style model built with Megatron's Transformer Engine layer spec
     (over tests/support/megatron_te.py's stand-in of Transformer Engine's modules) at TP=``world``:
     refused while ``TE_LAYER_SPEC_VERIFIED`` is off, nothing written; with it on, filled with the spec,
-    and a second model without it (Qwen3 derived, the same bytes); saved for the test to put together."""
+    and a second model without it (Qwen3 derived, the same bytes); and the Qwen3-MoE-style one of the
+    same spec with TEGroupedMLP experts, filled with its spec; saved for the test to put together."""
     from megatron.core import parallel_state as ps
 
     from modelinit_server.training.megatron import refusals
-    from tests.support.megatron_te import transformer_engine_stand_in
+    from tests.support.megatron_te import as_sequential_experts, transformer_engine_stand_in
 
     init_group(rank, world, init_file)
     ps.initialize_model_parallel(tensor_model_parallel_size=world)
     with transformer_engine_stand_in():
         model, derived = (megatron_gpt(world, te_spec=True) for _ in range(2))
+        moe = megatron_gpt(world, moe=True, te_spec=True, moe_grouped_gemm=True)
     attention = model.decoder.layers[0].self_attention
     assert (type(attention.linear_qkv).__name__, type(attention.linear_proj).__name__) == (
         "TELayerNormColumnParallelLinear", "TERowParallelLinear")
@@ -152,7 +155,14 @@ def _fill_te_spec(rank: int, world: int, init_file: str, out: str) -> None:
     state = {n: p.detach().clone() for n, p in model.named_parameters()}
     assert summary.elements == sum(t.numel() for t in state.values()) < summary.global_elements
     assert [n for n, p in derived.named_parameters() if not same_bytes(p.detach(), state[n])] == []
-    torch.save({"tp": ps.get_tensor_model_parallel_rank(), "ep": 0, "first": 0, "state": state}, f"{out}/rank{rank}.pt")
+    refusals.TE_GROUPED_EXPERTS_VERIFIED = True
+    assert type(moe.decoder.layers[0].mlp.experts).__name__ == "TEGroupedMLP"
+    with no_collectives():
+        modelinit.init_module_(moe, seed=SEED, spec=MOE)
+    for name, filled in (("dense", model), ("moe", moe)):
+        os.makedirs(f"{out}/{name}", exist_ok=True)
+        torch.save({"tp": ps.get_tensor_model_parallel_rank(), "ep": 0, "first": 0, "state": as_sequential_experts(
+            {n: p.detach().clone() for n, p in filled.named_parameters()})}, f"{out}/{name}/rank{rank}.pt")
     exit_rank()
 
 
@@ -163,14 +173,16 @@ def test_the_transformer_engine_layer_spec_at_tp2_is_the_folder(tmp_path):
     ``layer_norm_weight``, the q/k norms Transformer Engine's RMSNorm), Megatron's own modules over a
     stand-in of Transformer Engine's (which cannot be installed without CUDA), at TP=2: each rank
     fills its share; put together, every tensor is the folder's (the norms under their fused names).
-    Refused until a GPU run has verified the real layers, nothing written."""
-    ref = in_te_spec_names(folder_in_megatrons_layout(tmp_path))
+    The same of a Qwen3-MoE-style model of that spec with TEGroupedMLP experts (its MoE layers' pre-MLP
+    norm apart; each expert split by TP). Refused until a GPU run has verified the real layers, nothing
+    written."""
     out = tmp_path / "shares"
-    out.mkdir()
     spawn(_fill_te_spec, (2, str(tmp_path / "pg"), str(out)), 2)
-    whole = put_together(out, 2, 1)
-    assert sorted(whole) == sorted(ref)
-    assert [n for n, ts in whole.items() if len(ts) != 1 or not same_bytes(ts[0], ref[n])] == []
+    for moe in (False, True):
+        ref = in_te_spec_names(folder_in_megatrons_layout(tmp_path, moe=moe), moe=moe)
+        whole = put_together(out / ("moe" if moe else "dense"), 2, 1)
+        assert sorted(whole) == sorted(ref)
+        assert [n for n, ts in whole.items() if len(ts) != 1 or not same_bytes(ts[0], ref[n])] == []
 
 
 def _fill_chunks(rank: int, world: int, init_file: str, vp: int, out: str) -> None:
