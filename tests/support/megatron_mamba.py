@@ -23,6 +23,7 @@ megatron-core is imported inside the functions: the tests skip without it first.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import pathlib
 import warnings
 from typing import Iterator
@@ -114,10 +115,12 @@ def local_mamba_stack_spec(config):
 
 
 def megatron_mamba_hybrid(tp: int = 1, pp: int = 1, pattern: str = MAMBA_PATTERN, vp_stage: int | None = None,
-                          position_embedding_type: str = "none", **over):
+                          position_embedding_type: str = "none", te_spec: bool = False, **over):
     """A HybridModel of ``pattern`` (NEMOTRON_H's layers: Mamba, attention, squared-ReLU MLP) of local
     modules, on this rank of a (tp, pp) layout, built under :func:`mamba_without_cuda`; HybridStack's
-    TENorm final norm is the local RMSNorm while it is built."""
+    TENorm final norm is the local RMSNorm while it is built. ``te_spec``: Megatron's own Transformer Engine
+    hybrid stack spec (``hybrid_layer_specs.hybrid_stack_spec``: each layer's norm fused into the linear
+    after it, TEGroupedMLP experts), inside :func:`tests.support.megatron_te.transformer_engine_stand_in`."""
     from megatron.core import parallel_state as ps
     from megatron.core.activations import squared_relu
     from megatron.core.models.hybrid import hybrid_block
@@ -131,14 +134,17 @@ def megatron_mamba_hybrid(tp: int = 1, pp: int = 1, pattern: str = MAMBA_PATTERN
                   activation_func=squared_relu, normalization="RMSNorm", add_bias_linear=False, layernorm_epsilon=1e-5,
                   mamba_state_dim=16, mamba_head_dim=8, mamba_num_groups=2, params_dtype=torch.float32,
                   pipeline_dtype=torch.float32, **MOE_FIELDS)
-    fields.update(over)
+    fields.update(over, moe_grouped_gemm=te_spec)
     config = TransformerConfig(**fields)
     te_norm = hybrid_block.TENorm
-    hybrid_block.TENorm = WrappedTorchNorm
+    if te_spec:
+        spec = importlib.import_module("megatron.core.models.hybrid.hybrid_layer_specs").hybrid_stack_spec
+    else:
+        hybrid_block.TENorm, spec = WrappedTorchNorm, local_mamba_stack_spec(config)
     try:
         with warnings.catch_warnings(), mamba_without_cuda():
             warnings.simplefilter("ignore")
-            return HybridModel(config, local_mamba_stack_spec(config), vocab_size=PADDED, max_sequence_length=128,
+            return HybridModel(config, spec, vocab_size=PADDED, max_sequence_length=128,
                                hybrid_layer_pattern=pattern, position_embedding_type=position_embedding_type,
                                pre_process=ps.is_pipeline_first_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
                                post_process=ps.is_pipeline_last_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
@@ -185,6 +191,23 @@ def folder_in_mamba_layout(tmp_path: pathlib.Path, pattern: str = MAMBA_PATTERN)
             ref[mine + "mlp.shared_experts.linear_fc1.weight"] = mixer["shared_experts.up_proj.weight"]
             ref[mine + "mlp.shared_experts.linear_fc2.weight"] = mixer["shared_experts.down_proj.weight"]
     return ref
+
+
+#: Each layer's norm (by symbol) as the Transformer Engine hybrid spec fuses it into the linear after it
+#: (an MoE layer keeps its pre-MLP norm apart).
+TE_FUSED_NORMS = {"M": ("norm.weight", "mixer.in_proj.layer_norm_weight"),
+                  "*": ("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"),
+                  "-": ("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight")}
+
+
+def in_te_hybrid_names(ref: dict, pattern: str = MAMBA_PATTERN) -> dict:
+    """:func:`folder_in_mamba_layout`'s tensors under the Transformer Engine hybrid spec's names."""
+    out = dict(ref)
+    for k, symbol in enumerate(pattern.replace("|", "")):
+        if symbol in TE_FUSED_NORMS:
+            local, fused = TE_FUSED_NORMS[symbol]
+            out[f"decoder.layers.{k}.{fused}"] = out.pop(f"decoder.layers.{k}.{local}")
+    return out
 
 
 #: A TP rank's rows of a mixer's fused tensors, part by part: in_proj's [z, x, B, C, dt], conv1d's [x, B, C].

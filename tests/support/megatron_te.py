@@ -220,8 +220,10 @@ def _stand_in() -> dict[str, types.ModuleType]:
 
 
 #: Megatron's modules imported again against the stand-in (the extension, then what names its classes).
+#: The hybrid ones where this megatron-core has HybridModel (0.17 and later).
 _RELOADED = ("megatron.core.extensions.transformer_engine", "megatron.core.extensions.transformer_engine_spec_provider",
-             "megatron.core.models.gpt.moe_module_specs", "megatron.core.models.gpt.gpt_layer_specs")
+             "megatron.core.models.gpt.moe_module_specs", "megatron.core.models.gpt.gpt_layer_specs",
+             "megatron.core.models.hybrid.hybrid_block", "megatron.core.models.hybrid.hybrid_layer_specs")
 
 
 @contextlib.contextmanager
@@ -248,7 +250,10 @@ def transformer_engine_stand_in() -> Iterator[types.ModuleType]:
 
 
 def _reload() -> types.ModuleType:
-    modules = [importlib.reload(importlib.import_module(name)) for name in _RELOADED]
+    import importlib.util
+
+    modules = [importlib.reload(importlib.import_module(name)) for name in _RELOADED
+               if name in sys.modules or importlib.util.find_spec(name) is not None]
     return modules[0]
 
 

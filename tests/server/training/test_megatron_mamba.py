@@ -219,3 +219,61 @@ def test_tp2_pp2_vp2_ep2_shares_put_together_are_the_folder(tmp_path):
     whole = put_mamba_together(out, ep=2)
     assert sorted(whole) == sorted(ref)
     assert [n for n in ref if not same_bytes(whole[n], ref[n])] == []
+
+
+def _fill_te_spec(rank: int, world: int, init_file: str, out: str) -> None:
+    """This rank's TP=2 share of ``M*EM*-`` built with Megatron's own Transformer Engine hybrid stack spec
+    (over tests/support/megatron_te.py's stand-in of Transformer Engine): refused while its switches are
+    off, nothing written; with them on, filled with and without a spec; saved under SequentialMLP's names."""
+    import modelinit
+    from megatron.core import parallel_state as ps
+
+    from modelinit_server.training.megatron import refusals
+    from tests.support.distributed import exit_rank, no_collectives, same_bytes
+    from tests.support.megatron_mamba import megatron_mamba_hybrid
+    from tests.support.megatron_models import SEED, init_group
+    from tests.support.megatron_te import as_sequential_experts, transformer_engine_stand_in
+
+    init_group(rank, world, init_file)
+    ps.initialize_model_parallel(tensor_model_parallel_size=world)
+    with transformer_engine_stand_in():
+        model = megatron_mamba_hybrid(world, te_spec=True)
+    assert type(model.decoder.layers[0].mixer.in_proj).__name__ == "TELayerNormColumnParallelLinear"
+    assert type(model.decoder.layers[2].mlp.experts).__name__ == "TEGroupedMLP"
+    before = [p.detach().clone() for p in model.parameters()]
+    try:
+        with no_collectives():
+            modelinit.init_module_(model, seed=SEED)
+    except ValueError as e:
+        assert "is Transformer Engine's TE" in str(e) and "which has not been verified on a GPU run yet" in str(e), e
+    else:
+        raise AssertionError("the Transformer Engine hybrid spec was not refused")
+    assert all(same_bytes(a, b.detach()) for a, b in zip(before, model.parameters()))  # nothing written
+    refusals.TE_LAYER_SPEC_VERIFIED = refusals.TE_GROUPED_EXPERTS_VERIFIED = True
+    state = as_sequential_experts(_fill_twice(model))
+    torch.save({"tp": ps.get_tensor_model_parallel_rank(), "ep": 0, "first": 0, "state": state}, f"{out}/rank{rank}.pt")
+    exit_rank()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_transformer_engine_hybrid_spec_at_tp2_is_the_folder(tmp_path):
+    """``M*EM*-`` built with Megatron's own Transformer Engine hybrid stack spec (``hybrid_stack_spec``,
+    what Megatron ships for HybridModel: each layer's norm fused into the linear after it as
+    ``layer_norm_weight``, Mamba's into ``in_proj``; TEGroupedMLP experts), its Transformer Engine modules
+    stand-ins (Transformer Engine cannot be installed without CUDA), at TP=2: filled with and without a
+    spec (Nemotron-H derived), the shares put together are the Nemotron-H folder's bytes, each norm under
+    its fused name. Refused until a GPU run has verified the real layers, nothing written."""
+    _need_hybrid_model()
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    from tests.support.distributed import same_bytes, spawn
+    from tests.support.megatron_mamba import folder_in_mamba_layout, in_te_hybrid_names, put_mamba_together
+
+    ref = in_te_hybrid_names(folder_in_mamba_layout(tmp_path))
+    out = tmp_path / "shares"
+    out.mkdir()
+    spawn(_fill_te_spec, (2, str(tmp_path / "pg"), str(out)), 2)
+    whole = put_mamba_together(out)
+    assert sorted(whole) == sorted(ref)
+    assert [n for n in ref if not same_bytes(whole[n], ref[n])] == []
