@@ -33,6 +33,8 @@ _TE_GROUPED = frozenset({"TEGroupedMLP", "TEGroupedLinear", "TEColumnParallelGro
 #: stand-in of ``GroupedLinear``). The real layer has not run on a GPU yet: the one switch to set once
 #: it has (``benchmarks/gpu_session.sh``).
 TE_GROUPED_EXPERTS_VERIFIED = False
+
+
 def refuse_experts_sharded_across_experts(name: str, t, config) -> None:
     """An expert's DTensor weight whose mesh holds a rank of this rank's expert-parallel group:
     those ranks hold other experts, so FSDP2's all-gather before each forward joins pieces of
@@ -89,12 +91,14 @@ def check_modules(model) -> None:
                          "attention and MLP layers")
     if hybrid:
         pattern_of(model)  # a layer symbol without a Hugging Face counterpart, by name
+    grouped: list[str] = []
     for path, m in model.named_modules():
         te = next((c.__name__ for c in type(m).__mro__ if c.__name__ in _TE_CLASSES
                    or c.__module__.startswith(("transformer_engine", "megatron.core.extensions.transformer_engine"))), None)
         if te in _TE_GROUPED:
             _check_te_grouped(path, te, m)
-        elif te is not None and not TE_LAYER_SPEC_VERIFIED:
+            grouped.append(path + ".")
+        elif te is not None and not TE_LAYER_SPEC_VERIFIED and not path.startswith(tuple(grouped)):
             fix = ("Megatron-Core ships only a Transformer Engine hybrid stack spec (HybridStack's final norm is "
                    "TENorm whatever the spec); build the HybridModel from local modules (ColumnParallelLinear, "
                    "RowParallelLinear, a local norm) with its final norm replaced, or fill it once a GPU run has "
