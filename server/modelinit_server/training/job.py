@@ -14,7 +14,7 @@ from ..core.tensors import ModelSpec
 from . import registry
 from .dtensor import local_and_index_sets, local_tensor
 from .fill import Filler
-from .modules import TORCH_DTYPES, dtype_name, module_tensors, refuse_sharded_fsdp1, unwrap
+from .modules import TORCH_DTYPES, dtype_name, module_tensors, quantized_class, refuse_sharded_fsdp1, unwrap
 from .summary import InitSummary
 
 
@@ -106,6 +106,12 @@ def prepare(module, seed: int, core_policy: Policy, dtype: str | None, version: 
             raise ValueError(
                 f"module: {name!r} is on the meta device; materialize first with module.to_empty(device=...)"
             )
+        quantized = quantized_class(local_tensor(t))
+        if quantized is not None:
+            raise ValueError(f"module: {name!r} is Transformer Engine's {quantized}, whose bytes are not the {t.dtype} "
+                             "it reports (FP8/FP4 primary weights: fp8_model_init, Megatron's fp8_param); build the "
+                             f"model with its weights in {str(t.dtype).removeprefix('torch.')} (FP8 compute still "
+                             "applies) to fill it")
         td = dtype_name(t)
         if td is None:
             raise ValueError(f"module: {name!r} is {t.dtype}; modelinit generates {', '.join(TORCH_DTYPES)}")

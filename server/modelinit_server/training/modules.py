@@ -92,6 +92,16 @@ def module_tensors(module) -> list[tuple[str, str, Any]]:
     return out
 
 
+def quantized_class(t) -> str | None:
+    """The class of a tensor that keeps quantized bytes under the dtype it reports (Transformer
+    Engine's ``Float8Tensor``, ``MXFP8Tensor``, ...: FP8 or FP4 primary weights, which its
+    ``fp8_model_init`` and Megatron's ``fp8_param`` make), else None. Such a tensor's storage is
+    not ``t.dtype``'s: no bytes of that dtype can be written into it."""
+    if any(c.__module__.startswith("transformer_engine") for c in type(t).__mro__):
+        return type(t).__name__
+    return None
+
+
 def dtype_name(t) -> str | None:
     """``t``'s dtype as the engine names it (``float32``, ``bfloat16``, ``float16``), else None."""
     name = str(t.dtype).removeprefix("torch.")

@@ -450,6 +450,21 @@ def test_meta_module_is_refused():
         init_module_(model, seed=SEED)
 
 
+def test_a_quantized_weight_is_refused_by_name():
+    """A weight Transformer Engine keeps in FP8 (its Float8Tensor reports bfloat16 but stores FP8
+    bytes): refused, naming it, before anything is written."""
+    model = transformers.LlamaForCausalLM(_config(LLAMA)).to(torch.bfloat16)
+    float8 = type("Float8Tensor", (torch.Tensor,), {"__module__": "transformer_engine.pytorch.tensor.float8_tensor"})
+    weight = model.model.layers[0].mlp.up_proj.weight
+    model.model.layers[0].mlp.up_proj.weight = torch.nn.Parameter(torch.Tensor._make_subclass(float8, weight.detach()))
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"^module: 'model\.layers\.0\.mlp\.up_proj\.weight' is Transformer Engine's "
+                                         r"Float8Tensor, whose bytes are not the torch\.bfloat16 it reports .*build the "
+                                         r"model with its weights in bfloat16"):
+        init_module_(model, seed=SEED)
+    assert all(same_bytes(a, b.detach()) for a, b in zip(before, model.parameters()))
+
+
 def test_dtype_check():
     model = transformers.LlamaForCausalLM(_config(LLAMA))
     with pytest.raises(ValueError, match="is float32, not bfloat16"):
