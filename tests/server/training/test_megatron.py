@@ -128,7 +128,8 @@ def _fill_te_spec(rank: int, world: int, init_file: str, out: str) -> None:
     (over tests/support/megatron_te.py's stand-in of Transformer Engine's modules) at TP=``world``:
     refused while ``TE_LAYER_SPEC_VERIFIED`` is off, nothing written; with it on, filled with the spec,
     and a second model without it (Qwen3 derived, the same bytes); and the Qwen3-MoE-style one of the
-    same spec with TEGroupedMLP experts, filled with its spec; saved for the test to put together."""
+    same spec with TEGroupedMLP experts and the Starcoder2-style one, each filled with its spec; saved for
+    the test to put together."""
     from megatron.core import parallel_state as ps
 
     from modelinit_server.training.megatron import refusals
@@ -139,6 +140,7 @@ def _fill_te_spec(rank: int, world: int, init_file: str, out: str) -> None:
     with transformer_engine_stand_in():
         model, derived = (megatron_gpt(world, te_spec=True) for _ in range(2))
         moe = megatron_gpt(world, moe=True, te_spec=True, moe_grouped_gemm=True)
+        starcoder2 = megatron_gpt(world, layernorm=True, te_spec=True)
     attention = model.decoder.layers[0].self_attention
     assert (type(attention.linear_qkv).__name__, type(attention.linear_proj).__name__) == (
         "TELayerNormColumnParallelLinear", "TERowParallelLinear")
@@ -159,7 +161,8 @@ def _fill_te_spec(rank: int, world: int, init_file: str, out: str) -> None:
     assert type(moe.decoder.layers[0].mlp.experts).__name__ == "TEGroupedMLP"
     with no_collectives():
         modelinit.init_module_(moe, seed=SEED, spec=MOE)
-    for name, filled in (("dense", model), ("moe", moe)):
+        modelinit.init_module_(starcoder2, seed=SEED, spec=STARCODER2)
+    for name, filled in (("dense", model), ("moe", moe), ("starcoder2", starcoder2)):
         os.makedirs(f"{out}/{name}", exist_ok=True)
         torch.save({"tp": ps.get_tensor_model_parallel_rank(), "ep": 0, "first": 0, "state": as_sequential_experts(
             {n: p.detach().clone() for n, p in filled.named_parameters()})}, f"{out}/{name}/rank{rank}.pt")
@@ -174,14 +177,15 @@ def test_the_transformer_engine_layer_spec_at_tp2_is_the_folder(tmp_path):
     stand-in of Transformer Engine's (which cannot be installed without CUDA), at TP=2: each rank
     fills its share; put together, every tensor is the folder's (the norms under their fused names).
     The same of a Qwen3-MoE-style model of that spec with TEGroupedMLP experts (its MoE layers' pre-MLP
-    norm apart; each expert split by TP). Refused until a GPU run has verified the real layers, nothing
+    norm apart; each expert split by TP), and of a Starcoder2-style one (LayerNorm's ``layer_norm_bias``,
+    every linear's bias: column-parallel ones split, row-parallel ones whole). Refused until a GPU run has verified the real layers, nothing
     written."""
     out = tmp_path / "shares"
     spawn(_fill_te_spec, (2, str(tmp_path / "pg"), str(out)), 2)
-    for moe in (False, True):
-        ref = in_te_spec_names(folder_in_megatrons_layout(tmp_path, moe=moe), moe=moe)
-        whole = put_together(out / ("moe" if moe else "dense"), 2, 1)
-        assert sorted(whole) == sorted(ref)
+    for name, moe, layernorm in (("dense", False, False), ("moe", True, False), ("starcoder2", False, True)):
+        ref = in_te_spec_names(folder_in_megatrons_layout(tmp_path, moe=moe, layernorm=layernorm), moe=moe)
+        whole = put_together(out / name, 2, 1, gated=not layernorm)
+        assert sorted(whole) == sorted(ref), name
         assert [n for n, ts in whole.items() if len(ts) != 1 or not same_bytes(ts[0], ref[n])] == []
 
 
