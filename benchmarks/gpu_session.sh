@@ -39,6 +39,11 @@
 # with carry [".whl", "tests/.stacks/torchtitan"] (12 MB; the whole tests/.stacks, mup's pandas included, is
 # over the run tool's 64 MiB; where tests/.stacks is a link to another checkout, carry a real copy).
 # Without them the stacks step's tests skip (-rs says why); the script itself needs neither.
+# Transformer Engine (its wheel, about 276 MB, is over what a run carries) is the image's where it has one:
+# machine.txt says which; with it, test_stacks_cuda.py builds Megatron's Transformer Engine layer spec and
+# TEGroupedMLP experts on the GPU and compares them with the CPU bytes (what lets
+# training/megatron/refusals.py's TE_LAYER_SPEC_VERIFIED and TE_GROUPED_EXPERTS_VERIFIED be set); without
+# it those two tests skip.
 set -u
 stage=${1:-tests}
 OUT=${OUT:-/tmp/modelinit-gpu}
@@ -69,8 +74,9 @@ timed_step() {  # timed_step NAME SECONDS COMMAND...: step, stopped after SECOND
     step "$1" timeout -k 10 "${@:2}"
 }
 
-{ nvidia-smi; $PY -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; nproc; } \
-    > "$OUT/machine.txt" 2>&1
+{ nvidia-smi; $PY -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; nproc
+  $PY -c "import transformer_engine as te; print('transformer_engine', te.__version__)" 2>/dev/null \
+    || echo "no transformer_engine"; } > "$OUT/machine.txt" 2>&1
 case "$stage" in
 tests)
     # The GPU's own tests first; Triton's CPU interpreter tests (minutes) last.
