@@ -119,3 +119,23 @@ def test_finalize_of_a_checkpoint_its_last_part_finished_is_a_no_op(tmp_path, ca
     assert capsys.readouterr().out.startswith("already complete (its last part finished it; nothing written): ")
     assert read_folder(out) == before
     assert main(["finalize", str(tmp_path / "never-written")]) == 2  # an empty prefix is still an error
+
+
+def test_a_part_run_again_into_a_finished_checkpoint_removes_the_records_left(tmp_path):
+    """The last part's finalization stopped after modelinit.json and before its own record was deleted
+    (its worker lost; Ray then runs the task again): the part run again finds the checkpoint complete
+    and deletes what is left of this split's records, leaving the files of one writer."""
+    spec = tmp_path / "config.json"
+    spec.write_text(json.dumps(TINY["gpt2"]))
+    args = ["init", str(spec), "--seed", "3", "--max-shard-size", "200KB", "--quiet", "--device", "cpu"]
+    out = tmp_path / "shared"
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    assert main([*args, "--part", "2/3", "--out", str(out)]) == 0  # not last: its record stays
+    record = out / ".modelinit.part-00002-of-00003.json"
+    left = record.read_bytes()
+    for k in (0, 1):
+        assert main([*args, "--part", f"{k}/3", "--out", str(out)]) == 0  # part 1 finalizes, deleting the records
+    assert read_folder(out) == read_folder(tmp_path / "one")
+    record.write_bytes(left)  # as a finalization stopped before deleting it
+    assert main([*args, "--part", "2/3", "--out", str(out)]) == 0
+    assert read_folder(out) == read_folder(tmp_path / "one")  # no record left

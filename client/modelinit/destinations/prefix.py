@@ -20,7 +20,8 @@ One run, or part K of N (:mod:`modelinit.parts`), goes:
    small files (index, config.json) and then ``modelinit.json`` are created exactly once, with a
    conditional create (S3 ``If-None-Match: *``) where the store has one; a part that loses the race
    finds the same bytes there. The records are deleted last (and by a part that finds the manifest
-   already there: its own record may have landed after). ``modelinit finalize URL`` runs it alone.
+   already there: its own record may have landed after, or a finalization stopped before deleting
+   them, its task then run again). ``modelinit finalize URL`` runs it alone.
 """
 from __future__ import annotations
 
@@ -169,6 +170,9 @@ def prepare(bucket: Prefix, plan: pb.PlanResponse, part: Part, overwrite: bool) 
     planned = {f.name: i for i, f in enumerate(plan.files)}
     complete = _complete_manifest(bucket, plan, objects, raw.get(MANIFEST_FILE))
     if complete is not None and all(sha256_object(bucket, complete[i].name) == complete[i].sha256 for i in mine):
+        # A finalization stopped between modelinit.json and the records' deletion (its worker lost, a
+        # task run again after it): what is left of this split's records goes, as finalize does.
+        _drop_records(bucket, objects, part.count)
         return complete
 
     of_plan = {n: _record_of(raw[n], plan) for n in records}
