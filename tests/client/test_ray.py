@@ -79,17 +79,21 @@ def test_three_tasks_write_one_checkpoint_byte_identical_to_one_writer(cluster, 
     assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".")) == []  # no records, no temp files
 
 
-def _running_part_pids() -> list[int]:
-    """Processes running a part right now: Ray titles a worker by its task while it runs one."""
+def _running_part_pids(out: pathlib.Path) -> list[int]:
+    """Processes running a part into ``out`` right now: Ray titles a worker by its task while it runs
+    one, and the worker holds a file under ``out`` open. Only those: another test's parts (the other
+    pytest worker's Ray cluster, on the same machine) are not this test's to kill."""
     pids = []
     for entry in pathlib.Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 title = (entry / "cmdline").read_bytes().split(b"\0")[0]
-            except OSError:
+                if not title.startswith(b"ray::modelinit-part"):
+                    continue
+                if any(os.readlink(fd).startswith(str(out) + os.sep) for fd in (entry / "fd").iterdir()):
+                    pids.append(int(entry.name))
+            except OSError:  # the process ended, or a descriptor closed, while being read
                 continue
-            if title.startswith(b"ray::modelinit-part"):
-                pids.append(int(entry.name))
     return pids
 
 
@@ -105,7 +109,7 @@ def test_a_worker_killed_mid_part_is_run_again_by_ray_and_the_checkpoint_is_the_
         while time.monotonic() < deadline and not killed:
             writing = out.is_dir() and any(p.name.startswith(".") and not p.name.startswith(".modelinit")
                                            for p in out.iterdir())
-            pids = _running_part_pids() if writing else []
+            pids = _running_part_pids(out) if writing else []
             if pids:
                 os.kill(pids[0], signal.SIGKILL)
                 killed.append(pids[0])
