@@ -196,8 +196,8 @@ def folder_in_mamba_layout(tmp_path: pathlib.Path, pattern: str = MAMBA_PATTERN)
 #: Each layer's norm (by symbol) as the Transformer Engine hybrid spec fuses it into the linear after it
 #: (an MoE layer keeps its pre-MLP norm apart).
 TE_FUSED_NORMS = {"M": ("norm.weight", "mixer.in_proj.layer_norm_weight"),
-                  "*": ("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"),
-                  "-": ("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight")}
+                  "*": ("input_layernorm.weight", megatron_models.TE_FUSED_NORMS["input_layernorm."] + "weight"),
+                  "-": ("pre_mlp_layernorm.weight", megatron_models.TE_FUSED_NORMS["pre_mlp_layernorm."] + "weight")}
 
 
 def in_te_hybrid_names(ref: dict, pattern: str = MAMBA_PATTERN) -> dict:

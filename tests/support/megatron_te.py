@@ -44,45 +44,19 @@ import torch
 VERSION = "2.10.0"
 
 
-class GroupedLinear(torch.nn.Module):
-    """Transformer Engine's ``GroupedLinear`` as it registers its parameters (no forward)."""
-
-    def __init__(self, num_gemms: int, in_features: int, out_features: int, *, sequence_parallel: bool = False,
-                 fuse_wgrad_accumulation: bool = False, tp_group=None, tp_size: int = 1, get_rng_state_tracker=None,
-                 rng_tracker_name=None, init_method=None, bias: bool = True, return_bias: bool = False,
-                 params_dtype=None, parallel_mode=None, device="cuda", ub_name=None, delay_wgrad_compute=False,
-                 **unused) -> None:
-        super().__init__()
-        self.num_gemms, self.use_bias, self.tp_size, self.parallel_mode = num_gemms, bias, tp_size, parallel_mode
-        self.in_features, self.out_features = in_features, out_features
-        if parallel_mode == "column":
-            self.out_features //= tp_size
-        elif parallel_mode == "row":
-            self.in_features //= tp_size
-        self.fp8 = self.fp8_calibration = self.primary_weights_in_fp8 = False
-        self.fp8_meta = {"fp8_checkpoint": False}
-        dtype = params_dtype or torch.float32
-        for i in range(num_gemms):
-            self.register_parameter(f"weight{i}", torch.nn.Parameter(
-                torch.empty(self.out_features, self.in_features, device=device, dtype=dtype)))
-            if bias:
-                self.register_parameter(f"bias{i}", torch.nn.Parameter(
-                    torch.zeros(self.out_features, device=device, dtype=dtype)))
-            else:
-                setattr(self, f"bias{i}", torch.Tensor().to(dtype=dtype, device=device))
+class _Module(torch.nn.Module):
+    """What Transformer Engine's modules save beside their parameters: an ``_extra_state``, empty
+    without FP8 metadata (as Transformer Engine 2.x saves it)."""
 
     def get_extra_state(self) -> torch.Tensor:
-        return torch.empty(0, dtype=torch.uint8)  # no FP8 metadata, as Transformer Engine 2.x saves it
+        return torch.empty(0, dtype=torch.uint8)
 
     def set_extra_state(self, state) -> None:
         pass
 
-    def init_fp8_metadata(self, num_gemms: int = 1) -> None:
-        pass
 
-
-class _Parallel(torch.nn.Module):
-    """What Transformer Engine's linears share: the local (out, in) of a tensor-parallel mode."""
+class _Parallel(_Module):
+    """What Transformer Engine's linears share: the local (in, out) of a tensor-parallel mode."""
 
     def _local(self, in_features: int, out_features: int, tp_size: int, parallel_mode) -> tuple[int, int]:
         if parallel_mode == "column":
@@ -92,10 +66,26 @@ class _Parallel(torch.nn.Module):
         self.in_features, self.out_features, self.tp_size, self.parallel_mode = in_features, out_features, tp_size, parallel_mode
         return in_features, out_features
 
-    def get_extra_state(self) -> torch.Tensor:
-        return torch.empty(0, dtype=torch.uint8)  # no FP8 metadata, as Transformer Engine 2.x saves it
 
-    def set_extra_state(self, state) -> None:
+class GroupedLinear(_Parallel):
+    """Transformer Engine's ``GroupedLinear`` as it registers its parameters (no forward)."""
+
+    def __init__(self, num_gemms: int, in_features: int, out_features: int, *, tp_size: int = 1, bias: bool = True,
+                 params_dtype=None, parallel_mode=None, device="cuda", **unused) -> None:
+        super().__init__()
+        i, o = self._local(in_features, out_features, tp_size, parallel_mode)
+        self.num_gemms, self.use_bias = num_gemms, bias
+        self.fp8 = self.fp8_calibration = self.primary_weights_in_fp8 = False
+        self.fp8_meta = {"fp8_checkpoint": False}
+        dtype = params_dtype or torch.float32
+        for g in range(num_gemms):
+            self.register_parameter(f"weight{g}", torch.nn.Parameter(torch.empty(o, i, device=device, dtype=dtype)))
+            if bias:
+                self.register_parameter(f"bias{g}", torch.nn.Parameter(torch.zeros(o, device=device, dtype=dtype)))
+            else:  # as for Linear: an empty tensor, not a parameter
+                setattr(self, f"bias{g}", torch.Tensor().to(dtype=dtype, device=device))
+
+    def init_fp8_metadata(self, num_gemms: int = 1) -> None:
         pass
 
 
@@ -147,17 +137,11 @@ class LayerNorm(RMSNorm):
         self.bias = torch.nn.Parameter(torch.zeros(self.size, device=device, dtype=params_dtype or torch.float32))
 
 
-class DotProductAttention(torch.nn.Module):
+class DotProductAttention(_Module):
     """Transformer Engine's ``DotProductAttention``: no parameters (no softmax offset)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__()
-
-    def get_extra_state(self) -> torch.Tensor:
-        return torch.empty(0, dtype=torch.uint8)
-
-    def set_extra_state(self, state) -> None:
-        pass
 
 
 class _Anything(type):

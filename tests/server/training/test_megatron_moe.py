@@ -99,7 +99,6 @@ def _fill_shares(rank: int, world: int, init_file: str, out: str) -> None:
         own = modelinit.init_module_(glm4_own, seed=SEED)  # no spec: GLM-4-MoE, derived (DeepSeek's routing)
     if not no_legacy_grouped_mlp():
         _fill_grouped(world, rank, out)
-    _fill_te_grouped(world, rank, out)
     assert derived.derived_config["model_type"] == "qwen2_moe" and given.derived_config is None
     differ = {k: (v, own.derived_config.get(k)) for k, v in GLM4_MOE.items() if own.derived_config.get(k) != v}
     assert differ == {}, differ
@@ -116,6 +115,7 @@ def _fill_shares(rank: int, world: int, init_file: str, out: str) -> None:
         os.makedirs(f"{out}/{name}", exist_ok=True)
         torch.save({"tp": tp, "ep": 0, "first": 0, "state": state, "derived": summary.derived_config},
                    f"{out}/{name}/rank{rank}.pt")
+    _fill_te_grouped(world, rank, out)  # last: it sets the parallel state up again, for EP too
     exit_rank()
 
 
